@@ -1,0 +1,37 @@
+"""arrowload: train models straight off a columnar data lake.
+
+>>> import arrowload as al
+>>> ds = al.dataset("lake/events/")                       # doctest: +SKIP
+>>> ds.filter("country = 'US'").select("f0", "label").head(5)  # doctest: +SKIP
+"""
+
+from .api import Dataset, dataset
+from .errors import (
+    ArrowloadError,
+    ColumnNotFoundError,
+    CorruptFileError,
+    ExpressionError,
+    PathNotFoundError,
+    SchemaMismatchError,
+    UnsupportedError,
+)
+from .options import OptimizerOptions, Options, ScanOptions
+from .scan.splits import Split
+
+__version__ = "0.1.0.dev0"
+
+__all__ = sorted([
+    "ArrowloadError",
+    "ColumnNotFoundError",
+    "CorruptFileError",
+    "Dataset",
+    "ExpressionError",
+    "OptimizerOptions",
+    "Options",
+    "PathNotFoundError",
+    "ScanOptions",
+    "SchemaMismatchError",
+    "Split",
+    "UnsupportedError",
+    "dataset",
+])

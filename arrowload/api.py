@@ -1,0 +1,200 @@
+"""The lazy Dataset facade: filter / select / map / limit build a plan; nothing is read
+until a result is asked for (``count``, ``head``, ``to_arrow`` ...)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import ColumnNotFoundError
+from .options import OptimizerOptions, Options, ScanOptions
+from .optimize import optimize, optimize_steps
+from .plan import explain as _explain
+from .plan.expr import SqlExpr, make_expr
+from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan, scans
+from .scan import execute
+from .scan.splits import Split, plan_splits
+from .source import open_source
+
+
+class Dataset:
+    """A lazy, immutable selection over a data lake (or an in-memory table).
+
+    Every method that shapes the selection returns a new Dataset and reads nothing.
+    Results are computed from the optimized plan: filters, projections and limits are
+    pushed into the scan; partitions and row groups that cannot match are skipped.
+    A Dataset is safe to share between threads.
+
+    >>> import pyarrow as pa, arrowload as al
+    >>> ds = al.dataset(pa.table({"x": [1, 2, 3], "y": ["a", "b", "c"]}))
+    >>> ds.filter("x >= 2").select("y").to_arrow().column("y").to_pylist()
+    ['b', 'c']
+    """
+
+    def __init__(self, plan: Plan, options: Options | None = None) -> None:
+        self._plan = plan
+        self._options = options or Options()
+
+    # -- building ---------------------------------------------------------
+    @property
+    def plan(self) -> Plan:
+        """The logical plan as written (before optimization)."""
+        return self._plan
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    def _with(self, plan: Plan) -> "Dataset":
+        return type(self)(plan, self._options)
+
+    def with_options(self, options: Options | None = None, *, optimizer: OptimizerOptions | None = None,
+                     scan: ScanOptions | None = None) -> "Dataset":
+        """The same selection with other options, e.g. every optimization off:
+        ``ds.with_options(optimizer=al.OptimizerOptions.none())``."""
+        opts = options or self._options
+        if optimizer is not None:
+            opts = dataclasses.replace(opts, optimizer=optimizer)
+        if scan is not None:
+            opts = dataclasses.replace(opts, scan=scan)
+        return type(self)(self._plan, opts)
+
+    @property
+    def schema(self) -> pa.Schema:
+        """Output schema (reads footers of a file source on first use, no data)."""
+        return self._plan.schema
+
+    @property
+    def columns(self) -> list[str]:
+        return self.schema.names
+
+    def filter(self, predicate: Any) -> "Dataset":
+        """Keep rows where ``predicate`` holds: SQL text (DuckDB dialect, e.g.
+        ``"country IN ('US','DE') AND ts >= DATE '2024-01-01'"``), a
+        ``pyarrow.compute.Expression`` or a polars expression. Lazy."""
+        return self._with(Filter(self._plan, make_expr(predicate, self.schema, "filter")))
+
+    def select(self, *names: str, **exprs: Any) -> "Dataset":
+        """Output these columns, in this order: names as they are, keywords as computed
+        columns from SQL text (``label="CAST(label AS TINYINT)"``), pyarrow or polars
+        expressions. Lazy."""
+        schema = self.schema
+        items = []
+        for n in names:
+            if not isinstance(n, str):
+                raise TypeError(f"select() takes column names positionally, got {type(n).__name__}; "
+                                "pass expressions as keywords: select(x='a + b')")
+            if n not in schema.names:
+                raise ColumnNotFoundError(n, schema.names, "select")
+            items.append((n, SqlExpr.column(n)))
+        for name, value in exprs.items():
+            items.append((name, make_expr(value, schema, f"select({name}=...)")))
+        if not items:
+            raise ValueError("select() needs at least one column")
+        return self._with(Project(self._plan, tuple(items)))
+
+    def map(self, fn: Callable[[pa.RecordBatch], Any], *, columns: list[str] | None = None,
+            output_schema: pa.Schema | None = None, name: str = "") -> "Dataset":
+        """Apply a vectorized function to each ``pyarrow.RecordBatch`` (it may return a
+        RecordBatch, Table or polars DataFrame). ``columns`` declares the inputs it reads so
+        the scan decodes only those. Lazy; filters and limits are not moved across it."""
+        return self._with(Map(self._plan, fn, tuple(columns) if columns is not None else None,
+                              output_schema, name))
+
+    def limit(self, n: int) -> "Dataset":
+        """At most the first ``n`` rows in source order. Lazy."""
+        return self._with(Limit(self._plan, n))
+
+    # -- planning ---------------------------------------------------------
+    def optimized_plan(self) -> Plan:
+        return optimize(self._plan, self._options.optimizer)
+
+    def splits(self) -> list[Split]:
+        """The scan tasks the optimized plan reads: one per kept row group (Parquet) or file."""
+        return plan_splits(self.optimized_plan())
+
+    def explain(self) -> str:
+        """The plan before and after optimization, which rules changed it, and per scan the
+        files / row groups / columns / bytes kept vs total (from footers; no data is read)."""
+        steps = optimize_steps(self._plan, self._options.optimizer)
+        final = steps[-1][1] if steps else self._plan
+        lines = ["== logical plan =="] + _explain.render_tree(self._plan)
+        lines += ["", "== optimized plan =="] + _explain.render_tree(final)
+        changed = []
+        prev = self._plan
+        for name, after in steps:
+            if _explain.render_tree(after) != _explain.render_tree(prev) or \
+                    [s.notes for s in scans(after)] != [s.notes for s in scans(prev)]:
+                changed.append(name)
+            prev = after
+        off = [f.name for f in dataclasses.fields(self._options.optimizer)
+               if not getattr(self._options.optimizer, f.name)]
+        lines += ["", "== rules ==", "  applied: " + (", ".join(changed) or "none")]
+        if off:
+            lines.append("  switched off: " + ", ".join(off))
+        for i, s in enumerate(scans(final)):
+            lines += ["", f"== scan {i} ({s.source.kind}: {s.source.display}) =="]
+            lines += _explain.render_scan_stats(s)
+        return "\n".join(lines)
+
+    # -- results ----------------------------------------------------------
+    def count(self) -> int:
+        """Number of rows: from footers when the plan allows (no filter, or a filter
+        decided by statistics), else reading only the filter's columns."""
+        plan = Project(self._plan, ())
+        return execute.count_rows(optimize(plan, self._options.optimizer), self._options)
+
+    def head(self, n: int = 5) -> pa.Table:
+        """The first ``n`` rows, reading as little as possible (one row group for a plain
+        selection)."""
+        return execute.to_table(optimize(Limit(self._plan, n), self._options.optimizer), self._options)
+
+    def to_arrow(self) -> pa.Table:
+        """The whole selection as a ``pyarrow.Table`` (multi-threaded scan)."""
+        return execute.to_table(self.optimized_plan(), self._options)
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        """Stream the selection as ``pyarrow.RecordBatch`` es, in source order; memory stays
+        bounded by the scanner's readahead."""
+        return execute.iter_batches(self.optimized_plan(), self._options)
+
+    def to_polars(self):
+        import polars as pl
+        return pl.from_arrow(self.to_arrow())
+
+    def to_pandas(self):
+        return self.to_arrow().to_pandas()
+
+    def __repr__(self) -> str:
+        plan = self._plan
+        src = scans(plan)
+        where = ", ".join(f"{s.source.kind}: {s.source.display}" for s in src)
+        try:
+            cols = ", ".join(f"{f.name}: {f.type}" for f in self.schema)
+        except Exception as e:  # noqa: BLE001 - a repr must not raise
+            cols = f"<schema unavailable: {e}>"
+        return f"arrowload.Dataset({where})\n  columns: {cols}\n  plan: " + \
+            "\n        ".join(_explain.render_tree(plan))
+
+
+def dataset(source: Any, *, format: str | None = None, partitioning: Any = None,
+            filesystem: Any = None, storage_options: dict | None = None,
+            options: Options | None = None) -> Dataset:
+    """Open a lazy Dataset.
+
+    ``source``: a path, URI (``file://``, ``s3://``, ``gs://``, ``az://``, ``memory://``
+    ...), directory, glob or a list of them; or a pyarrow Table / RecordBatchReader /
+    Dataset, a polars or pandas DataFrame. ``format`` (parquet, ipc / arrow / feather,
+    csv, json) is inferred from extensions. Hive folders (``key=value/``) become typed
+    columns; ``partitioning=False`` turns that off, a ``pyarrow.Schema`` fixes their types.
+    ``filesystem``: any fsspec or pyarrow filesystem; ``storage_options``: fsspec options
+    for a URI's filesystem. Files are listed now (a missing path fails here); footers are
+    read on first need.
+    """
+    options = options or Options()
+    src = open_source(source, format=format, partitioning=partitioning, filesystem=filesystem,
+                      storage_options=storage_options, scan_options=options.scan)
+    return Dataset(Scan(src), options)

@@ -1,0 +1,79 @@
+"""One root for every error arrowload raises.
+
+Each exception also subclasses the builtin a caller would naturally catch
+(``FileNotFoundError``, ``KeyError``, ``ValueError`` ...), and its message names
+the file, column or position at fault and what would fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class ArrowloadError(Exception):
+    """Root of every exception raised by arrowload."""
+
+
+class PathNotFoundError(ArrowloadError, FileNotFoundError):
+    """A path, URI or glob given as a source matched nothing."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:  # OSError's str() would mangle a single-argument message
+        return str(self.args[0])
+
+
+class ColumnNotFoundError(ArrowloadError, KeyError):
+    """A column named by the user does not exist; the message lists the closest names."""
+
+    def __init__(self, column: str, available: Iterable[str], where: str = "") -> None:
+        self.column = column
+        self.available = tuple(available)
+        close = difflib.get_close_matches(column, self.available, n=3, cutoff=0.5)
+        if not close:
+            lowered = {name.lower(): name for name in self.available}
+            close = [lowered[column.lower()]] if column.lower() in lowered else []
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        listing = ", ".join(self.available[:20]) + (" ..." if len(self.available) > 20 else "")
+        place = f" in {where}" if where else ""
+        super().__init__(f"column {column!r} not found{place}{hint} (columns: {listing})")
+
+    def __str__(self) -> str:  # KeyError's str() would repr() the message
+        return str(self.args[0])
+
+
+class ExpressionError(ArrowloadError, ValueError):
+    """A filter, projection or SQL text that cannot be parsed or typed.
+
+    ``line`` and ``column`` (1-based) point at the offending token when known.
+    """
+
+    def __init__(self, message: str, *, text: str | None = None,
+                 line: int | None = None, column: int | None = None) -> None:
+        self.text, self.line, self.col = text, line, column
+        if text is not None and line is not None and column is not None:
+            src = text.splitlines()[line - 1] if text.splitlines() else text
+            message = f"{message} at line {line}, column {column}:\n  {src}\n  {' ' * max(column - 1, 0)}^"
+        super().__init__(message)
+
+
+class SchemaMismatchError(ArrowloadError, TypeError):
+    """Shards disagree on a column's type in a way that cannot be unified safely."""
+
+
+class CorruptFileError(ArrowloadError, OSError):
+    """A shard is truncated or not a valid file of its format."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class UnsupportedError(ArrowloadError, NotImplementedError):
+    """The request is valid but this combination is not supported (yet); the message says what is."""

@@ -1,0 +1,28 @@
+"""Limit pruning: a scan with a limit and no predicate keeps only the leading units whose
+row counts (from footers) reach the limit; ``head(5)`` then reads one row group."""
+
+from __future__ import annotations
+
+from ..plan.nodes import Plan, Scan, transform_up
+
+
+def _prune(scan: Scan) -> Scan:
+    if scan.limit is None or scan.predicate is not None:
+        return scan
+    units = scan.selected_units()
+    kept, rows = [], 0
+    for u in units:
+        if rows >= scan.limit:
+            break
+        if u.num_rows is None:  # CSV / JSON: counts unknown until read
+            return scan
+        kept.append(u.index)
+        rows += u.num_rows
+    if len(kept) == len(units):
+        return scan
+    note = ("prune_limit", f"units {len(units)} -> {len(kept)} (limit {scan.limit})")
+    return scan.replace(units=tuple(kept), notes=scan.notes + (note,))
+
+
+def prune_limit(plan: Plan) -> Plan:
+    return transform_up(plan, lambda n: _prune(n) if isinstance(n, Scan) else n)

@@ -1,0 +1,30 @@
+"""Row-group pruning: skip Parquet row groups whose min/max/null-count statistics prove
+the scan's predicate false for every row (footers only; no data page is read)."""
+
+from __future__ import annotations
+
+from ..plan.nodes import Plan, Scan, transform_up
+
+
+def _prune(scan: Scan) -> Scan:
+    src = scan.source
+    if scan.predicate is None or not src.has_statistics:
+        return scan
+    units = scan.selected_units()
+    if not units:
+        return scan
+    expr = scan.predicate.to_arrow(src.schema, predicate=True)
+    dataset = src.dataset(scan.units)
+    keep: set[tuple[str, int]] = set()
+    for frag in dataset.get_fragments():
+        sub = frag.subset(filter=expr, schema=src.schema)
+        keep.update((frag.path, rg.id) for rg in sub.row_groups)
+    kept = tuple(u.index for u in units if (u.path, u.row_group) in keep)
+    if len(kept) == len(units):
+        return scan
+    note = ("prune_row_groups", f"row groups {len(units)} -> {len(kept)}")
+    return scan.replace(units=kept, notes=scan.notes + (note,))
+
+
+def prune_row_groups(plan: Plan) -> Plan:
+    return transform_up(plan, lambda n: _prune(n) if isinstance(n, Scan) else n)

@@ -1,0 +1,93 @@
+"""Render plans as text: the tree, and per scan what pushdown and pruning kept, from
+footers alone (no data page is read to explain)."""
+
+from __future__ import annotations
+
+from .nodes import Filter, Limit, Map, Plan, Project, Scan
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _items(items) -> str:
+    out = []
+    for name, e in items:
+        ref = e.column_name()
+        out.append(name if ref == name else f"{name} := {e}")
+    return ", ".join(out)
+
+
+def scan_stats(scan: Scan) -> dict:
+    """Files / units / columns / estimated bytes kept vs total, from footer metadata."""
+    src = scan.source
+    all_units = src.units()
+    kept = scan.selected_units()
+    read = scan.read_columns
+    names = src.schema.names
+    total_bytes = [u.bytes_for(None) for u in all_units]
+    kept_bytes = [u.bytes_for(read) for u in kept]
+    known = all(b is not None for b in total_bytes + kept_bytes)
+    return {
+        "files": (len({u.file for u in kept}), src.num_files),
+        "units": (len(kept), len(all_units)),
+        "columns": (len(read), len(names)),
+        "bytes": (sum(kept_bytes) if known else None, sum(total_bytes) if known else None),
+        "rows": (sum(u.num_rows or 0 for u in kept) if all(u.num_rows is not None for u in kept) else None),
+    }
+
+
+def describe_node(node: Plan) -> str:
+    if isinstance(node, Scan):
+        parts = [f"Scan {node.source.kind} {node.source.display}"]
+        if node.columns is not None and node.projection is None:
+            parts.append(f"columns=[{', '.join(node.columns)}]")
+        if node.projection is not None:
+            parts.append(f"project=[{_items(node.projection)}]")
+        if node.predicate is not None:
+            parts.append(f"filter={node.predicate}")
+        if node.limit is not None:
+            parts.append(f"limit={node.limit}")
+        return " ".join(parts)
+    if isinstance(node, Filter):
+        return f"Filter {node.predicate}"
+    if isinstance(node, Project):
+        return f"Project [{_items(node.items)}]"
+    if isinstance(node, Map):
+        cols = f" columns=[{', '.join(node.columns)}]" if node.columns is not None else ""
+        return f"Map {node.name or getattr(node.fn, '__name__', 'fn')}{cols}"
+    if isinstance(node, Limit):
+        return f"Limit {node.n}"
+    return type(node).__name__
+
+
+def render_tree(plan: Plan, indent: int = 0) -> list[str]:
+    lines = ["  " * indent + describe_node(plan)]
+    for c in plan.children:
+        lines.extend(render_tree(c, indent + 1))
+    return lines
+
+
+def render_scan_stats(scan: Scan) -> list[str]:
+    s = scan_stats(scan)
+    kb, tb = s["bytes"]
+    pct = f" ({100.0 * kb / tb:.1f}%)" if kb is not None and tb else ""
+    unit_name = "row groups" if scan.source.kind == "parquet" else "units"
+    lines = [
+        f"  files       {s['files'][0]} of {s['files'][1]}",
+        f"  {unit_name:<11} {s['units'][0]} of {s['units'][1]}",
+        f"  columns     {s['columns'][0]} of {s['columns'][1]} read: {', '.join(scan.read_columns)}",
+        f"  bytes       ~{_fmt_bytes(kb)} of {_fmt_bytes(tb)}{pct} (compressed, from footers)",
+    ]
+    if s["rows"] is not None:
+        lines.append(f"  rows        {s['rows']} before the filter" if scan.predicate is not None
+                     else f"  rows        {s['rows']}")
+    for rule, what in scan.notes:
+        lines.append(f"  {rule:<18} {what}")
+    return lines

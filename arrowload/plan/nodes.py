@@ -1,0 +1,228 @@
+"""The logical plan: a small tree of immutable nodes that check themselves when built.
+
+Rewrites (the optimizer) build new nodes; nothing here is ever mutated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import ColumnNotFoundError
+from ..source import Source
+from .expr import Expr
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Base node. ``children`` is a tuple; ``schema`` is the output schema."""
+
+    @property
+    def children(self) -> tuple["Plan", ...]:
+        return ()
+
+    def with_children(self, *children: "Plan") -> "Plan":
+        return self
+
+    @property
+    def schema(self) -> pa.Schema:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def replace(self, **changes) -> "Plan":
+        return dataclasses.replace(self, **changes)
+
+
+def _check_columns(names, schema: pa.Schema, where: str) -> None:
+    for n in names:
+        if n not in schema.names:
+            raise ColumnNotFoundError(n, schema.names, where)
+
+
+@dataclass(frozen=True, eq=False)
+class Scan(Plan):
+    """Read a source. The optimizer pushes work into it:
+
+    ``columns``: source columns it outputs (or, with ``projection``, the ones the
+    projection reads); None = all. ``predicate``: rows kept (compiled into the pyarrow
+    scan). ``projection``: computed output columns. ``limit``: at most this many rows
+    (after the predicate). ``units``: indices of the source units kept by pruning (None =
+    all). ``notes``: what each pruning rule removed, for ``explain()``.
+    """
+
+    source: Source
+    columns: tuple[str, ...] | None = None
+    predicate: Expr | None = None
+    projection: tuple[tuple[str, Expr], ...] | None = None
+    limit: int | None = None
+    units: tuple[int, ...] | None = None
+    notes: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.columns is not None:
+            _check_columns(self.columns, self.source.schema, self.source.display)
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"limit must be >= 0, got {self.limit}")
+        if self.predicate is not None and not self.predicate.pushable:
+            raise ValueError("a Scan predicate must compile to pyarrow")
+
+    @cached_property
+    def schema(self) -> pa.Schema:
+        src = self.source.schema
+        if self.projection is not None:
+            return pa.schema([pa.field(n, e.output_type(src)) for n, e in self.projection])
+        if self.columns is not None:
+            return pa.schema([src.field(c) for c in self.columns])
+        return src
+
+    @property
+    def read_columns(self) -> tuple[str, ...]:
+        """Source columns the scan decodes: its output inputs plus the predicate's."""
+        names = self.source.schema.names
+        wanted = set(self.columns if self.columns is not None else names)
+        if self.predicate is not None:
+            wanted |= self.predicate.columns
+        return tuple(n for n in names if n in wanted)
+
+    def selected_units(self):
+        units = self.source.units()
+        return units if self.units is None else tuple(units[i] for i in self.units)
+
+
+@dataclass(frozen=True, eq=False)
+class Filter(Plan):
+    """Keep the rows where ``predicate`` is true (SQL semantics: NULL drops the row)."""
+
+    child: Plan
+    predicate: Expr
+
+    def __post_init__(self) -> None:
+        _check_columns(sorted(self.predicate.columns), self.child.schema, "filter")
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def with_children(self, child):
+        return Filter(child, self.predicate)
+
+    @property
+    def schema(self):
+        return self.child.schema
+
+
+@dataclass(frozen=True, eq=False)
+class Project(Plan):
+    """Output exactly ``items``: (name, expression) pairs, in order."""
+
+    child: Plan
+    items: tuple[tuple[str, Expr], ...]
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.items]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"select() names each output column once; repeated: {dupes}")
+        for _, e in self.items:
+            _check_columns(sorted(e.columns), self.child.schema, "select")
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def with_children(self, child):
+        return Project(child, self.items)
+
+    @cached_property
+    def schema(self):
+        src = self.child.schema
+        fields = []
+        for name, e in self.items:
+            ref = e.column_name()
+            fields.append(src.field(ref).with_name(name) if ref is not None
+                          else pa.field(name, e.output_type(src)))
+        return pa.schema(fields)
+
+    @property
+    def mapping(self) -> dict[str, Expr]:
+        return dict(self.items)
+
+
+@dataclass(frozen=True, eq=False)
+class Map(Plan):
+    """A vectorized function of a ``pyarrow.RecordBatch`` returning a RecordBatch.
+
+    ``columns``: the input columns ``fn`` reads (the batch it gets holds only those);
+    None = all. ``output_schema``: what it returns, if known; otherwise found by calling
+    ``fn`` on an empty batch. The optimizer never moves filters or limits across a Map.
+    """
+
+    child: Plan
+    fn: Callable[[pa.RecordBatch], Any]
+    columns: tuple[str, ...] | None = None
+    output_schema: pa.Schema | None = None
+    name: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if self.columns is not None:
+            _check_columns(self.columns, self.child.schema, "map(columns=...)")
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def with_children(self, child):
+        return dataclasses.replace(self, child=child)
+
+    @property
+    def input_schema(self) -> pa.Schema:
+        src = self.child.schema
+        return src if self.columns is None else pa.schema([src.field(c) for c in self.columns])
+
+    @cached_property
+    def schema(self):
+        if self.output_schema is not None:
+            return self.output_schema
+        from ..scan.execute import apply_map
+        return apply_map(self, pa.RecordBatch.from_pylist([], schema=self.input_schema)).schema
+
+
+@dataclass(frozen=True, eq=False)
+class Limit(Plan):
+    """The first ``n`` rows, in source order."""
+
+    child: Plan
+    n: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or self.n < 0:
+            raise ValueError(f"limit(n) needs an integer n >= 0, got {self.n!r}")
+
+    @property
+    def children(self):
+        return (self.child,)
+
+    def with_children(self, child):
+        return Limit(child, self.n)
+
+    @property
+    def schema(self):
+        return self.child.schema
+
+
+def transform_up(plan: Plan, fn: Callable[[Plan], Plan]) -> Plan:
+    """Rebuild the tree bottom-up, applying ``fn`` to each node after its children."""
+    kids = tuple(transform_up(c, fn) for c in plan.children)
+    if any(k is not c for k, c in zip(kids, plan.children)):
+        plan = plan.with_children(*kids)
+    return fn(plan)
+
+
+def scans(plan: Plan) -> list[Scan]:
+    if isinstance(plan, Scan):
+        return [plan]
+    return [s for c in plan.children for s in scans(c)]

@@ -1,0 +1,498 @@
+"""Compile SQL expressions (parsed by sqlglot, DuckDB dialect) into ``pyarrow.compute``
+expressions, with SQL's typing rules.
+
+Typing follows DuckDB, the engine the tests compare with: a literal takes the type of
+the column it meets (``price >= 0.05`` on a DECIMAL(10,2) column compares decimals;
+``f32 = 0.1`` compares float32; ``day = '2024-01-01'`` compares dates), ``/`` is true
+division, ``%`` truncates toward zero, integer arithmetic raises on overflow, and
+``CAST(float AS INT)`` rounds half away from zero. Type names follow DuckDB too:
+``INT8`` is BIGINT; a one-byte integer is ``TINYINT``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.types as pat
+import sqlglot
+from sqlglot import exp
+
+from ..errors import ColumnNotFoundError, ExpressionError
+
+DIALECT = "duckdb"
+_NO = object()
+
+
+def parse(text: str, what: str = "expression") -> exp.Expression:
+    """Parse one SQL expression; syntax errors become ExpressionError with line/column."""
+    if not isinstance(text, str) or not text.strip():
+        raise ExpressionError(f"empty {what}: pass SQL text such as \"x > 0 AND y = 'a'\"")
+    try:
+        tree = sqlglot.parse_one(text, read=DIALECT, into=exp.Condition)
+    except sqlglot.errors.ParseError as e:
+        first = e.errors[0] if e.errors else {}
+        raise ExpressionError(f"cannot parse {what} {text!r}: {first.get('description', e)}",
+                              text=text, line=first.get("line"), column=first.get("col")) from None
+    except sqlglot.errors.TokenError as e:
+        raise ExpressionError(f"cannot parse {what} {text!r}: {e}") from None
+    return tree
+
+
+def resolve_column(name: str, schema: pa.Schema, quoted: bool = False) -> str:
+    """Exact match first; unquoted identifiers also match case-insensitively (as in SQL)."""
+    if name in schema.names:
+        return name
+    if not quoted:
+        matches = [n for n in schema.names if n.lower() == name.lower()]
+        if len(matches) == 1:
+            return matches[0]
+    raise ColumnNotFoundError(name, schema.names)
+
+
+# ---------------------------------------------------------------------------
+# SQL type names -> Arrow types
+
+def arrow_type(dtype: exp.DataType) -> pa.DataType:
+    t = dtype.this
+    T = exp.DataType.Type
+    simple = {
+        T.BOOLEAN: pa.bool_(), T.TINYINT: pa.int8(), T.SMALLINT: pa.int16(), T.INT: pa.int32(),
+        T.BIGINT: pa.int64(), T.UTINYINT: pa.uint8(), T.USMALLINT: pa.uint16(),
+        T.UINT: pa.uint32(), T.UBIGINT: pa.uint64(), T.FLOAT: pa.float32(),
+        T.DOUBLE: pa.float64(), T.VARCHAR: pa.string(), T.TEXT: pa.string(),
+        T.CHAR: pa.string(), T.NVARCHAR: pa.string(), T.DATE: pa.date32(),
+        T.TIMESTAMP: pa.timestamp("us"), T.DATETIME: pa.timestamp("us"),
+        T.TIMESTAMPNTZ: pa.timestamp("us"), T.TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
+        T.TIMESTAMP_S: pa.timestamp("s"), T.TIMESTAMP_MS: pa.timestamp("ms"),
+        T.TIMESTAMP_NS: pa.timestamp("ns"), T.VARBINARY: pa.binary(), T.BINARY: pa.binary(),
+        T.BLOB: pa.binary(), T.TIME: pa.time64("us"),
+    }
+    if t in simple:
+        return simple[t]
+    if t in (T.DECIMAL, T.BIGDECIMAL):
+        params = [int(p.this.this) for p in dtype.expressions if isinstance(p, exp.DataTypeParam)]
+        precision, scale = (params + [18, 3][len(params):])[:2] if params else (18, 3)
+        return pa.decimal128(precision, scale)
+    raise ExpressionError(f"unsupported SQL type {dtype.sql(DIALECT)} in CAST")
+
+
+# ---------------------------------------------------------------------------
+# typed values during compilation
+
+@dataclass(frozen=True)
+class Typed:
+    """A compiled operand: an Arrow expression with its type, or a not-yet-typed literal."""
+
+    expr: pc.Expression | None
+    type: pa.DataType | None
+    value: Any = _NO  # python value for literals
+
+    @property
+    def is_literal(self) -> bool:
+        return self.value is not _NO
+
+
+def _lit(value: Any, typ: pa.DataType | None = None) -> Typed:
+    return Typed(None, typ, value)
+
+
+def _decimal_type_of(value: Decimal) -> pa.DataType:
+    sign, digits, exponent = value.as_tuple()
+    scale = max(-exponent, 0)
+    precision = max(len(digits), scale + 1)
+    return pa.decimal128(min(precision, 38), min(scale, 38))
+
+
+def _fits(value: int, typ: pa.DataType) -> bool:
+    try:
+        pa.scalar(value, typ)
+        return True
+    except (pa.ArrowInvalid, OverflowError):
+        return False
+
+
+def _default_scalar(t: Typed) -> pa.Scalar:
+    v = t.value
+    if t.type is not None:
+        return pa.scalar(v, t.type)
+    if v is None:
+        return pa.scalar(None, pa.null())
+    if isinstance(v, bool):
+        return pa.scalar(v, pa.bool_())
+    if isinstance(v, int):
+        return pa.scalar(v, pa.int64()) if _fits(v, pa.int64()) else pa.scalar(Decimal(v), pa.decimal128(38, 0))
+    if isinstance(v, Decimal):
+        return pa.scalar(v, _decimal_type_of(v))
+    if isinstance(v, float):
+        return pa.scalar(v, pa.float64())
+    return pa.scalar(v)
+
+
+def _literal_as(t: Typed, target: pa.DataType) -> pa.Scalar:
+    """Give a literal the type of the operand it meets, the way DuckDB does."""
+    v = t.value
+    if v is None:
+        return pa.scalar(None, target)
+    if t.type is not None and (t.type.equals(target) or not isinstance(v, str)):
+        if pat.is_timestamp(target) and isinstance(v, dt.date) and not isinstance(v, dt.datetime):
+            v = dt.datetime(v.year, v.month, v.day)
+            return pa.scalar(v, target)
+        if pat.is_date(target) and isinstance(v, dt.datetime):
+            return pa.scalar(v, t.type)  # compare as timestamp; caller widens the column
+        return pa.scalar(v, t.type)
+    try:
+        if pat.is_decimal(target) and isinstance(v, (int, Decimal, float)) and not isinstance(v, bool):
+            d = Decimal(str(v))
+            lit = _decimal_type_of(d)
+            scale = max(target.scale, lit.scale)
+            integral = max(target.precision - target.scale, lit.precision - lit.scale)
+            return pa.scalar(d, pa.decimal128(min(integral + scale, 38), scale))
+        if pat.is_floating(target) and isinstance(v, (int, Decimal, float)) and not isinstance(v, bool):
+            return pa.scalar(float(v), target)
+        if pat.is_integer(target) and isinstance(v, int) and not isinstance(v, bool):
+            return pa.scalar(v, target) if _fits(v, target) else _default_scalar(t)
+        if pat.is_integer(target) and isinstance(v, (Decimal, float)):
+            return _default_scalar(t)
+        if isinstance(v, str) and (pat.is_date(target) or pat.is_timestamp(target) or pat.is_time(target)):
+            return pa.scalar(v).cast(target)
+        if isinstance(v, str) and (pat.is_string(target) or pat.is_large_string(target)):
+            return pa.scalar(v, target)
+        if isinstance(v, str) and pat.is_dictionary(target):
+            return pa.scalar(v, target.value_type)
+        if isinstance(v, str) and (pat.is_integer(target) or pat.is_floating(target)):
+            return pa.scalar(v).cast(target)
+        if isinstance(v, str) and pat.is_boolean(target):
+            return pa.scalar(v.strip().lower() in ("true", "t", "1", "yes", "y"), target)
+    except (pa.ArrowInvalid, InvalidOperation, ValueError) as e:
+        raise ExpressionError(f"cannot use literal {v!r} as {target}: {e}") from None
+    return _default_scalar(t)
+
+
+def _as_expr(t: Typed, target: pa.DataType | None = None) -> pc.Expression:
+    if not t.is_literal:
+        return t.expr
+    return pc.scalar(_literal_as(t, target) if target is not None else _default_scalar(t))
+
+
+def _unify(a: Typed, b: Typed) -> tuple[pc.Expression, pc.Expression]:
+    """Both operands as Arrow expressions, coerced to a common type by SQL rules."""
+    if a.is_literal and not b.is_literal:
+        ea, eb = _as_expr(a, b.type), b.expr
+        ta, tb = _literal_as(a, b.type).type if a.value is not None else b.type, b.type
+    elif b.is_literal and not a.is_literal:
+        ea, eb = a.expr, _as_expr(b, a.type)
+        ta, tb = a.type, _literal_as(b, a.type).type if b.value is not None else a.type
+    else:
+        ea, eb, ta, tb = _as_expr(a), _as_expr(b), a.type, b.type
+        if a.is_literal:
+            ta = _default_scalar(a).type
+        if b.is_literal:
+            tb = _default_scalar(b).type
+    if ta is not None and tb is not None:
+        if pat.is_date(ta) and pat.is_timestamp(tb):
+            ea = ea.cast(tb)
+        elif pat.is_timestamp(ta) and pat.is_date(tb):
+            eb = eb.cast(ta)
+        elif pat.is_decimal(ta) and pat.is_floating(tb):
+            ea = ea.cast(pa.float64())
+        elif pat.is_floating(ta) and pat.is_decimal(tb):
+            eb = eb.cast(pa.float64())
+    return ea, eb
+
+
+def _type_of(expr: pc.Expression, schema: pa.Schema) -> pa.DataType:
+    """The output type of ``expr`` over ``schema`` (evaluated on zero rows)."""
+    import pyarrow.dataset as ds
+    empty = schema.empty_table()
+    try:
+        return ds.dataset(empty).to_table(columns={"_": expr}).schema.field("_").type
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise ExpressionError(f"cannot evaluate {expr}: {e}") from None
+
+
+_COMPARE = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
+            exp.GTE: pc.greater_equal, exp.LT: pc.less, exp.LTE: pc.less_equal}
+_ARITH = {exp.Add: "add_checked", exp.Sub: "subtract_checked", exp.Mul: "multiply_checked"}
+_UNARY_FUNCS = {exp.Abs: "abs_checked", exp.Lower: "utf8_lower", exp.Upper: "utf8_upper",
+                exp.Length: "utf8_length", exp.Floor: "floor", exp.Ceil: "ceil",
+                exp.Sqrt: "sqrt_checked", exp.Ln: "ln_checked", exp.Exp: "exp"}
+
+
+class Compiler:
+    """Compile one sqlglot tree against a schema. Stateless apart from the schema."""
+
+    def __init__(self, schema: pa.Schema, text: str = "") -> None:
+        self.schema = schema
+        self.text = text
+
+    def compile(self, node: exp.Expression) -> pc.Expression:
+        t = self.visit(node)
+        return _as_expr(t)
+
+    def predicate(self, node: exp.Expression) -> pc.Expression:
+        t = self.visit(node)
+        typ = t.type if not t.is_literal else _default_scalar(t).type
+        if typ is not None and not (pat.is_boolean(typ) or pat.is_null(typ)):
+            raise ExpressionError(f"filter {self.text or node.sql(DIALECT)!r} is of type {typ}, "
+                                  "not boolean; write a comparison such as x > 0")
+        return _as_expr(t)
+
+    # -- dispatch ---------------------------------------------------------
+    def visit(self, node: exp.Expression) -> Typed:
+        method = getattr(self, "visit_" + type(node).__name__, None)
+        if method is None:
+            for cls, fn in _COMPARE.items():
+                if isinstance(node, cls):
+                    return self._compare(node, fn)
+            for cls, fname in _ARITH.items():
+                if isinstance(node, cls):
+                    return self._arith(node, fname)
+            for cls, fname in _UNARY_FUNCS.items():
+                if isinstance(node, cls):
+                    arg = self.visit(node.this)
+                    e = pc.Expression._call(fname, [_as_expr(arg)])
+                    return Typed(e, self._typ(e))
+            raise ExpressionError(
+                f"unsupported SQL construct {type(node).__name__} ({node.sql(DIALECT)!r}) in "
+                f"{self.text!r}; supported: comparisons, AND/OR/NOT, IN, BETWEEN, LIKE, IS NULL, "
+                "arithmetic, CAST, CASE, COALESCE and simple functions")
+        return method(node)
+
+    def _typ(self, e: pc.Expression) -> pa.DataType:
+        return _type_of(e, self.schema)
+
+    def visit_Paren(self, node):
+        return self.visit(node.this)
+
+    def visit_Column(self, node: exp.Column):
+        ident = node.this
+        quoted = bool(getattr(ident, "quoted", False))
+        name = resolve_column(node.name, self.schema, quoted)
+        return Typed(pc.field(name), self.schema.field(name).type)
+
+    def visit_Literal(self, node: exp.Literal):
+        if node.is_string:
+            return _lit(node.this)
+        text = node.this
+        try:
+            if any(c in text for c in "eE"):
+                return _lit(float(text))
+            if "." in text:
+                return _lit(Decimal(text))
+            return _lit(int(text))
+        except (ValueError, InvalidOperation):
+            raise ExpressionError(f"bad number {text!r} in {self.text!r}") from None
+
+    def visit_Null(self, node):
+        return _lit(None)
+
+    def visit_Boolean(self, node):
+        return _lit(bool(node.this), pa.bool_())
+
+    def visit_Neg(self, node):
+        inner = self.visit(node.this)
+        if inner.is_literal and inner.value is not None:
+            return Typed(None, inner.type, -inner.value)
+        e = pc.negate_checked(_as_expr(inner))
+        return Typed(e, inner.type)
+
+    def visit_Cast(self, node: exp.Cast):
+        target = arrow_type(node.to)
+        inner = self.visit(node.this)
+        if inner.is_literal:
+            if inner.value is None:
+                return _lit(None, target)
+            try:
+                scalar = _default_scalar(inner) if not isinstance(inner.value, str) else pa.scalar(inner.value)
+                if pat.is_integer(target) and (pat.is_floating(scalar.type) or pat.is_decimal(scalar.type)):
+                    scalar = pc.round(scalar, round_mode="half_towards_infinity")
+                return _lit(scalar.cast(target).as_py(), target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise ExpressionError(f"cannot CAST {inner.value!r} AS {target}: {e}") from None
+        src = inner.type
+        e = inner.expr
+        if pat.is_integer(target) and (pat.is_floating(src) or pat.is_decimal(src)):
+            e = pc.round(e, round_mode="half_towards_infinity")
+        return Typed(e.cast(target), target)
+
+    visit_TryCast = visit_Cast
+
+    def _compare(self, node, fn):
+        a, b = self.visit(node.this), self.visit(node.expression)
+        ea, eb = _unify(a, b)
+        return Typed(fn(ea, eb), pa.bool_())
+
+    def _arith(self, node, fname):
+        a, b = self.visit(node.this), self.visit(node.expression)
+        a, b = self._arith_literals(a, b)
+        ea, eb = _unify(a, b)
+        e = pc.Expression._call(fname, [ea, eb])
+        return Typed(e, self._typ(e))
+
+    @staticmethod
+    def _arith_literals(a: Typed, b: Typed) -> tuple[Typed, Typed]:
+        """In arithmetic, an integer literal meeting a decimal column becomes DECIMAL(n,0)
+        (Arrow would otherwise need precision 19 for int64)."""
+        def fix(lit: Typed, other: Typed) -> Typed:
+            if lit.is_literal and isinstance(lit.value, int) and not isinstance(lit.value, bool) \
+                    and other.type is not None and pat.is_decimal(other.type):
+                d = Decimal(lit.value)
+                return _lit(d, _decimal_type_of(d))
+            return lit
+        return fix(a, b), fix(b, a)
+
+    def visit_Div(self, node):
+        a, b = self.visit(node.this), self.visit(node.expression)
+        ea, eb = _as_expr(a), _as_expr(b)
+        ta = a.type if not a.is_literal else _default_scalar(a).type
+        tb = b.type if not b.is_literal else _default_scalar(b).type
+        out = pa.float32() if (pat.is_float32(ta) and pat.is_float32(tb)) else pa.float64()
+        e = pc.divide(ea.cast(out), eb.cast(out))
+        return Typed(e, out)
+
+    def visit_IntDiv(self, node):
+        a, b = self.visit(node.this), self.visit(node.expression)
+        ea, eb = _unify(a, b)
+        e = pc.divide_checked(ea, eb)
+        typ = self._typ(e)
+        if pat.is_floating(typ):
+            e = pc.floor(e)
+        return Typed(e, typ)
+
+    def visit_Mod(self, node):
+        a, b = self.visit(node.this), self.visit(node.expression)
+        a, b = self._arith_literals(a, b)
+        ea, eb = _unify(a, b)
+        r = pc.modulo(ea, eb)  # floored, as in Python
+        zero = pc.scalar(0)
+        # SQL's % truncates toward zero: where signs of r and a differ, step back by b.
+        fix = pc.and_(pc.not_equal(r, zero), pc.not_equal(pc.less(r, zero), pc.less(ea, zero)))
+        e = pc.if_else(fix, pc.subtract(r, eb), r)
+        return Typed(e, self._typ(e))
+
+    def visit_And(self, node):
+        return Typed(pc.and_kleene(self._bool(node.this), self._bool(node.expression)), pa.bool_())
+
+    def visit_Or(self, node):
+        return Typed(pc.or_kleene(self._bool(node.this), self._bool(node.expression)), pa.bool_())
+
+    def visit_Not(self, node):
+        return Typed(pc.invert(self._bool(node.this)), pa.bool_())
+
+    def _bool(self, node) -> pc.Expression:
+        t = self.visit(node)
+        if t.is_literal:
+            return pc.scalar(pa.scalar(t.value, pa.bool_()) if t.value is not None else pa.scalar(None, pa.bool_()))
+        if not (pat.is_boolean(t.type) or pat.is_null(t.type)):
+            raise ExpressionError(f"{node.sql(DIALECT)!r} is {t.type}, not boolean, in {self.text!r}")
+        return t.expr
+
+    def visit_Is(self, node: exp.Is):
+        target = node.expression
+        inner = self.visit(node.this)
+        if isinstance(target, exp.Null):
+            return Typed(pc.is_null(_as_expr(inner)), pa.bool_())
+        if isinstance(target, exp.Boolean):
+            e = pc.fill_null(pc.equal(_as_expr(inner), pc.scalar(bool(target.this))), False)
+            return Typed(e, pa.bool_())
+        raise ExpressionError(f"unsupported IS {target.sql(DIALECT)} in {self.text!r}")
+
+    def visit_Between(self, node: exp.Between):
+        x = self.visit(node.this)
+        lo, hi = self.visit(node.args["low"]), self.visit(node.args["high"])
+        a1, b1 = _unify(x, lo)
+        a2, b2 = _unify(x, hi)
+        return Typed(pc.and_kleene(pc.greater_equal(a1, b1), pc.less_equal(a2, b2)), pa.bool_())
+
+    def visit_In(self, node: exp.In):
+        x = self.visit(node.this)
+        if node.args.get("query") is not None or node.args.get("unnest") is not None:
+            raise ExpressionError(f"IN (subquery) is not supported in a filter: {self.text!r}; "
+                                  "use al.sql() for subqueries")
+        items = [self.visit(e) for e in node.expressions]
+        if x.is_literal or any(not i.is_literal for i in items):
+            # general case: a chain of ORs, SQL semantics for free
+            e = None
+            for i in items:
+                ea, eb = _unify(x, i)
+                term = pc.equal(ea, eb)
+                e = term if e is None else pc.or_kleene(e, term)
+            return Typed(e if e is not None else pc.scalar(False), pa.bool_())
+        target = x.type.value_type if pat.is_dictionary(x.type) else x.type
+        has_null = any(i.value is None for i in items)
+        scalars = [_literal_as(i, target) for i in items if i.value is not None]
+        values = pa.array([s.as_py() for s in scalars], type=scalars[0].type if scalars else target)
+        xe = x.expr
+        if pat.is_date(target) and pat.is_timestamp(values.type):
+            xe = xe.cast(values.type)
+        e = pc.is_in(xe, value_set=values)
+        # SQL: NULL IN (...) is NULL, not false (it matters under NOT)
+        null_if_x_null = pc.and_kleene(pc.is_null(xe), pc.scalar(pa.scalar(None, pa.bool_())))
+        e = pc.or_kleene(e, null_if_x_null)
+        if has_null:
+            e = pc.or_kleene(e, pc.scalar(pa.scalar(None, pa.bool_())))
+        return Typed(e, pa.bool_())
+
+    def _like(self, node, ignore_case: bool):
+        x = self.visit(node.this)
+        pattern = self.visit(node.expression)
+        if not pattern.is_literal or not isinstance(pattern.value, str):
+            raise ExpressionError(f"LIKE needs a string literal pattern in {self.text!r}")
+        escape = node.args.get("escape")
+        if escape is not None:
+            raise ExpressionError(f"LIKE ... ESCAPE is not supported in {self.text!r}")
+        e = pc.match_like(_as_expr(x), pattern=pattern.value, ignore_case=ignore_case)
+        return Typed(e, pa.bool_())
+
+    def visit_Like(self, node):
+        return self._like(node, False)
+
+    def visit_ILike(self, node):
+        return self._like(node, True)
+
+    def visit_Escape(self, node):
+        raise ExpressionError(f"LIKE ... ESCAPE is not supported in {self.text!r}")
+
+    def visit_Coalesce(self, node):
+        args = [self.visit(node.this)] + [self.visit(e) for e in node.expressions]
+        typed = next((a.type for a in args if not a.is_literal), None)
+        exprs = [_as_expr(a, typed) for a in args]
+        e = pc.coalesce(*exprs)
+        return Typed(e, self._typ(e))
+
+    def visit_Round(self, node):
+        x = self.visit(node.this)
+        nd = node.args.get("decimals")
+        digits = int(self.visit(nd).value) if nd is not None else 0
+        e = pc.round(_as_expr(x), ndigits=digits, round_mode="half_towards_infinity")
+        return Typed(e, self._typ(e))
+
+    def visit_Case(self, node: exp.Case):
+        subject = node.this
+        conds, values = [], []
+        for ifnode in node.args.get("ifs", []):
+            cond = ifnode.this if subject is None else exp.EQ(this=subject.copy(), expression=ifnode.this)
+            conds.append(self._bool(cond))
+            values.append(self.visit(ifnode.args["true"]))
+        default = node.args.get("default")
+        values.append(self.visit(default) if default is not None else _lit(None))
+        typed = next((v.type for v in values if not v.is_literal), None)
+        if typed is None:
+            typed = next((_default_scalar(v).type for v in values if v.value is not None), pa.null())
+        arrays = [_as_expr(v, typed) for v in values]
+        struct = pc.make_struct(*conds, field_names=[str(i) for i in range(len(conds))])
+        e = pc.case_when(struct, *arrays)
+        return Typed(e, self._typ(e))
+
+
+def compile_expression(tree: exp.Expression, schema: pa.Schema, text: str = "") -> pc.Expression:
+    return Compiler(schema, text).compile(tree)
+
+
+def compile_predicate(tree: exp.Expression, schema: pa.Schema, text: str = "") -> pc.Expression:
+    return Compiler(schema, text).predicate(tree)

@@ -1,0 +1,201 @@
+"""Run a (usually optimized) plan: stream record batches, build tables, count rows.
+
+Scans go through pyarrow's dataset scanner over exactly the units the plan kept, with
+the pushed predicate and projection, ``pre_buffer`` (coalesced reads) and row-group
+sized batches; the GIL is released while it decodes. Nodes left above the scan (a
+polars filter, a map, an unpushed projection) run per batch in arrow compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from ..errors import ArrowloadError, CorruptFileError
+from ..options import Options
+from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan
+from ..source import FileSource
+
+_MAX_BATCH_ROWS = 1 << 20
+
+
+def _batch_rows(scan: Scan, options: Options) -> int:
+    if options.scan.batch_rows:
+        return options.scan.batch_rows
+    rows = [u.num_rows for u in scan.selected_units() if u.num_rows]
+    return min(max(rows, default=131_072), _MAX_BATCH_ROWS)
+
+
+def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False) -> ds.Scanner:
+    """A pyarrow Scanner for ``scan`` (or a subset of its ``units``)."""
+    src = scan.source
+    dataset = src.dataset(scan.units if units is None else units)
+    schema = src.schema
+    columns: list[str] | dict | None
+    if scan.projection is not None:
+        columns = {name: e.to_arrow(schema) for name, e in scan.projection}
+    else:
+        columns = list(scan.columns) if scan.columns is not None else None
+    kwargs = dict(
+        columns=columns,
+        filter=scan.predicate.to_arrow(schema, predicate=True) if scan.predicate is not None else None,
+        batch_size=_batch_rows(scan, options),
+        use_threads=options.scan.use_threads,
+        batch_readahead=1 if streaming else options.scan.batch_readahead,
+        fragment_readahead=1 if streaming else options.scan.fragment_readahead,
+    )
+    if src.kind == "parquet":
+        kwargs["fragment_scan_options"] = ds.ParquetFragmentScanOptions(pre_buffer=options.scan.pre_buffer)
+    return ds.Scanner.from_dataset(dataset, **kwargs)
+
+
+def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
+    """Name the shard that failed: re-read the kept files one by one to find it."""
+    src = scan.source
+    if isinstance(src, FileSource):
+        for f in sorted({u.file for u in scan.selected_units()}):
+            path = src.entries[f].path
+            units = [u.index for u in scan.selected_units() if u.file == f]
+            try:
+                for _ in scanner(scan, Options(), units, streaming=True).to_batches():
+                    pass
+            except Exception as inner:  # noqa: BLE001
+                return CorruptFileError(f"cannot read {path!r}: {inner}; the file is truncated or "
+                                        "corrupt; remove or rewrite it", path)
+    return ArrowloadError(f"scanning {src.display} failed: {exc}")
+
+
+_READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError)
+
+
+def scan_batches(scan: Scan, options: Options) -> Iterator[pa.RecordBatch]:
+    """Batches of ``scan`` in source order; with a limit, stop reading once it is met."""
+    remaining = scan.limit
+    if remaining == 0:
+        return
+    try:
+        if remaining is not None and scan.predicate is not None:
+            # Selective filter under a limit: read unit by unit and stop early.
+            batches = (b for u in (scan.units if scan.units is not None else range(len(scan.source.units())))
+                       for b in scanner(scan, options, (u,), streaming=True).to_batches())
+        else:
+            batches = scanner(scan, options, streaming=remaining is not None).to_batches()
+        for b in batches:
+            if b.num_rows == 0:
+                continue
+            if remaining is not None:
+                if b.num_rows >= remaining:
+                    yield b.slice(0, remaining)
+                    return
+                remaining -= b.num_rows
+            yield b
+    except _READ_ERRORS as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise _read_error(scan, exc) from exc
+
+
+def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
+    if node.columns is not None:
+        batch = batch.select(list(node.columns))
+    out = node.fn(batch)
+    if isinstance(out, pa.Table):
+        out = out.combine_chunks()
+        out = out.to_batches()[0] if out.num_rows else pa.RecordBatch.from_pylist([], schema=out.schema)
+    elif type(out).__module__.split(".")[0] == "polars":
+        return apply_map_polars(out)
+    if not isinstance(out, pa.RecordBatch):
+        raise TypeError(f"map function {node.name or node.fn!r} must return a pyarrow RecordBatch "
+                        f"(or Table / polars DataFrame), got {type(out).__name__}")
+    return out
+
+
+def apply_map_polars(frame) -> pa.RecordBatch:
+    table = frame.to_arrow()
+    return pa.Table.from_batches(table.to_batches(), schema=table.schema).combine_chunks().to_batches()[0] \
+        if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
+def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    arrays = []
+    for (name, e), f in zip(node.items, schema):
+        ref = e.column_name()
+        arr = batch.column(ref) if ref is not None else e.evaluate(batch)
+        arrays.append(arr if arr.type.equals(f.type) else arr.cast(f.type))
+    if not arrays:
+        return batch.select([])
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def iter_batches(plan: Plan, options: Options) -> Iterator[pa.RecordBatch]:
+    """Stream the plan's output batches, in order."""
+    if isinstance(plan, Scan):
+        yield from scan_batches(plan, options)
+    elif isinstance(plan, Filter):
+        for b in iter_batches(plan.child, options):
+            out = plan.predicate.filter_batch(b)
+            if out.num_rows:
+                yield out
+    elif isinstance(plan, Project):
+        schema = plan.schema
+        for b in iter_batches(plan.child, options):
+            yield _project(plan, b, schema)
+    elif isinstance(plan, Map):
+        for b in iter_batches(plan.child, options):
+            yield apply_map(plan, b)
+    elif isinstance(plan, Limit):
+        remaining = plan.n
+        if remaining == 0:
+            return
+        for b in iter_batches(plan.child, options):
+            if b.num_rows >= remaining:
+                yield b.slice(0, remaining)
+                return
+            remaining -= b.num_rows
+            yield b
+    else:  # pragma: no cover - every node type is handled above
+        raise TypeError(f"cannot execute {type(plan).__name__}")
+
+
+def to_table(plan: Plan, options: Options) -> pa.Table:
+    """The whole result. A bare scan runs as one multi-threaded pyarrow scan."""
+    if isinstance(plan, Scan) and plan.limit is None:
+        try:
+            return scanner(plan, options).to_table()
+        except _READ_ERRORS as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise _read_error(plan, exc) from exc
+    return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
+
+
+def count_rows(plan: Plan, options: Options) -> int:
+    """Rows the plan returns, reading as little as the plan allows.
+
+    Projections keep counts; a scan without predicate counts from footers (Parquet,
+    IPC, memory); a pushed predicate lets pyarrow answer from statistics where they
+    decide it and otherwise read only the predicate's columns.
+    """
+    node = plan
+    while isinstance(node, Project):
+        node = node.child
+    if isinstance(node, Limit):
+        return min(node.n, count_rows(node.child, options))
+    if isinstance(node, Scan) and options.optimizer.metadata_count:
+        units = node.selected_units()
+        if node.predicate is None and all(u.num_rows is not None for u in units):
+            total = sum(u.num_rows for u in units)
+        else:
+            src = node.source
+            expr = node.predicate.to_arrow(src.schema, predicate=True) if node.predicate else None
+            try:
+                total = src.dataset(node.units).count_rows(filter=expr) if expr is not None \
+                    else src.dataset(node.units).count_rows()
+            except _READ_ERRORS as exc:
+                if isinstance(exc, FileNotFoundError):
+                    raise
+                raise _read_error(node, exc) from exc
+        return total if node.limit is None else min(total, node.limit)
+    return sum(b.num_rows for b in iter_batches(node, options))

@@ -1,0 +1,102 @@
+"""Sources: URI -> filesystem, discovery of files and partitions, footers, schema unification."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from ..options import ScanOptions
+from .base import Source, Unit
+from .files import FileSource, format_of_path, infer_format, normalize_format
+from .filesystem import FileEntry, filesystem_for, list_files, protocol_of, to_pyarrow_fs
+from .memory import MemorySource
+
+__all__ = ["FileSource", "MemorySource", "Source", "Unit", "open_source"]
+
+
+def _memory_table(source: Any) -> tuple[Any, str] | None:
+    """In-memory inputs as a pyarrow Table / RecordBatchReader, or None if not one."""
+    if isinstance(source, pa.Table):
+        return source, f"memory table ({source.num_rows} rows)"
+    if isinstance(source, pa.RecordBatch):
+        return pa.Table.from_batches([source]), f"memory batch ({source.num_rows} rows)"
+    if isinstance(source, pa.RecordBatchReader):
+        return source, "memory RecordBatchReader"
+    mod = type(source).__module__.split(".")[0]
+    if mod == "polars":
+        import polars as pl
+        if isinstance(source, pl.LazyFrame):
+            source = source.collect()
+        if isinstance(source, pl.DataFrame):
+            return source.to_arrow(), f"polars DataFrame ({source.height} rows)"
+    if mod == "pandas":
+        import pandas as pd
+        if isinstance(source, pd.DataFrame):
+            table = pa.Table.from_pandas(source, preserve_index=False)
+            return table.replace_schema_metadata(None), f"pandas DataFrame ({len(source)} rows)"
+    return None
+
+
+def open_source(source: Any, *, format: str | None = None, partitioning: Any = None,
+                filesystem: Any = None, storage_options: dict | None = None,
+                scan_options: ScanOptions | None = None) -> Source:
+    """Resolve what the user passed to ``al.dataset`` into a Source (listing files now,
+    reading footers later)."""
+    scan_options = scan_options or ScanOptions()
+    mem = _memory_table(source)
+    if mem is not None:
+        return MemorySource(*mem)
+    if isinstance(source, ds.FileSystemDataset):
+        files = list(source.files)
+        fs = source.filesystem
+        fmt = {"parquet": "parquet", "ipc": "ipc", "csv": "csv", "json": "json"}.get(
+            source.format.default_extname, None) or format_of_path(files[0]) or "parquet"
+        infos = fs.get_file_info(files)
+        entries = [FileEntry(i.path, i.size, i.mtime_ns if i.mtime is not None else None) for i in infos]
+        base = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+        return FileSource(fs, entries, fmt, base, f"pyarrow dataset ({len(files)} files)",
+                          partitioning, scan_options)
+    if isinstance(source, ds.Dataset):
+        return MemorySource(source.to_table(), "pyarrow dataset (in memory)")
+    paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    if not paths:
+        raise ValueError("al.dataset() needs at least one path")
+    paths = [os.fspath(p) for p in paths]
+    if filesystem is not None:
+        pafs = to_pyarrow_fs(filesystem)
+        stripped = [_strip_for(filesystem, p) for p in paths]
+    else:
+        protocols = {protocol_of(p) or "file" for p in paths}
+        if len(protocols) > 1:
+            raise ValueError(f"paths on several filesystems ({sorted(protocols)}); one dataset "
+                             "reads from one filesystem")
+        pafs, _ = filesystem_for(paths[0], storage_options)
+        stripped = [filesystem_for(p, storage_options)[1] for p in paths]
+    entries: dict[str, FileEntry] = {}
+    bases = []
+    for p in stripped:
+        base, found = list_files(pafs, p, retries=scan_options.retries,
+                                 backoff=scan_options.retry_backoff_s)
+        bases.append(base)
+        for e in found:
+            entries.setdefault(e.path, e)
+    all_entries = sorted(entries.values(), key=lambda e: e.path)
+    if format is None:
+        fmt, all_entries = infer_format(all_entries)
+    else:
+        fmt = normalize_format(format)
+    base = bases[0] if len(set(bases)) == 1 else os.path.commonpath(bases)
+    display = paths[0] if len(paths) == 1 else f"{len(paths)} paths ({paths[0]}, ...)"
+    return FileSource(pafs, all_entries, fmt, base, display, partitioning, scan_options)
+
+
+def _strip_for(filesystem: Any, path: str) -> str:
+    strip = getattr(filesystem, "_strip_protocol", None)
+    if strip is not None:
+        return strip(path)
+    if protocol_of(path) is not None:
+        return path.split("://", 1)[1]
+    return path

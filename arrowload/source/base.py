@@ -1,0 +1,72 @@
+"""What every source offers the planner: a schema, readable units with footer facts,
+and a pyarrow dataset over any subset of those units."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The smallest piece a scan can read on its own.
+
+    A Parquet row group, a whole Arrow IPC / CSV / JSON file, or a slice of an in-memory
+    table. ``num_rows`` is exact where the format's metadata says it (Parquet, IPC,
+    memory) and None otherwise; ``column_bytes`` holds compressed bytes per top-level
+    column from the footer (None where the format has no such metadata).
+    """
+
+    index: int
+    file: int
+    path: str
+    row_group: int | None
+    num_rows: int | None
+    column_bytes: Mapping[str, int] | None = None
+    partition: Mapping[str, object] = field(default_factory=dict)
+
+    def bytes_for(self, columns: Sequence[str] | None) -> int | None:
+        if self.column_bytes is None:
+            return None
+        if "*" in self.column_bytes:  # a format read whole, whatever the projection
+            return self.column_bytes["*"]
+        if columns is None:
+            return sum(self.column_bytes.values())
+        return sum(self.column_bytes.get(c, 0) for c in columns)
+
+
+class Source:
+    """Base of the sources a Scan reads. Subclasses are immutable once discovered;
+    footer facts are fetched lazily, once, and cached (thread-safe)."""
+
+    kind: str = ""
+
+    @property
+    def display(self) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def schema(self) -> pa.Schema:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def partition_schema(self) -> pa.Schema:
+        return pa.schema([])
+
+    def units(self) -> tuple[Unit, ...]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def dataset(self, units: Sequence[int] | None) -> ds.Dataset:  # pragma: no cover - abstract
+        """A pyarrow dataset reading exactly ``units`` (all when None), in order."""
+        raise NotImplementedError
+
+    @property
+    def has_statistics(self) -> bool:
+        return False
+
+    @property
+    def num_files(self) -> int:
+        return len({u.file for u in self.units()})

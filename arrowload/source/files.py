@@ -1,0 +1,240 @@
+"""File sources: Parquet, Arrow IPC / Feather, CSV and JSON lines on any filesystem."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from ..errors import ArrowloadError, CorruptFileError, PathNotFoundError
+from ..options import ScanOptions
+from .base import Source, Unit
+from .filesystem import FileEntry
+from .hive import discover_partitions, partition_expression
+from .retry import is_transient, retry
+from .schema import unify_schemas
+
+FORMAT_ALIASES = {
+    "parquet": "parquet", "pq": "parquet",
+    "ipc": "ipc", "arrow": "ipc", "feather": "ipc",
+    "csv": "csv",
+    "json": "json", "jsonl": "json", "ndjson": "json",
+}
+_EXTENSIONS = {
+    ".parquet": "parquet", ".parq": "parquet", ".pq": "parquet",
+    ".arrow": "ipc", ".feather": "ipc", ".ipc": "ipc",
+    ".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
+}
+_COMPRESSION = (".gz", ".bz2", ".zst", ".lz4")
+
+
+def format_of_path(path: str) -> str | None:
+    name = path.lower()
+    for comp in _COMPRESSION:
+        if name.endswith(comp):
+            name = name[: -len(comp)]
+    return _EXTENSIONS.get(os.path.splitext(name)[1])
+
+
+def normalize_format(fmt: str) -> str:
+    try:
+        return FORMAT_ALIASES[fmt.lower()]
+    except KeyError:
+        raise ValueError(f"unknown format {fmt!r}; use one of parquet, ipc (arrow/feather), "
+                         "csv, json") from None
+
+
+def infer_format(entries: Sequence[FileEntry]) -> tuple[str, list[FileEntry]]:
+    """The one format of a set of files, from their extensions.
+
+    Files with no recognised extension are ignored when the others agree (``README``, a
+    ``.crc`` file); two recognised formats in one source are an error.
+    """
+    by_format: dict[str, list[FileEntry]] = {}
+    for e in entries:
+        fmt = format_of_path(e.path)
+        if fmt is not None:
+            by_format.setdefault(fmt, []).append(e)
+    if len(by_format) == 1:
+        (fmt, kept), = by_format.items()
+        return fmt, kept
+    if not by_format:
+        sample = entries[0].path if entries else "?"
+        raise ValueError(f"cannot infer the format of {sample!r} from its extension; pass "
+                         "format='parquet' | 'ipc' | 'csv' | 'json'")
+    listing = ", ".join(f"{k} ({v[0].path!r}...)" for k, v in by_format.items())
+    raise ValueError(f"files of several formats in one source: {listing}; pass format= or point "
+                     "at one kind of file")
+
+
+def _file_format(fmt: str) -> ds.FileFormat:
+    if fmt == "parquet":
+        return ds.ParquetFileFormat()
+    if fmt == "ipc":
+        return ds.IpcFileFormat()
+    if fmt == "csv":
+        return ds.CsvFileFormat()
+    if fmt == "json":
+        return ds.JsonFileFormat()
+    raise AssertionError(fmt)
+
+
+def _top_level(path_in_schema: str) -> str:
+    return path_in_schema.split(".", 1)[0]
+
+
+class FileSource(Source):
+    """Files of one format on one filesystem, sorted by path, with hive partitions.
+
+    Listing happens at construction (a missing path fails fast); footers are fetched on
+    first need, concurrently (``ScanOptions.io_threads``), with retries, and cached.
+    """
+
+    def __init__(self, filesystem: pafs.FileSystem, entries: Sequence[FileEntry], fmt: str,
+                 base: str, display: str, partitioning=None,
+                 scan_options: ScanOptions | None = None) -> None:
+        self.filesystem = filesystem
+        self.entries = tuple(sorted(entries, key=lambda e: e.path))
+        self.kind = fmt
+        self.format = _file_format(fmt)
+        self._display = display
+        self._scan = scan_options or ScanOptions()
+        self._lock = threading.Lock()
+        self._facts: tuple | None = None
+        paths = [e.path for e in self.entries]
+        if partitioning is False:
+            self._partition_schema, self._partition_values = pa.schema([]), [{} for _ in paths]
+        else:
+            types = partitioning if isinstance(partitioning, pa.Schema) else None
+            self._partition_schema, self._partition_values = discover_partitions(base, paths, types)
+        self._partition_exprs = [partition_expression(self._partition_schema, v)
+                                 for v in self._partition_values]
+
+    # -- facts from footers -------------------------------------------------
+    @property
+    def display(self) -> str:
+        return self._display
+
+    @property
+    def partition_schema(self) -> pa.Schema:
+        return self._partition_schema
+
+    @property
+    def has_statistics(self) -> bool:
+        return self.kind == "parquet"
+
+    def _fragment(self, i: int) -> ds.FileFragment:
+        kwargs = {}
+        if self._partition_exprs[i] is not None:
+            kwargs["partition_expression"] = self._partition_exprs[i]
+        return self.format.make_fragment(self.entries[i].path, self.filesystem, **kwargs)
+
+    def _fetch(self, i: int):
+        path = self.entries[i].path
+        frag = self._fragment(i)
+
+        def load():
+            if self.kind == "parquet":
+                frag.ensure_complete_metadata()
+                return frag.physical_schema, frag.metadata
+            if self.kind == "ipc":
+                return frag.physical_schema, frag.count_rows()
+            return frag.physical_schema, None
+
+        try:
+            schema, meta = retry(load, retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
+        except FileNotFoundError as exc:
+            raise PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path) from exc
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise CorruptFileError(f"cannot read the {self.kind} footer/header of {path!r}: {exc}. "
+                                   "The file is truncated, corrupt or not "
+                                   f"{self.kind}; remove or rewrite it", path) from exc
+        except OSError as exc:
+            if is_transient(exc):
+                raise ArrowloadError(f"reading {path!r} kept failing after "
+                                     f"{self._scan.retries} retries: {exc}") from exc
+            raise CorruptFileError(f"cannot read {path!r}: {exc}", path) from exc
+        return frag, schema, meta
+
+    def _ensure(self) -> tuple:
+        if self._facts is not None:
+            return self._facts
+        with self._lock:
+            if self._facts is not None:
+                return self._facts
+            n = len(self.entries)
+            workers = max(1, min(self._scan.io_threads, n))
+            if workers == 1:
+                fetched = [self._fetch(i) for i in range(n)]
+            else:
+                with ThreadPoolExecutor(workers, thread_name_prefix="arrowload-footer") as pool:
+                    fetched = list(pool.map(self._fetch, range(n)))
+            file_schemas = [(self.entries[i].path, s) for i, (_, s, _) in enumerate(fetched)]
+            schema = unify_schemas(file_schemas)
+            for f in self._partition_schema:
+                if f.name not in schema.names:
+                    schema = schema.append(f)
+            units = []
+            for i, (frag, _, meta) in enumerate(fetched):
+                units.extend(self._units_of(i, meta, len(units)))
+            self._facts = (tuple(f for f, _, _ in fetched), schema, tuple(units))
+            return self._facts
+
+    def _units_of(self, i: int, meta, start: int) -> list[Unit]:
+        path, part = self.entries[i].path, self._partition_values[i]
+        if self.kind == "parquet":
+            out = []
+            for rg in range(meta.num_row_groups):
+                rgm = meta.row_group(rg)
+                sizes: dict[str, int] = {}
+                for c in range(rgm.num_columns):
+                    col = rgm.column(c)
+                    key = _top_level(col.path_in_schema)
+                    sizes[key] = sizes.get(key, 0) + col.total_compressed_size
+                out.append(Unit(start + len(out), i, path, rg, rgm.num_rows, sizes, part))
+            return out
+        size = self.entries[i].size
+        rows = meta if self.kind == "ipc" else None
+        return [Unit(start, i, path, None, rows, {"*": size} if size is not None else None, part)]
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._ensure()[1]
+
+    def units(self) -> tuple[Unit, ...]:
+        return self._ensure()[2]
+
+    @property
+    def num_files(self) -> int:
+        return len(self.entries)
+
+    def dataset(self, units: Sequence[int] | None) -> ds.FileSystemDataset:
+        fragments, schema, all_units = self._ensure()
+        if units is None:
+            chosen = list(fragments)
+        else:
+            chosen = []
+            groups: dict[int, list[int]] = {}
+            order: list[int] = []
+            for u in units:
+                unit = all_units[u]
+                if unit.file not in groups:
+                    groups[unit.file] = []
+                    order.append(unit.file)
+                if unit.row_group is not None:
+                    groups[unit.file].append(unit.row_group)
+            for f in order:
+                frag = fragments[f]
+                rgs = groups[f]
+                if self.kind == "parquet" and len(rgs) != len(frag.row_groups):
+                    frag = frag.subset(row_group_ids=rgs)
+                chosen.append(frag)
+        return ds.FileSystemDataset(chosen, schema, self.format, self.filesystem)
+
+    def fragment_path(self, frag) -> str:
+        return frag.path

@@ -1,0 +1,59 @@
+"""In-memory sources: pyarrow Table / RecordBatchReader, polars and pandas frames."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from .base import Source, Unit
+
+UNIT_ROWS = 65_536
+
+
+class MemorySource(Source):
+    """A table held in memory, cut into zero-copy slices of at most ``UNIT_ROWS`` rows
+    (the units the planner and loader work over). A RecordBatchReader is drained once,
+    on first use, since it cannot be read twice."""
+
+    kind = "memory"
+
+    def __init__(self, data, display: str) -> None:
+        self._data = data
+        self._display = display
+        self._lock = threading.Lock()
+        self._table: pa.Table | None = data if isinstance(data, pa.Table) else None
+        self._batches: tuple[pa.RecordBatch, ...] | None = None
+        self._schema = data.schema
+
+    @property
+    def display(self) -> str:
+        return self._display
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    def _ensure(self) -> tuple[pa.RecordBatch, ...]:
+        if self._batches is None:
+            with self._lock:
+                if self._batches is None:
+                    table = self._table if self._table is not None else self._data.read_all()
+                    self._table = table
+                    self._batches = tuple(table.to_batches(max_chunksize=UNIT_ROWS))
+        return self._batches
+
+    def units(self) -> tuple[Unit, ...]:
+        return tuple(Unit(i, 0, "<memory>", i, b.num_rows, {"*": b.nbytes})
+                     for i, b in enumerate(self._ensure()))
+
+    @property
+    def num_files(self) -> int:
+        return 1
+
+    def dataset(self, units: Sequence[int] | None) -> ds.Dataset:
+        batches = self._ensure()
+        chosen = list(batches) if units is None else [batches[u] for u in units]
+        return ds.InMemoryDataset(chosen, schema=self._schema)

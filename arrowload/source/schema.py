@@ -1,0 +1,94 @@
+"""Unify the schemas of shards: widen where it is safe, otherwise name both files and the column."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.types as pat
+
+from ..errors import SchemaMismatchError
+
+_SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
+_UNSIGNED = [pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+
+
+def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The narrowest type both ``a`` and ``b`` convert to without loss, or None.
+
+    Safe widenings: null -> anything; integers of the same signedness to the wider;
+    unsigned into a wider signed type; float32 -> float64; integers -> float64 (as
+    DuckDB does when reading mixed shards); string / binary -> their large variants;
+    dictionary-encoded values -> their value type; decimals to a precision that holds both.
+    """
+    if a.equals(b):
+        return a
+    if pat.is_null(a):
+        return b
+    if pat.is_null(b):
+        return a
+    if pat.is_dictionary(a) or pat.is_dictionary(b):
+        va = a.value_type if pat.is_dictionary(a) else a
+        vb = b.value_type if pat.is_dictionary(b) else b
+        return merge_types(va, vb)
+    if pat.is_integer(a) and pat.is_integer(b):
+        return _merge_ints(a, b)
+    if pat.is_floating(a) and pat.is_floating(b):
+        return a if a.bit_width >= b.bit_width else b
+    if (pat.is_integer(a) and pat.is_floating(b)) or (pat.is_floating(a) and pat.is_integer(b)):
+        return pa.float64()
+    for small, large in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())):
+        if {str(a), str(b)} <= {str(small), str(large)}:
+            return large
+    if pat.is_decimal(a) and pat.is_decimal(b):
+        scale = max(a.scale, b.scale)
+        integral = max(a.precision - a.scale, b.precision - b.scale)
+        if integral + scale <= 38:
+            return pa.decimal128(integral + scale, scale)
+        return None
+    if pat.is_timestamp(a) and pat.is_timestamp(b) and a.tz == b.tz:
+        order = ["s", "ms", "us", "ns"]
+        return a if order.index(a.unit) >= order.index(b.unit) else b
+    if pat.is_list(a) and pat.is_list(b):
+        inner = merge_types(a.value_type, b.value_type)
+        return pa.list_(inner) if inner is not None else None
+    return None
+
+
+def _merge_ints(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    sa, sb = pat.is_signed_integer(a), pat.is_signed_integer(b)
+    if sa == sb:
+        return a if a.bit_width >= b.bit_width else b
+    signed, unsigned = (a, b) if sa else (b, a)
+    width = max(signed.bit_width, unsigned.bit_width * 2)
+    return {8: pa.int8(), 16: pa.int16(), 32: pa.int32(), 64: pa.int64()}.get(width)
+
+
+def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
+    """Union by name of the shards' schemas, in first-seen column order.
+
+    A column missing from some shards reads as nulls there. Types are merged with
+    :func:`merge_types`; anything else raises :class:`SchemaMismatchError` naming the
+    column and the two files that disagree.
+    """
+    fields: dict[str, pa.Field] = {}
+    origin: dict[str, str] = {}
+    for path, schema in schemas:
+        for f in schema:
+            if f.name not in fields:
+                fields[f.name] = f.remove_metadata()
+                origin[f.name] = path
+                continue
+            have = fields[f.name]
+            merged = merge_types(have.type, f.type)
+            if merged is None:
+                raise SchemaMismatchError(
+                    f"column {f.name!r} is {have.type} in {origin[f.name]!r} but {f.type} in "
+                    f"{path!r}, and the two cannot be unified safely; rewrite one shard or select "
+                    "a subset of files")
+            fields[f.name] = pa.field(f.name, merged, have.nullable or f.nullable)
+    out = []
+    for name, f in fields.items():
+        missing = any(name not in s.names for _, s in schemas)
+        out.append(f.with_nullable(True) if missing else f)
+    return pa.schema(out)
