@@ -5,7 +5,8 @@
 >>> ds.filter("country = 'US'").select("f0", "label").head(5)  # doctest: +SKIP
 """
 
-from .api import Dataset, dataset
+from . import sql as _sql_package  # noqa: F401 - load before `sql` below shadows the name
+from .api import Dataset, dataset, sql
 from .errors import (
     ArrowloadError,
     ColumnNotFoundError,
@@ -13,6 +14,7 @@ from .errors import (
     ExpressionError,
     PathNotFoundError,
     SchemaMismatchError,
+    TableNotFoundError,
     UnsupportedError,
 )
 from .options import OptimizerOptions, Options, ScanOptions
@@ -31,7 +33,9 @@ __all__ = sorted([
     "PathNotFoundError",
     "ScanOptions",
     "SchemaMismatchError",
+    "TableNotFoundError",
     "Split",
     "UnsupportedError",
     "dataset",
+    "sql",
 ])

@@ -14,7 +14,7 @@ from .options import OptimizerOptions, Options, ScanOptions
 from .optimize import optimize, optimize_steps
 from .plan import explain as _explain
 from .plan.expr import SqlExpr, make_expr
-from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan, scans
+from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, scans
 from .scan import execute
 from .scan.splits import Split, plan_splits
 from .source import open_source
@@ -108,6 +108,43 @@ class Dataset:
         """At most the first ``n`` rows in source order. Lazy."""
         return self._with(Limit(self._plan, n))
 
+    def sql(self, query: str, **tables: Any) -> "Dataset":
+        """Run SQL over this dataset, bound as ``self`` (plus any ``tables``):
+        ``ds.sql("SELECT country, avg(f0) FROM self GROUP BY country")``. Lazy."""
+        return sql(query, self=self, **tables)
+
+    def loader(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
+               drop_last: bool = False, rank: int | None = None, world_size: int | None = None,
+               output: str = "numpy", device: Any = None, prefetch: int = 256 << 20,
+               io_threads: int = 4, shuffle_window: int = 8,
+               transform: Callable[[pa.RecordBatch], Any] | None = None,
+               pad_lists: bool | tuple[str, ...] = False, pad_value: Any = 0,
+               fill_null: dict | None = None, cache_dir: str | None = None,
+               memory_budget: int | None = None):
+        """Batches of exactly ``batch_size`` rows for training, as a :class:`Loader`.
+
+        ``shuffle``: False (source order), ``"global"`` (a uniform pseudorandom permutation of
+        all selected rows; needs random access, so Parquet selections are gathered from
+        memory when they fit ``memory_budget`` bytes, else from a memory-mapped Arrow IPC
+        cache under ``cache_dir``), ``"block"`` (row groups in random order, rows shuffled
+        within windows of ``shuffle_window`` row groups; streams, for object storage) or
+        True (global where the source is local or in memory, block otherwise).
+        ``rank`` / ``world_size`` default to torch.distributed, then RANK / WORLD_SIZE, then
+        0 / 1; every rank gets the same number of rows. ``output``: "numpy", "torch", "jax"
+        or "arrow". ``prefetch`` bounds the bytes held in flight; ``io_threads`` readers
+        run ahead. ``transform(batch) -> batch`` runs on every batch, in order.
+        Building the loader counts the selected rows exactly (reading only the filter's
+        columns, cached on disk by snapshot) and, for global shuffle, builds the
+        random-access table.
+        """
+        from .pipeline.loader import Loader, LoaderOptions
+        opts = LoaderOptions(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                             rank=rank, world_size=world_size, output=output, device=device,
+                             prefetch=prefetch, io_threads=io_threads, shuffle_window=shuffle_window,
+                             transform=transform, pad_lists=pad_lists, pad_value=pad_value,
+                             fill_null=fill_null, cache_dir=cache_dir, memory_budget=memory_budget)
+        return Loader(self, opts)
+
     # -- planning ---------------------------------------------------------
     def optimized_plan(self) -> Plan:
         return optimize(self._plan, self._options.optimizer)
@@ -138,6 +175,11 @@ class Dataset:
         for i, s in enumerate(scans(final)):
             lines += ["", f"== scan {i} ({s.source.kind}: {s.source.display}) =="]
             lines += _explain.render_scan_stats(s)
+        for node in _explain.walk(final):
+            if isinstance(node, SqlQuery):
+                from .sql.duck import explain as duck_explain
+                lines += ["", "== duckdb physical plan (filters / projections pushed into each scan) =="]
+                lines.append(duck_explain(node, self._options))
         return "\n".join(lines)
 
     # -- results ----------------------------------------------------------
@@ -178,6 +220,25 @@ class Dataset:
             cols = f"<schema unavailable: {e}>"
         return f"arrowload.Dataset({where})\n  columns: {cols}\n  plan: " + \
             "\n        ".join(_explain.render_tree(plan))
+
+
+def sql(query: str, **tables: Any) -> Dataset:
+    """A lazy Dataset defined by SQL (DuckDB dialect) over tables bound by keyword
+    (arrowload Datasets, paths / URIs, pyarrow tables, polars or pandas frames).
+
+    ``SELECT cols FROM t WHERE ... LIMIT n`` becomes the same plan as
+    ``t.filter(...).select(...).limit(n)``; joins, aggregates, windows, ORDER BY and the
+    rest run in DuckDB over arrowload's scans, with projections and filters pushed into
+    them, and stream back as Arrow.
+
+    >>> import pyarrow as pa, arrowload as al
+    >>> t = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    >>> al.sql("SELECT k, max(v) AS m FROM t GROUP BY k ORDER BY k", t=t).to_arrow().to_pylist()
+    [{'k': 'a', 'm': 3}, {'k': 'b', 'm': 2}]
+    """
+    from .sql import build
+    plan, options = build(query, tables)
+    return Dataset(plan, options)
 
 
 def dataset(source: Any, *, format: str | None = None, partitioning: Any = None,

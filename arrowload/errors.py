@@ -45,6 +45,20 @@ class ColumnNotFoundError(ArrowloadError, KeyError):
         return str(self.args[0])
 
 
+class TableNotFoundError(ArrowloadError, KeyError):
+    """A SQL query names a table that was not bound; the message lists the bound names."""
+
+    def __init__(self, table: str, bound) -> None:
+        self.table = table
+        self.bound = tuple(bound)
+        names = ", ".join(self.bound) or "none"
+        super().__init__(f"table {table!r} is not bound; bound tables: {names}. Bind it by keyword: "
+                         f"al.sql(query, {table}=al.dataset(...))")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class ExpressionError(ArrowloadError, ValueError):
     """A filter, projection or SQL text that cannot be parsed or typed.
 
@@ -77,3 +91,30 @@ class CorruptFileError(ArrowloadError, OSError):
 
 class UnsupportedError(ArrowloadError, NotImplementedError):
     """The request is valid but this combination is not supported (yet); the message says what is."""
+
+
+class ConversionError(ArrowloadError, ValueError):
+    """A batch cannot be handed to numpy / torch / jax as asked (a null, a ragged list, a bad option).
+
+    ``column`` names the column at fault when there is one; the message says what would fix it.
+    """
+
+    def __init__(self, message: str, column: str | None = None) -> None:
+        super().__init__(message)
+        self.column = column
+
+
+class MissingDependencyError(ArrowloadError, ImportError):
+    """An optional dependency (torch, jax, ...) is needed for the request; the message says what to install."""
+
+
+class DeviceUnavailableError(ArrowloadError, RuntimeError):
+    """The requested device (e.g. ``"cuda"``) is not available in this process."""
+
+
+class SnapshotChangedError(ArrowloadError, RuntimeError):
+    """The data changed under a snapshot the loader or a cache was built on."""
+
+
+class StateMismatchError(ArrowloadError, ValueError):
+    """A loader state was taken on a different dataset, plan or loader configuration."""

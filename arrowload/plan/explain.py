@@ -3,7 +3,7 @@ footers alone (no data page is read to explain)."""
 
 from __future__ import annotations
 
-from .nodes import Filter, Limit, Map, Plan, Project, Scan
+from .nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -64,6 +64,8 @@ def describe_node(node: Plan) -> str:
         return f"Map {node.name or getattr(node.fn, '__name__', 'fn')}{cols}"
     if isinstance(node, Limit):
         return f"Limit {node.n}"
+    if isinstance(node, SqlQuery):
+        return f"Sql [duckdb, tables: {', '.join(node.names)}] {node.query}"
     return type(node).__name__
 
 
@@ -91,3 +93,9 @@ def render_scan_stats(scan: Scan) -> list[str]:
     for rule, what in scan.notes:
         lines.append(f"  {rule:<18} {what}")
     return lines
+
+
+def walk(plan: Plan):
+    yield plan
+    for c in plan.children:
+        yield from walk(c)

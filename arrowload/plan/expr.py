@@ -62,8 +62,12 @@ class SqlExpr(Expr):
 
     @classmethod
     def parse(cls, text: str, schema: pa.Schema, what: str = "expression") -> "SqlExpr":
-        tree = sqlexpr.parse(text, what)
-        # resolve column names now: unknown columns fail at the call that named them
+        return cls.bind(sqlexpr.parse(text, what), schema, text)
+
+    @classmethod
+    def bind(cls, tree: exp.Expression, schema: pa.Schema, text: str | None = None) -> "SqlExpr":
+        """Resolve the tree's column names against ``schema`` now, so an unknown column
+        fails at the call that named it (unquoted names match case-insensitively)."""
         def fix(node):
             if isinstance(node, exp.Column):
                 quoted = bool(getattr(node.this, "quoted", False))

@@ -226,3 +226,33 @@ def scans(plan: Plan) -> list[Scan]:
     if isinstance(plan, Scan):
         return [plan]
     return [s for c in plan.children for s in scans(c)]
+
+
+@dataclass(frozen=True, eq=False)
+class SqlQuery(Plan):
+    """A query DuckDB runs over the bound child plans (joins, aggregates, windows ...).
+
+    Each child is registered with DuckDB under its name as a pyarrow dataset (or a
+    stream), so DuckDB pushes its own projections and filters into arrowload's scans;
+    the result streams back as Arrow record batches.
+    """
+
+    query: str
+    names: tuple[str, ...]
+    tables: tuple[Plan, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.tables):
+            raise ValueError("SqlQuery needs one name per bound table")
+
+    @property
+    def children(self):
+        return self.tables
+
+    def with_children(self, *children):
+        return SqlQuery(self.query, self.names, tuple(children))
+
+    @cached_property
+    def schema(self):
+        from ..sql.duck import result_schema
+        return result_schema(self)

@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 
 from ..errors import ArrowloadError, CorruptFileError
 from ..options import Options
-from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan
+from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 
 _MAX_BATCH_ROWS = 1 << 20
@@ -145,6 +145,9 @@ def iter_batches(plan: Plan, options: Options) -> Iterator[pa.RecordBatch]:
     elif isinstance(plan, Map):
         for b in iter_batches(plan.child, options):
             yield apply_map(plan, b)
+    elif isinstance(plan, SqlQuery):
+        from ..sql.duck import stream
+        yield from stream(plan, options)
     elif isinstance(plan, Limit):
         remaining = plan.n
         if remaining == 0:
@@ -183,6 +186,9 @@ def count_rows(plan: Plan, options: Options) -> int:
         node = node.child
     if isinstance(node, Limit):
         return min(node.n, count_rows(node.child, options))
+    if isinstance(node, SqlQuery):
+        from ..sql.duck import count
+        return count(node, options)
     if isinstance(node, Scan) and options.optimizer.metadata_count:
         units = node.selected_units()
         if node.predicate is None and all(u.num_rows is not None for u in units):

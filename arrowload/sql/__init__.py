@@ -1,0 +1,155 @@
+"""``al.sql``: SQL over bound tables.
+
+A select-project-filter query (``SELECT cols/exprs FROM t WHERE ... LIMIT n``, with
+aliases, ``*`` and ``* EXCLUDE (...)``) becomes the same lazy plan as
+``.filter().select().limit()``: same pushdown, same splits, so loaders can shuffle,
+shard and resume over it. Everything else (joins, aggregates, GROUP BY, windows,
+subqueries, UNION, ORDER BY, DISTINCT, CTEs) runs in DuckDB over arrowload's scans of
+the bound tables, with DuckDB's projections and filters pushed into those scans, and
+streams back as Arrow record batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+
+from ..errors import ColumnNotFoundError, ExpressionError, TableNotFoundError
+from ..plan.expr import SqlExpr
+from ..plan.nodes import Filter, Limit, Plan, Project, SqlQuery
+from ..plan.sqlexpr import DIALECT
+
+# Clauses that make a query more than select-project-filter.
+_COMPLEX_ARGS = ("joins", "group", "having", "order", "distinct", "windows", "qualify",
+                 "offset", "laterals", "pivots", "with", "sample", "prewhere", "connect",
+                 "match", "cluster", "distribute", "sort", "settings", "format", "into",
+                 "locks", "kind", "operation_modifiers")
+
+
+def parse_query(query: str) -> exp.Expression:
+    if not isinstance(query, str) or not query.strip():
+        raise ExpressionError("empty SQL query")
+    try:
+        trees = sqlglot.parse(query, read=DIALECT)
+    except sqlglot.errors.ParseError as e:
+        first = e.errors[0] if e.errors else {}
+        raise ExpressionError(f"cannot parse SQL: {first.get('description', e)}", text=query,
+                              line=first.get("line"), column=first.get("col")) from None
+    except sqlglot.errors.TokenError as e:
+        raise ExpressionError(f"cannot parse SQL {query!r}: {e}") from None
+    trees = [t for t in trees if t is not None]
+    if len(trees) != 1:
+        raise ExpressionError(f"al.sql() runs one statement; got {len(trees)}")
+    tree = trees[0]
+    if not isinstance(tree, exp.Query):
+        raise ExpressionError(f"al.sql() runs queries (SELECT ...); got {type(tree).__name__.upper()}")
+    return tree
+
+
+def _table_names(tree: exp.Expression) -> list[str]:
+    """Tables the query reads, minus its own CTE names."""
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    out = []
+    for t in tree.find_all(exp.Table):
+        if isinstance(t.this, exp.Identifier) and t.name.lower() not in ctes and not t.args.get("db"):
+            out.append(t.name)
+    return out
+
+
+def _is_simple(tree: exp.Expression) -> bool:
+    if not isinstance(tree, exp.Select):
+        return False
+    if any(tree.args.get(a) for a in _COMPLEX_ARGS):
+        return False
+    from_ = tree.args.get("from") or tree.args.get("from_")
+    if from_ is None or not isinstance(from_.this, exp.Table) or not isinstance(from_.this.this, exp.Identifier):
+        return False
+    for node in tree.walk():
+        if node is tree:
+            continue
+        if isinstance(node, (exp.AggFunc, exp.Window, exp.Subquery, exp.Select, exp.Union,
+                             exp.Unnest, exp.Lateral)):
+            return False
+    limit = tree.args.get("limit")
+    if limit is not None and not (isinstance(limit.expression, exp.Literal) and limit.expression.is_int):
+        return False
+    return True
+
+
+def _output_name(e: exp.Expression) -> str:
+    if isinstance(e, exp.Alias):
+        return e.alias
+    if isinstance(e, exp.Column):
+        return e.name
+    return e.sql(DIALECT)
+
+
+def _lower_simple(tree: exp.Select, child: Plan) -> Plan:
+    """SELECT-project-filter-limit as Filter / Project / Limit nodes over ``child``."""
+    schema = child.schema
+    plan: Plan = child
+    where = tree.args.get("where")
+    if where is not None:
+        plan = Filter(plan, SqlExpr.bind(where.this, schema, where.this.sql(DIALECT)))
+    items: list[tuple[str, SqlExpr]] = []
+    star_only = True
+    for e in tree.expressions:
+        if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
+            star = e if isinstance(e, exp.Star) else e.this
+            excluded = star.args.get("except") or star.args.get("exclude") or []
+            drop = {_resolve(x.name, schema) for x in excluded}
+            if star.args.get("replace") or star.args.get("rename"):
+                raise ExpressionError("SELECT * REPLACE / RENAME is not supported; use aliases")
+            items.extend((n, SqlExpr.column(n)) for n in schema.names if n not in drop)
+            star_only = star_only and not drop
+            continue
+        star_only = False
+        inner = e.this if isinstance(e, exp.Alias) else e
+        items.append((_output_name(e), SqlExpr.bind(inner, schema, inner.sql(DIALECT))))
+    if not star_only:
+        plan = Project(plan, tuple(items))
+    limit = tree.args.get("limit")
+    if limit is not None:
+        plan = Limit(plan, int(limit.expression.this))
+    return plan
+
+
+def _resolve(name: str, schema) -> str:
+    from ..plan.sqlexpr import resolve_column
+    return resolve_column(name, schema)
+
+
+def build(query: str, tables: dict[str, Any]) -> tuple[Plan, Any]:
+    """The plan for ``query`` over ``tables`` (name -> Dataset), and the options to run it with."""
+    from ..api import Dataset, dataset
+    tree = parse_query(query)
+    bound = {}
+    for name, value in tables.items():
+        bound[name] = value if isinstance(value, Dataset) else dataset(value)
+    lookup = {n.lower(): n for n in bound}
+    used: list[str] = []
+    for t in _table_names(tree):
+        real = lookup.get(t.lower())
+        if real is None:
+            raise TableNotFoundError(t, list(bound))
+        if real not in used:
+            used.append(real)
+    if not used:
+        raise ExpressionError("the query reads no bound table; bind one by keyword: "
+                              "al.sql('SELECT ... FROM t', t=...)")
+    options = bound[used[0]].options
+    if _is_simple(tree) and len(used) == 1:
+        return _lower_simple(tree, bound[used[0]].plan), options
+    # DuckDB runs it; bound names are registered as they are written in the query.
+    written = {}
+    for t in _table_names(tree):
+        written.setdefault(lookup[t.lower()], t)
+    names = tuple(written[n] for n in used)
+    node = SqlQuery(tree.sql(DIALECT), names, tuple(bound[n].plan for n in used))
+    _ = node.schema  # binds now: unknown columns / types fail at the call that wrote them
+    return node, options
+
+
+__all__ = ["build", "parse_query", "ColumnNotFoundError"]

@@ -1,0 +1,136 @@
+"""Run SQL in DuckDB over arrowload scans.
+
+Every run opens its own in-memory DuckDB connection and closes it when the result is
+exhausted, when the consumer stops early, or on error: no connection or DuckDB thread
+outlives the query. DuckDB errors are translated into arrowload errors (never leaked raw).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from ..errors import ArrowloadError, ColumnNotFoundError, ExpressionError, TableNotFoundError
+from ..options import Options
+from ..plan.nodes import Plan, Scan, SqlQuery
+
+_BATCH_ROWS = 65_536
+
+
+def _duckdb():
+    import duckdb
+    return duckdb
+
+
+def arrow_source(plan: Plan, options: Options):
+    """What DuckDB scans for a bound table: the pyarrow dataset of the kept units (with the
+    pushed predicate, restricted to the plan's columns) when the plan is a plain scan —
+    DuckDB then pushes its own projection and filters into it — else a stream of the
+    plan's batches."""
+    from ..scan.execute import iter_batches
+    if isinstance(plan, Scan) and plan.projection is None and plan.limit is None:
+        src = plan.source
+        dataset = src.dataset(plan.units)
+        if plan.predicate is not None:
+            dataset = dataset.filter(plan.predicate.to_arrow(src.schema, predicate=True))
+        if plan.columns is not None:
+            dataset = dataset.replace_schema(plan.schema)
+        return dataset
+    return pa.RecordBatchReader.from_batches(plan.schema, iter_batches(plan, options))
+
+
+def _connect(node: SqlQuery, options: Options):
+    duckdb = _duckdb()
+    con = duckdb.connect(":memory:")
+    try:
+        for name, child in zip(node.names, node.tables):
+            con.register(name, arrow_source(child, options))
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def translate(exc: Exception, node: SqlQuery) -> Exception:
+    """A DuckDB exception as the arrowload error a user can act on."""
+    duckdb = _duckdb()
+    msg = str(exc)
+    if isinstance(exc, duckdb.BinderException):
+        m = re.search(r'column "?([^"\s]+)"? not found', msg, re.IGNORECASE) or \
+            re.search(r'Referenced column "([^"]+)"', msg)
+        if m:
+            available = sorted({n for t in node.tables for n in t.schema.names})
+            err = ColumnNotFoundError(m.group(1), available, "SQL query")
+            err.__cause__ = None
+            return err
+        return ExpressionError(f"cannot bind SQL query: {msg}")
+    if isinstance(exc, duckdb.CatalogException):
+        m = re.search(r'Table with name (\S+) does not exist', msg)
+        if m:
+            return TableNotFoundError(m.group(1), node.names)
+        return ExpressionError(f"SQL catalog error: {msg}")
+    if isinstance(exc, (duckdb.ParserException, duckdb.SyntaxException)):
+        return ExpressionError(f"cannot parse SQL query: {msg}")
+    if isinstance(exc, (duckdb.ConversionException, duckdb.InvalidInputException,
+                        duckdb.OutOfRangeException, duckdb.TypeMismatchException,
+                        duckdb.NotImplementedException)):
+        return ExpressionError(f"SQL query failed: {msg}")
+    return ArrowloadError(f"DuckDB failed running the query: {msg}")
+
+
+def _errors():
+    return _duckdb().Error
+
+
+def stream(node: SqlQuery, options: Options, query: str | None = None) -> Iterator[pa.RecordBatch]:
+    """Stream the query's result; the connection closes when the generator finishes or is
+    closed early."""
+    con = _connect(node, options)
+    try:
+        try:
+            reader = con.sql(query or node.query).to_arrow_reader(_BATCH_ROWS)
+        except _errors() as exc:
+            raise translate(exc, node) from None
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except _errors() as exc:
+                raise translate(exc, node) from None
+            if batch.num_rows:
+                yield batch
+    finally:
+        con.close()
+
+
+def _scalar_query(node: SqlQuery, query: str, options: Options):
+    con = _connect(node, options)
+    try:
+        return con.sql(query).fetchall()
+    except _errors() as exc:
+        raise translate(exc, node) from None
+    finally:
+        con.close()
+
+
+def result_schema(node: SqlQuery) -> pa.Schema:
+    con = _connect(node, Options())
+    try:
+        return con.sql(f"SELECT * FROM ({node.query}) AS q LIMIT 0").to_arrow_table().schema
+    except _errors() as exc:
+        raise translate(exc, node) from None
+    finally:
+        con.close()
+
+
+def count(node: SqlQuery, options: Options) -> int:
+    return int(_scalar_query(node, f"SELECT count(*) FROM ({node.query}) AS q", options)[0][0])
+
+
+def explain(node: SqlQuery, options: Options) -> str:
+    """DuckDB's physical plan: it shows the projections and filters pushed into each scan."""
+    rows = _scalar_query(node, f"EXPLAIN {node.query}", options)
+    return "\n".join(r[1] for r in rows)
