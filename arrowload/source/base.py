@@ -70,3 +70,13 @@ class Source:
     @property
     def num_files(self) -> int:
         return len({u.file for u in self.units()})
+
+    @property
+    def is_local(self) -> bool:
+        """True when reads are local (memory, local disk): global shuffle is cheap there."""
+        return True
+
+    def fingerprint(self) -> str:  # pragma: no cover - abstract
+        """A digest of the data snapshot: changes when any file is added, removed, resized
+        or rewritten (file sources: paths, sizes, modification times)."""
+        raise NotImplementedError

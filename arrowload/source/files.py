@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Sequence
@@ -236,5 +237,20 @@ class FileSource(Source):
                 chosen.append(frag)
         return ds.FileSystemDataset(chosen, schema, self.format, self.filesystem)
 
-    def fragment_path(self, frag) -> str:
-        return frag.path
+    @property
+    def is_local(self) -> bool:
+        fs = self.filesystem
+        if isinstance(fs, pafs.LocalFileSystem):
+            return True
+        handler = getattr(fs, "handler", None)
+        inner = getattr(handler, "fs", None)
+        protocol = getattr(inner, "protocol", None)
+        protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
+        return any(p in ("file", "local", "memory") for p in protocols)
+
+    def fingerprint(self) -> str:
+        h = hashlib.sha256(f"{self.kind}\n".encode())
+        for e in self.entries:
+            h.update(f"{e.path}\t{e.size}\t{e.mtime_ns}\n".encode())
+        h.update(self._partition_schema.to_string().encode())
+        return h.hexdigest()[:32]

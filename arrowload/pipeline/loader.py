@@ -1,0 +1,623 @@
+"""The Loader: the order layer (which rows, in which order, for this rank) feeding a
+threaded sequential pipeline (read -> transform -> batch -> convert -> prefetch).
+
+Threads, not processes: pyarrow decodes with the GIL released; a small pool reads
+several units ahead, a producer thread batches and converts, and a byte budget bounds
+everything held in flight. Batches come out in an order that is a pure function of
+(data snapshot, plan, seed, epoch, world_size, rank), whatever the thread timing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ArrowloadError, StateMismatchError
+from ..order import EpochOrder, num_batches, rank_range
+from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans
+from .budget import ByteBudget
+from .rowsource import (ScanRowSource, TableRowSource, _walk, default_cache_dir, materialize,
+                        plan_key)
+
+STATE_FORMAT = "arrowload.loader_state"
+STATE_VERSION = 1
+SHUFFLE_KINDS = {False: "none", None: "none", "none": "none", "global": "global", "block": "block"}
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Everything that shapes a Loader. See ``Dataset.loader`` for the meaning of each."""
+
+    batch_size: int
+    shuffle: bool | str = False
+    seed: int = 0
+    drop_last: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+    output: str = "numpy"
+    device: Any = None
+    prefetch: int = 256 << 20
+    io_threads: int = 4
+    shuffle_window: int = 8
+    transform: Callable | None = None
+    pad_lists: bool | tuple[str, ...] = False
+    pad_value: Any = 0
+    fill_null: Mapping[str, Any] | None = None
+    cache_dir: str | None = None
+    memory_budget: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
+        if self.shuffle not in (True, False, None, "none", "global", "block"):
+            raise ValueError(f"shuffle must be True, False, 'global' or 'block'; got {self.shuffle!r}")
+        if self.prefetch < 1:
+            raise ValueError("prefetch is a byte budget and must be >= 1")
+        if self.io_threads < 1:
+            raise ValueError("io_threads must be >= 1")
+
+
+def _distributed_defaults() -> tuple[int, int]:
+    """rank / world_size from torch.distributed when initialized, else RANK / WORLD_SIZE,
+    else 0 / 1. torch is only consulted if the program already imported it."""
+    if "torch" in sys.modules:
+        try:
+            import torch.distributed as dist
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_rank(), dist.get_world_size()
+        except Exception:  # noqa: BLE001 - a broken torch install must not break loading
+            pass
+    rank = os.environ.get("RANK")
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None:
+        return int(rank or 0), int(world)
+    return 0, 1
+
+
+def _total_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+@dataclass
+class LoaderStats:
+    """Where the loader spends its time; the first answer to "is my loader the bottleneck?".
+
+    Seconds are summed over threads (``read_s`` may exceed wall time with several readers).
+    ``wait_s`` is the time the consumer spent waiting for a batch: near zero means the
+    loader keeps up; close to the wall time means training waits on data.
+    """
+
+    rows: int = 0
+    batches: int = 0
+    units_read: int = 0
+    bytes_read: int = 0
+    bytes_decoded: int = 0
+    read_s: float = 0.0
+    transform_s: float = 0.0
+    collate_s: float = 0.0
+    convert_s: float = 0.0
+    wait_s: float = 0.0
+    wall_s: float = 0.0
+    peak_prefetch_bytes: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        rate = self.rows / self.wall_s if self.wall_s else 0.0
+        return (f"{self.rows} rows in {self.batches} batches, {self.wall_s:.3f}s wall "
+                f"({rate:,.0f} rows/s); read {self.read_s:.3f}s, transform {self.transform_s:.3f}s, "
+                f"collate {self.collate_s:.3f}s, convert {self.convert_s:.3f}s, consumer waited "
+                f"{self.wait_s:.3f}s; {self.units_read} units, ~{self.bytes_read / 2**20:.1f} MiB read, "
+                f"{self.bytes_decoded / 2**20:.1f} MiB decoded, peak prefetch "
+                f"{self.peak_prefetch_bytes / 2**20:.1f} MiB")
+
+
+@dataclass(frozen=True)
+class _Task:
+    kind: str            # "unit" | "window" | "gather"
+    rows: int
+    est_bytes: int
+    unit: int = -1
+    lo: int = 0
+    hi: int = 0
+    window: int = -1
+    gather_rows: Any = None
+
+
+class Loader:
+    """Iterate exact, shuffled, sharded, resumable batches of a Dataset.
+
+    Built by ``Dataset.loader(...)``. ``len(loader)`` is the number of batches per epoch
+    for this rank; ``set_epoch`` picks the epoch (its order); ``state_dict`` /
+    ``load_state_dict`` save and resume mid-epoch at the cost of starting an epoch.
+    One iteration runs at a time per loader; ``close()`` (or the context manager, or
+    garbage collection) stops its threads.
+    """
+
+    def __init__(self, dataset, options: LoaderOptions) -> None:
+        from ..convert import ConvertOptions
+        self._dataset = dataset
+        self.options = options
+        rank, world = options.rank, options.world_size
+        if rank is None or world is None:
+            d_rank, d_world = _distributed_defaults()
+            rank = d_rank if rank is None else rank
+            world = d_world if world is None else world
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world}")
+        self.rank, self.world_size = int(rank), int(world)
+        self._convert = ConvertOptions(output=options.output, pad_lists=options.pad_lists,
+                                       pad_value=options.pad_value, fill_null=options.fill_null,
+                                       device=options.device)
+        self._cache_dir = options.cache_dir or default_cache_dir()
+        self._plan = dataset.optimized_plan()
+        self._logical_key = plan_key(dataset.plan)
+        self.shuffle_kind, self._source = self._build_source()
+        self.epoch = 0
+        self._start = 0
+        self._position = 0
+        self._batches_done = 0
+        self._closed = False
+        self._active: weakref.WeakSet = weakref.WeakSet()
+        self._stats = LoaderStats()
+
+    # -- random-access layer -------------------------------------------------
+    def _needs_table(self) -> bool:
+        return any(isinstance(n, (Limit, SqlQuery)) or (isinstance(n, Scan) and n.limit is not None)
+                   for n in _walk(self._plan)) or len(scans(self._plan)) != 1
+
+    def _build_source(self):
+        opts = self.options
+        kind = opts.shuffle
+        found = scans(self._plan)
+        local = all(s.source.is_local for s in found)
+        needs_table = self._needs_table()
+        if kind is True:
+            kind = "global" if (local or needs_table) else "block"
+        kind = SHUFFLE_KINDS[kind]
+        budget = opts.memory_budget if opts.memory_budget is not None else _total_memory() // 4
+        reuse = all(isinstance(n, Map) is False or bool(n.name) for n in _walk(self._plan))
+        if kind == "global" or needs_table:
+            src = materialize(self._plan, self._dataset.options, memory_budget=budget,
+                              cache_dir=self._cache_dir, reuse=reuse)
+        else:
+            src = ScanRowSource(self._plan, self._dataset.options, self._cache_dir, opts.io_threads)
+        return kind, src
+
+    @property
+    def source_kind(self) -> str:
+        s = self._source
+        return "scan" if isinstance(s, ScanRowSource) else f"table ({s.where})"
+
+    @property
+    def num_rows(self) -> int:
+        """Selected rows in the whole dataset (all ranks)."""
+        return int(sum(self._source.counts))
+
+    def _order(self, epoch: int) -> EpochOrder:
+        return EpochOrder(tuple(self._source.counts), self.shuffle_kind, self.options.seed, epoch,
+                          self.options.shuffle_window)
+
+    def _rank_rows(self) -> tuple[int, int]:
+        """This rank's positions in the epoch sequence, trimmed for drop_last."""
+        start, stop = rank_range(self.num_rows, self.rank, self.world_size)
+        if self.options.drop_last:
+            stop = start + (stop - start) // self.options.batch_size * self.options.batch_size
+        return start, stop
+
+    def __len__(self) -> int:
+        start, stop = rank_range(self.num_rows, self.rank, self.world_size)
+        return num_batches(stop - start, self.options.batch_size, self.options.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch the next iteration runs (each epoch has its own order). Setting the
+        epoch a loaded state was taken in keeps that state's position."""
+        if epoch != self.epoch:
+            self.epoch = int(epoch)
+            self._start = 0
+            self._position = 0
+            self._batches_done = 0
+
+    # -- tasks -------------------------------------------------------------------
+    def _tasks(self, order: EpochOrder, ranges: list[tuple[int, int]]) -> Iterator[_Task]:
+        src = self._source
+        gather_rows = max(self.options.batch_size, 65_536 // self.options.batch_size * self.options.batch_size)
+        for a, b in ranges:
+            if order.kind == "none":
+                for u, lo, hi in order.unit_pieces(a, b):
+                    est = src.est_bytes(u) * (hi - lo) // max(1, src.counts[u])
+                    yield _Task("unit", hi - lo, est, unit=u, lo=lo, hi=hi)
+            elif order.kind == "block":
+                for w, lo, hi in order.window_pieces(a, b):
+                    est = sum(src.est_bytes(int(u)) for u in order.windows[w])
+                    yield _Task("window", hi - lo, est, window=w, lo=lo, hi=hi)
+            else:
+                for p in range(a, b, gather_rows):
+                    q = min(b, p + gather_rows)
+                    yield _Task("gather", q - p, (q - p) * max(1, src.est_bytes(0) // max(1, src.counts[0])),
+                                lo=p, hi=q)
+
+    def _run_task(self, task: _Task, order: EpochOrder, cache: "_SharedCache") -> pa.Table:
+        src = self._source
+        if task.kind == "unit":
+            table = cache.get(("unit", task.unit), lambda: src.read_unit(task.unit))
+            return table.slice(task.lo, task.hi - task.lo)
+        if task.kind == "window":
+            def load_window():
+                return pa.concat_tables([src.read_unit(int(u)) for u in order.windows[task.window]])
+            table = cache.get(("window", task.window), load_window)
+            return table.take(pa.array(order.window_local(task.window, task.lo, task.hi), pa.int64()))
+        return src.gather(order.rows(task.lo, task.hi))
+
+    # -- iteration -----------------------------------------------------------------
+    def __iter__(self) -> "_EpochIterator":
+        if self._closed:
+            raise ArrowloadError("this loader is closed; build a new one with Dataset.loader()")
+        for it in list(self._active):
+            it.close()
+        start, stop = self._rank_rows()
+        begin = min(start + self._start, stop)
+        self._position = begin - start
+        self._batches_done = self._start // self.options.batch_size
+        self._start = 0
+        ranges = [(begin, stop)] if begin < stop else []
+        it = _EpochIterator(self, self._order(self.epoch), ranges, start)
+        self._active.add(it)
+        return it
+
+    def _worker_iter(self, worker: int, workers: int) -> "_EpochIterator":
+        """Batches ``worker, worker + workers, ...`` of this epoch (for torch DataLoader workers)."""
+        start, stop = self._rank_rows()
+        b = self.options.batch_size
+        ranges = [(p, min(stop, p + b)) for p in range(start + worker * b, stop, workers * b)]
+        it = _EpochIterator(self, self._order(self.epoch), ranges, start, track=False)
+        self._active.add(it)
+        return it
+
+    def _advance(self, rows: int) -> None:
+        self._position += rows
+        self._batches_done += 1
+
+    # -- state -------------------------------------------------------------------
+    def _identity(self) -> dict:
+        return {
+            "snapshot": self._source_snapshot(),
+            "plan": _short_hash(self._logical_key),
+            "seed": self.options.seed,
+            "shuffle": self.shuffle_kind,
+            "window": self.options.shuffle_window if self.shuffle_kind == "block" else None,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "batch_size": self.options.batch_size,
+            "drop_last": self.options.drop_last,
+            "num_rows": self.num_rows,
+        }
+
+    def _source_snapshot(self) -> str:
+        return "+".join(s.source.fingerprint() for s in scans(self._dataset.plan)) or "sql"
+
+    def state_dict(self) -> dict:
+        """Small JSON-serializable state: where this rank is in which epoch, plus what it was
+        taken on (snapshot and plan fingerprints, seed, shuffle, world). No pickles."""
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, **self._identity(),
+                "epoch": self.epoch, "position": self._position, "batches": self._batches_done}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the next iteration yields exactly the batches after ``state``'s position
+        in its epoch. Refuses a state taken on other data, another plan or another setup."""
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise StateMismatchError(f"not an arrowload loader state (format {STATE_FORMAT!r} expected)")
+        if state.get("version") != STATE_VERSION:
+            raise StateMismatchError(f"loader state version {state.get('version')} is not supported "
+                                     f"(this arrowload reads version {STATE_VERSION})")
+        mine = self._identity()
+        diffs = [f"{k}: state has {state.get(k)!r}, this loader has {v!r}"
+                 for k, v in mine.items() if state.get(k) != v]
+        if diffs:
+            raise StateMismatchError("the state was taken on a different dataset or loader setup; "
+                                     "rebuild the loader the same way over the same data. "
+                                     "Differences: " + "; ".join(diffs))
+        position = int(state["position"])
+        if position % self.options.batch_size and position != self._rank_rows()[1] - self._rank_rows()[0]:
+            raise StateMismatchError(f"position {position} is not on a batch boundary")
+        self.epoch = int(state["epoch"])
+        self._start = position
+        self._position = position
+        self._batches_done = int(state.get("batches", position // self.options.batch_size))
+
+    # -- introspection -------------------------------------------------------------
+    def stats(self) -> LoaderStats:
+        """Counters of the current (or last) iteration."""
+        return dataclasses.replace(self._stats)
+
+    def explain(self) -> str:
+        return self._dataset.explain() + "\n\n" + self._describe()
+
+    def _describe(self) -> str:
+        o = self.options
+        window = f", window {o.shuffle_window} units" if self.shuffle_kind == "block" else ""
+        return "\n".join([
+            "== loader ==",
+            f"  shuffle      {self.shuffle_kind}{window} (seed {o.seed}, epoch {self.epoch})",
+            f"  rows         {self.num_rows} selected; rank {self.rank} of {self.world_size}",
+            f"  batches      {len(self)} of {o.batch_size} rows (drop_last={o.drop_last})",
+            f"  source       {self.source_kind}, {len(self._source.counts)} units",
+            f"  output       {o.output} (device {o.device})",
+            f"  prefetch     {o.prefetch / 2**20:.0f} MiB budget, {o.io_threads} reader threads",
+        ])
+
+    def __repr__(self) -> str:
+        return (f"arrowload.Loader(batch_size={self.options.batch_size}, shuffle={self.shuffle_kind!r}, "
+                f"rank={self.rank}/{self.world_size}, rows={self.num_rows}, batches={len(self)}, "
+                f"output={self.options.output!r}, source={self.source_kind})")
+
+    # -- lifecycle -----------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every thread this loader started. Idempotent."""
+        for it in list(self._active):
+            it.close()
+        self._closed = True
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_active"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._active = weakref.WeakSet()
+
+    # -- torch ---------------------------------------------------------------------
+    def torch_dataset(self):
+        """This loader as a ``torch.utils.data.IterableDataset`` yielding whole batches, for
+        code that insists on ``DataLoader(ds, batch_size=None, num_workers=n)``. Each worker
+        produces batches ``w, w+n, ...`` of the epoch, so rows are never duplicated and the
+        DataLoader's round-robin gives back the loader's own order."""
+        from .torch_compat import TorchBatches
+        return TorchBatches(self)
+
+
+def _short_hash(text: str) -> str:
+    import hashlib
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class _Failure:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_DONE = object()
+
+
+class _Pipeline:
+    """The threads of one epoch iteration. Owned by an _EpochIterator; never references it."""
+
+    def __init__(self, loader: Loader, order: EpochOrder, ranges: list[tuple[int, int]]) -> None:
+        self.loader = loader
+        self.order = order
+        self.ranges = ranges
+        self.stop = threading.Event()
+        self.budget = ByteBudget(loader.options.prefetch, self.stop)
+        self.out: queue.Queue = queue.Queue()
+        self.stats = LoaderStats()
+        self.pool = ThreadPoolExecutor(loader.options.io_threads, thread_name_prefix="arrowload-read")
+        self.thread = threading.Thread(target=self._run, name="arrowload-loader", daemon=True)
+        self.started = time.perf_counter()
+        self.thread.start()
+
+    # producer ------------------------------------------------------------------
+    def _read(self, task: _Task, cache: "_SharedCache") -> tuple[pa.Table, float]:
+        t0 = time.perf_counter()
+        table = self.loader._run_task(task, self.order, cache)
+        return table, time.perf_counter() - t0
+
+    def _run(self) -> None:
+        try:
+            self._produce()
+            self.out.put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
+            self.out.put(_Failure(exc))
+
+    def _produce(self) -> None:
+        loader = self.loader
+        bsize = loader.options.batch_size
+        tasks = loader._tasks(self.order, self.ranges)
+        cache = _SharedCache(loader.options.io_threads + 1)
+        inflight: deque[tuple[Future, _Task]] = deque()
+        max_inflight = loader.options.io_threads * 2
+        pending: deque[pa.RecordBatch] = deque()
+        pending_rows = 0
+        next_task: _Task | None = None
+        while True:
+            while len(inflight) < max_inflight:
+                if next_task is None:
+                    next_task = next(tasks, None)
+                    if next_task is None:
+                        break
+                if not self.budget.acquire(next_task.est_bytes, block=not inflight):
+                    if self.stop.is_set():
+                        return
+                    break  # over budget: let in-flight work drain first
+                inflight.append((self.pool.submit(self._read, next_task, cache), next_task))
+                next_task = None
+            if not inflight or self.stop.is_set():
+                break
+            fut, task = inflight.popleft()
+            table, secs = fut.result()
+            self.stats.read_s += secs
+            self.stats.units_read += 1
+            self.stats.bytes_read += task.est_bytes // 3 if task.kind != "gather" else 0
+            self.stats.bytes_decoded += table.nbytes
+            t0 = time.perf_counter()
+            for b in table.to_batches():
+                if b.num_rows:
+                    pending.append(b)
+                    pending_rows += b.num_rows
+            del table
+            while pending_rows >= bsize:
+                batch = _take_rows(pending, bsize)
+                pending_rows -= bsize
+                self.stats.collate_s += time.perf_counter() - t0
+                if not self._emit(batch):
+                    return
+                t0 = time.perf_counter()
+            self.stats.collate_s += time.perf_counter() - t0
+            self.budget.release(task.est_bytes)
+        if pending_rows and not self.stop.is_set():
+            self._emit(_take_rows(pending, pending_rows))
+
+    def _emit(self, batch: pa.RecordBatch) -> bool:
+        from ..convert import convert_batch
+        loader = self.loader
+        fn = loader.options.transform
+        if fn is not None:
+            t0 = time.perf_counter()
+            batch = _as_batch(fn(batch), "transform")
+            self.stats.transform_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = convert_batch(batch, loader._convert)
+        self.stats.convert_s += time.perf_counter() - t0
+        nbytes = batch.nbytes
+        if not self.budget.acquire(nbytes):
+            return False
+        self.out.put((out, batch.num_rows, nbytes))
+        return True
+
+    # consumer ------------------------------------------------------------------
+    def next(self):
+        t0 = time.perf_counter()
+        while True:
+            try:
+                item = self.out.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive() and self.out.empty():
+                    raise ArrowloadError("the loader's producer thread died without a result") from None
+        self.stats.wait_s += time.perf_counter() - t0
+        if item is _DONE:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        out, rows, nbytes = item
+        self.budget.release(nbytes)
+        self.stats.rows += rows
+        self.stats.batches += 1
+        self.stats.peak_prefetch_bytes = self.budget.peak
+        self.stats.wall_s = time.perf_counter() - self.started
+        return out, rows
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        while not self.out.empty():
+            try:
+                self.out.get_nowait()
+            except queue.Empty:
+                break
+
+
+def _as_batch(out, what: str) -> pa.RecordBatch:
+    if isinstance(out, pa.RecordBatch):
+        return out
+    if isinstance(out, pa.Table):
+        return out.combine_chunks().to_batches()[0] if out.num_rows else \
+            pa.RecordBatch.from_pylist([], schema=out.schema)
+    if type(out).__module__.split(".")[0] == "polars":
+        return _as_batch(out.to_arrow(), what)
+    raise TypeError(f"{what} must return a pyarrow RecordBatch, Table or polars DataFrame; "
+                    f"got {type(out).__name__}")
+
+
+def _take_rows(pending: deque, n: int) -> pa.RecordBatch:
+    """Pop the first ``n`` rows of ``pending`` as one batch: a zero-copy slice when they lie
+    in one batch, one concatenation (the one planned copy) when they straddle batches."""
+    parts, got = [], 0
+    while got < n:
+        b = pending.popleft()
+        take = min(b.num_rows, n - got)
+        parts.append(b.slice(0, take) if take < b.num_rows else b)
+        got += take
+        if take < b.num_rows:
+            pending.appendleft(b.slice(take))
+    return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+
+
+class _SharedCache:
+    """The last few units / windows read, shared by the reader threads, so consecutive
+    tasks over one unit (a unit split between batches of DataLoader workers) read it once.
+    A key being read by one thread is waited for, not read twice."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._items: dict = {}
+
+    def get(self, key, load: Callable[[], Any]):
+        with self._lock:
+            fut = self._items.get(key)
+            owner = fut is None
+            if owner:
+                fut = Future()
+                self._items[key] = fut
+                while len(self._items) > self.capacity:
+                    self._items.pop(next(iter(self._items)))
+        if owner:
+            try:
+                fut.set_result(load())
+            except BaseException as exc:  # noqa: BLE001 - waiters re-raise it
+                fut.set_exception(exc)
+                with self._lock:
+                    self._items.pop(key, None)
+        return fut.result()
+
+
+class _EpochIterator:
+    """What ``iter(loader)`` returns. Dropping it (or ``close()``) stops its threads."""
+
+    def __init__(self, loader: Loader, order: EpochOrder, ranges, rank_start: int, track: bool = True) -> None:
+        self._loader = loader
+        self._track = track
+        self._pipeline = _Pipeline(loader, order, ranges)
+        self._finalizer = weakref.finalize(self, self._pipeline.close)
+        if track:
+            loader._stats = self._pipeline.stats
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        out, rows = self._pipeline.next()
+        if self._track:
+            self._loader._advance(rows)
+        return out
+
+    def close(self) -> None:
+        self._finalizer()

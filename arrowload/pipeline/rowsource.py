@@ -1,0 +1,319 @@
+"""The random-access layer: rows grouped in units of exactly known counts.
+
+Two kinds, one interface (``counts``, ``read_unit``, and for tables ``gather``):
+
+- :class:`ScanRowSource` streams a plan's scan unit by unit (a Parquet row group, a
+  file). With a filter, exact per-unit counts are computed once, reading only the
+  filter's columns, and cached on disk keyed by the data snapshot and the predicate
+  (``formats/selection_index``); the second run pays nothing.
+- :class:`TableRowSource` holds the selected rows in memory or in a memory-mapped Arrow
+  IPC cache (``formats/ra_cache``) and gathers any rows: what global shuffle needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ArrowloadError, SnapshotChangedError
+from ..options import Options
+from ..optimize import optimize
+from ..plan.explain import render_tree
+from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up
+from ..scan import execute
+
+SELECTION_FORMAT = "arrowload.selection_index"
+RA_FORMAT = "arrowload.ra_cache"
+FORMAT_VERSION = 1
+UNIT_ROWS = 65_536
+
+
+def default_cache_dir() -> str:
+    """``$ARROWLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/arrowload``, else ``~/.cache/arrowload``."""
+    env = os.environ.get("ARROWLOAD_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "arrowload")
+
+
+def restrict(plan: Plan, units: Sequence[int]) -> Plan:
+    """The same plan reading only ``units`` of its scan."""
+    return transform_up(plan, lambda n: n.replace(units=tuple(units)) if isinstance(n, Scan) else n)
+
+
+def plan_key(plan: Plan) -> str:
+    """A stable text of what a plan computes (tree with predicates, projections, maps)."""
+    return "\n".join(render_tree(plan))
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def _atomic_write_json(path: str, obj: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+class ScanRowSource:
+    """Units of a streaming scan with exact row counts after filtering."""
+
+    kind = "scan"
+
+    def __init__(self, plan: Plan, options: Options, cache_dir: str | None, io_threads: int) -> None:
+        found = scans(plan)
+        if len(found) != 1:
+            raise ArrowloadError("a loader needs a plan over one scan")
+        self.plan = plan
+        self.options = options
+        self.scan = found[0]
+        self.source = self.scan.source
+        self.snapshot = self.source.fingerprint()
+        self.units = tuple(u.index for u in self.scan.selected_units())
+        self._meta = {u.index: u for u in self.scan.selected_units()}
+        self.cache_dir = cache_dir
+        self.io_threads = io_threads
+        self.counts = self._counts()
+
+    # -- exact counts --------------------------------------------------------
+    def _needs_counting(self) -> bool:
+        if self.scan.predicate is not None:
+            return True
+        if any(not isinstance(n, (Scan, Project, Map)) for n in _walk(self.plan)):
+            return True  # a residual filter above the scan
+        return any(self._meta[u].num_rows is None for u in self.units)
+
+    def _counts(self) -> tuple[int, ...]:
+        if not self._needs_counting():
+            return tuple(int(self._meta[u].num_rows) for u in self.units)
+        count_plan = optimize(Project(_strip_maps(self.plan), ()), self.options.optimizer)
+        what = plan_key(count_plan)
+        key = _digest(self.snapshot, what, ",".join(map(str, self.units)))
+        path = os.path.join(self.cache_dir, f"selection-{key}.json") if self.cache_dir else None
+        if path and os.path.exists(path):
+            try:
+                with open(path) as f:
+                    doc = json.load(f)
+                if doc.get("format") == SELECTION_FORMAT and doc.get("version") == FORMAT_VERSION \
+                        and doc.get("snapshot") == self.snapshot and doc.get("units") == list(self.units):
+                    return tuple(doc["counts"])
+            except (OSError, ValueError, KeyError):
+                pass  # a damaged cache is rebuilt, never trusted
+        counts = self._count_units(count_plan)
+        if path:
+            _atomic_write_json(path, {"format": SELECTION_FORMAT, "version": FORMAT_VERSION,
+                                      "snapshot": self.snapshot, "plan": what,
+                                      "units": list(self.units), "counts": list(counts)})
+        return counts
+
+    def _count_units(self, count_plan: Plan) -> tuple[int, ...]:
+        def one(u: int) -> int:
+            return execute.count_rows(restrict(count_plan, (u,)), self.options)
+        if len(self.units) <= 1 or self.io_threads <= 1:
+            return tuple(one(u) for u in self.units)
+        with ThreadPoolExecutor(self.io_threads, thread_name_prefix="arrowload-count") as pool:
+            return tuple(pool.map(one, self.units))
+
+    # -- reading ---------------------------------------------------------------
+    def est_bytes(self, i: int) -> int:
+        b = self._meta[self.units[i]].bytes_for(self.scan.read_columns)
+        return int(b * 3) if b else self.counts[i] * 64
+
+    def read_unit(self, i: int) -> pa.Table:
+        """Rows of unit ``i`` (index into ``units``) after the whole plan, in order."""
+        table = execute.to_table(restrict(self.plan, (self.units[i],)), self.options)
+        if table.num_rows != self.counts[i]:
+            raise SnapshotChangedError(
+                f"unit {i} ({self._meta[self.units[i]].path}, row group "
+                f"{self._meta[self.units[i]].row_group}) gave {table.num_rows} rows where the "
+                f"selection index counted {self.counts[i]}: the data changed under the loader, "
+                "or a map() changed the number of rows (loader maps must keep one row per row)")
+        return table
+
+
+class TableRowSource:
+    """Selected rows held in one table (memory or a memory-mapped IPC cache).
+
+    Units are ``unit_rows``-row slices (zero-copy). ``gather`` takes arbitrary rows in the
+    order given: one copy, into a fresh contiguous batch.
+    """
+
+    kind = "table"
+
+    def __init__(self, table: pa.Table, unit_rows: int = UNIT_ROWS, where: str = "memory",
+                 snapshot: str = "") -> None:
+        self.table = table
+        self.unit_rows = unit_rows
+        self.where = where
+        self.snapshot = snapshot
+        n = table.num_rows
+        self.counts = tuple(min(unit_rows, n - s) for s in range(0, n, unit_rows))
+        self.units = tuple(range(len(self.counts)))
+        chunks = [c.num_chunks for c in table.columns]
+        self._single = all(c <= 1 for c in chunks)
+        if not self._single:
+            lengths = [b.num_rows for b in table.to_batches()]
+            self._chunk_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            self._batches = table.to_batches()
+
+    def est_bytes(self, i: int) -> int:
+        return max(1, self.table.nbytes // max(1, self.table.num_rows)) * self.counts[i]
+
+    def read_unit(self, i: int) -> pa.Table:
+        return self.table.slice(i * self.unit_rows, self.counts[i])
+
+    def gather(self, rows: np.ndarray) -> pa.Table:
+        """Rows ``rows`` (source-order numbers) in that order."""
+        if self._single:
+            return self.table.take(pa.array(rows, pa.int64()))
+        # Chunked (memory-mapped cache): take within each chunk, then restore the order.
+        which = np.searchsorted(self._chunk_offsets, rows, side="right") - 1
+        order = np.argsort(which, kind="stable")
+        pieces = []
+        sorted_which = which[order]
+        bounds = np.flatnonzero(np.diff(sorted_which)) + 1
+        for part in np.split(order, bounds):
+            if part.size == 0:
+                continue
+            c = int(which[part[0]])
+            local = rows[part] - self._chunk_offsets[c]
+            pieces.append(self._batches[c].take(pa.array(local, pa.int64())))
+        grouped = pa.Table.from_batches(pieces, schema=self.table.schema).combine_chunks()
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(order.size)
+        return grouped.take(pa.array(inverse, pa.int64()))
+
+
+def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: str | None,
+                reuse: bool) -> TableRowSource:
+    """Run ``plan`` once into a random-access table: in memory while it fits
+    ``memory_budget`` bytes, else into an Arrow IPC cache file under ``cache_dir`` (reused
+    by later loaders while the snapshot and plan are unchanged when ``reuse``)."""
+    found = scans(plan)
+    snapshot = _digest(*(s.source.fingerprint() for s in found)) if found else ""
+    what = plan_key(plan)
+    key = _digest(snapshot, what)
+    base = os.path.join(cache_dir, f"ra-{key}") if cache_dir else None
+    if base and reuse:
+        cached = _open_cache(base, snapshot, what)
+        if cached is not None:
+            return cached
+    held: list[pa.RecordBatch] = []
+    size = 0
+    writer = None
+    tmp_path = None
+    schema = plan.schema
+    try:
+        for batch in execute.iter_batches(plan, options):
+            if writer is None:
+                held.append(batch)
+                size += batch.nbytes
+                if size > memory_budget:
+                    if base is None:
+                        raise ArrowloadError(
+                            f"the selection needs more than memory_budget={memory_budget} bytes "
+                            "for random access and no cache_dir is set; pass cache_dir= or raise "
+                            "memory_budget")
+                    os.makedirs(os.path.dirname(base), exist_ok=True)
+                    fd, tmp_path = tempfile.mkstemp(dir=os.path.dirname(base), prefix=".tmp-ra-",
+                                                    suffix=".arrow")
+                    os.close(fd)
+                    writer = _ChunkWriter(tmp_path, schema)
+                    for b in held:
+                        writer.write(b)
+                    held = []
+            else:
+                writer.write(batch)
+        if writer is None:
+            table = pa.Table.from_batches(held, schema=schema).combine_chunks()
+            return TableRowSource(table, where="memory", snapshot=snapshot)
+        writer.close()
+        os.replace(tmp_path, base + ".arrow")
+        tmp_path = None
+        _atomic_write_json(base + ".json", {"format": RA_FORMAT, "version": FORMAT_VERSION,
+                                            "snapshot": snapshot, "plan": what,
+                                            "num_rows": writer.rows, "chunk_rows": UNIT_ROWS,
+                                            "schema": schema.to_string(), "reusable": reuse})
+        opened = _open_cache(base, snapshot, what)
+        assert opened is not None
+        return opened
+    finally:
+        if writer is not None and not writer.closed:
+            writer.close()
+        if tmp_path is not None and os.path.exists(tmp_path):
+            os.remove(tmp_path)
+
+
+class _ChunkWriter:
+    """Writes batches re-cut to exactly ``UNIT_ROWS`` rows (the last may be shorter)."""
+
+    def __init__(self, path: str, schema: pa.Schema) -> None:
+        self._writer = pa.ipc.new_file(path, schema)
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_rows = 0
+        self.rows = 0
+        self.closed = False
+        self.schema = schema
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        while self._pending_rows >= UNIT_ROWS:
+            table = pa.Table.from_batches(self._pending, schema=self.schema)
+            head, rest = table.slice(0, UNIT_ROWS), table.slice(UNIT_ROWS)
+            self._writer.write_batch(head.combine_chunks().to_batches()[0])
+            self.rows += UNIT_ROWS
+            self._pending = rest.combine_chunks().to_batches() if rest.num_rows else []
+            self._pending_rows = rest.num_rows
+
+    def close(self) -> None:
+        if self._pending_rows:
+            table = pa.Table.from_batches(self._pending, schema=self.schema).combine_chunks()
+            self._writer.write_batch(table.to_batches()[0])
+            self.rows += self._pending_rows
+        self._writer.close()
+        self.closed = True
+
+
+def _open_cache(base: str, snapshot: str, what: str) -> TableRowSource | None:
+    try:
+        with open(base + ".json") as f:
+            doc = json.load(f)
+        if doc.get("format") != RA_FORMAT or doc.get("version") != FORMAT_VERSION or \
+                doc.get("snapshot") != snapshot or doc.get("plan") != what:
+            return None
+        source = pa.memory_map(base + ".arrow", "r")
+        table = pa.ipc.open_file(source).read_all()
+        if table.num_rows != doc["num_rows"]:
+            return None
+        return TableRowSource(table, unit_rows=int(doc["chunk_rows"]), where=base + ".arrow",
+                              snapshot=snapshot)
+    except (OSError, ValueError, KeyError, pa.ArrowInvalid):
+        return None
+
+
+def _walk(plan: Plan):
+    yield plan
+    for c in plan.children:
+        yield from _walk(c)
+
+
+def _strip_maps(plan: Plan) -> Plan:
+    """Maps keep one row per row (checked when reading), so counting can skip them."""
+    return transform_up(plan, lambda n: n.child if isinstance(n, Map) else n)
+
