@@ -267,6 +267,11 @@ def make_expr(value: Any, schema: pa.Schema, what: str = "expression") -> Expr:
     if isinstance(value, pc.Expression):
         return ArrowExpr.of(value, schema)
     if type(value).__module__.split(".")[0] == "polars":
+        if what == "filter":
+            from .polars_expr import polars_to_sql
+            tree = polars_to_sql(value)
+            if tree is not None:  # same meaning in SQL: push it into the scan
+                return SqlExpr.bind(tree, schema)
         return PolarsExpr.of(value, schema)
     raise TypeError(f"{what} must be SQL text, a pyarrow.compute.Expression or a polars "
                     f"expression, got {type(value).__name__}")

@@ -1,0 +1,195 @@
+#!/usr/bin/env python
+"""One epoch of arrowload's Loader against the bare decode of the same columns.
+
+Workloads (each one epoch into an infinitely fast consumer that touches every batch):
+
+  proj      f0..f15 + label, batch 4096, no shuffle
+  filter    proj + ``country = 'US' AND label = 1``
+  global    proj, batch 1024, global shuffle (gathered from the in-memory random-access table)
+  block     proj, batch 1024, block shuffle (row groups permuted, rows mixed in windows of 8)
+  emb       emb (fixed-size list of 64 float32) + label, batch 1024, no shuffle
+
+Each runs with ``output="numpy"`` and ``output="torch"``. References in the same run, over
+the same columns and filter: the tuned pyarrow scan (row-group sized batches,
+``pre_buffer``, readahead) sliced into the same batch size and converted to numpy, and
+polars' streaming reader (decode only). Ratios are medians of ``--reps`` interleaved runs
+after a warm-up. Time to first batch is measured cold (empty cache dir: exact counts and,
+for global shuffle, the random-access table are built), warm (cache present) and after
+resuming at 90% of the epoch.
+
+    python benchmarks/bench_loader.py --quick          # 1M rows
+    python benchmarks/bench_loader.py --write          # 4M rows, recorded in RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake  # noqa: E402
+
+import arrowload as al  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+FEATURES = [f"f{i}" for i in range(16)]
+FILTER_SQL = "country = 'US' AND label = 1"
+FILTER_PA = (pc.field("country") == "US") & (pc.field("label") == 1)
+FILTER_PL = (pl.col("country") == "US") & (pl.col("label") == 1)
+
+WORKLOADS = {
+    "proj": dict(columns=FEATURES + ["label"], filter=False, batch=4096, shuffle=False),
+    "filter": dict(columns=FEATURES + ["label"], filter=True, batch=4096, shuffle=False),
+    "global": dict(columns=FEATURES + ["label"], filter=False, batch=1024, shuffle="global"),
+    "block": dict(columns=FEATURES + ["label"], filter=False, batch=1024, shuffle="block"),
+    "emb": dict(columns=["emb", "label"], filter=False, batch=1024, shuffle=False),
+}
+
+
+def touch(batch) -> int:
+    """The infinitely fast consumer: look at every array once, count rows."""
+    n = 0
+    for v in batch.values():
+        n = len(v)
+    return n
+
+
+def run_loader(lake: Path, w: dict, output: str, cache: str) -> int:
+    ds = al.dataset(str(lake))
+    if w["filter"]:
+        ds = ds.filter(FILTER_SQL)
+    ds = ds.select(*w["columns"])
+    rows = 0
+    with ds.loader(w["batch"], shuffle=w["shuffle"], output=output, cache_dir=cache) as loader:
+        for b in loader:
+            rows += touch(b)
+    return rows
+
+
+def run_tuned(lake: Path, w: dict) -> int:
+    """The tuned pyarrow scan, sliced into the same batches and converted to numpy."""
+    d = pads.dataset(str(lake), format="parquet")
+    scanner = d.scanner(columns=w["columns"], filter=FILTER_PA if w["filter"] else None,
+                        batch_size=65_536, batch_readahead=4, fragment_readahead=2,
+                        fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True))
+    rows = 0
+    size = w["batch"]
+    for rb in scanner.to_batches():
+        for s in range(0, rb.num_rows, size):
+            part = rb.slice(s, size)
+            for col in part.columns:
+                if pa.types.is_fixed_size_list(col.type):
+                    col.flatten().to_numpy().reshape(len(col), -1)
+                else:
+                    col.to_numpy()
+            rows += part.num_rows
+    return rows
+
+
+def run_polars(lake: Path, w: dict) -> int:
+    q = pl.scan_parquet(str(lake / "*.parquet"))
+    if w["filter"]:
+        q = q.filter(FILTER_PL)
+    return q.select(w["columns"]).collect(engine="streaming").height
+
+
+def first_batch(lake: Path, w: dict, cache: str, resume_at: float | None = None) -> float:
+    t0 = time.perf_counter()
+    ds = al.dataset(str(lake))
+    if w["filter"]:
+        ds = ds.filter(FILTER_SQL)
+    ds = ds.select(*w["columns"])
+    with ds.loader(w["batch"], shuffle=w["shuffle"], output="numpy", cache_dir=cache) as loader:
+        if resume_at is not None:
+            state = loader.state_dict()
+            state["position"] = int(len(loader) * resume_at) * w["batch"]
+            state["batches"] = int(len(loader) * resume_at)
+            loader.load_state_dict(state)
+        next(iter(loader))
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows instead of {FULL_ROWS:,}")
+    p.add_argument("--rows", type=int)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--only", nargs="*", choices=list(WORKLOADS))
+    p.add_argument("--write", action="store_true", help="record the tables in benchmarks/RESULTS.md")
+    args = p.parse_args(argv)
+    rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
+    lake = ensure_lake(rows)
+    scratch = Path(tempfile.mkdtemp(prefix="arrowload-bench-"))
+    cache = str(scratch / "cache")
+    names = args.only or list(WORKLOADS)
+    lines = []
+    try:
+        for name in names:
+            w = WORKLOADS[name]
+            first_line = len(lines)
+            contenders = {
+                "arrowload numpy": lambda: run_loader(lake, w, "numpy", cache),
+                "arrowload torch": lambda: run_loader(lake, w, "torch", cache),
+                "pyarrow tuned scan -> numpy": lambda: run_tuned(lake, w),
+                "polars streaming (decode only)": lambda: run_polars(lake, w),
+            }
+            counts = {k: fn() for k, fn in contenders.items()}  # warm-up + correctness
+            expect = counts["pyarrow tuned scan -> numpy"]
+            for k, v in counts.items():
+                if v != expect:
+                    print(f"MISMATCH in {name}: {k} gave {v} rows, tuned scan {expect}", file=sys.stderr)
+                    return 2
+            times = {k: [] for k in contenders}
+            keys = list(contenders)
+            for rep in range(args.reps):
+                for k in keys[rep % len(keys):] + keys[:rep % len(keys)]:
+                    t0 = time.perf_counter()
+                    contenders[k]()
+                    times[k].append(time.perf_counter() - t0)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            fastest_decode = min(med["pyarrow tuned scan -> numpy"], med["polars streaming (decode only)"])
+            lines.append(f"\n#### {name}: {w['columns'][0]}.. ({len(w['columns'])} columns), "
+                         f"batch {w['batch']}, shuffle={w['shuffle']}, filter={w['filter']} "
+                         f"-- {expect:,} rows\n")
+            lines.append("| contender | median s | rows/s | x tuned scan | x fastest decode |")
+            lines.append("|---|---:|---:|---:|---:|")
+            for k in keys:
+                lines.append(f"| {k} | {med[k]:.3f} | {expect / med[k]:,.0f} | "
+                             f"{med['pyarrow tuned scan -> numpy'] / med[k]:.2f} | {fastest_decode / med[k]:.2f} |")
+            shutil.rmtree(cache, ignore_errors=True)
+            cold = first_batch(lake, w, cache)
+            warm = statistics.median(first_batch(lake, w, cache) for _ in range(args.reps))
+            resume = statistics.median(first_batch(lake, w, cache, 0.9) for _ in range(args.reps))
+            lines.append(f"\ntime to first batch: cold {cold:.3f}s, warm {warm:.3f}s, "
+                         f"resume at 90% {resume:.3f}s ({resume / cold:.2f}x cold)")
+            print("\n".join(lines[first_line:]), flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.write:
+        header = (f"\n## Loader epoch (`bench_loader.py`), {dt.date.today()}\n\n"
+                  f"Command: `{' '.join(shlex.quote(a) for a in ['python', 'benchmarks/bench_loader.py'] + (argv or sys.argv[1:]))}`  \n"
+                  f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
+                  f"pyarrow {pa.__version__}, polars {pl.__version__}, numpy {np.__version__}; {rows:,} rows.\n")
+        with open(RESULTS, "a") as f:
+            f.write(header + "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
