@@ -1,0 +1,358 @@
+"""Arrow column -> host numpy array (or Python list): the layout work every output shares.
+
+Zero-copy views are made with ``np.frombuffer`` over the Arrow data buffer at the
+array's own offset, so they work for any slice and keep the buffer alive. Every copy
+arrowload has to make (bit-unpacked booleans, widened date32 / time32, decoded
+dictionaries, filled nulls, padded lists) is written once, into a fresh 64-byte aligned
+Arrow allocation: jax on CPU takes such buffers through DLPack without copying again.
+
+Nothing here knows about torch or jax; ``torch_out`` / ``jax_out`` take these arrays over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import ColumnNotFoundError, ConversionError, UnsupportedError
+from .options import ALL_NUMERIC, ConvertOptions
+
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError,
+                 OverflowError)
+
+
+@dataclass
+class Host:
+    """One converted array-valued column, before nulls are filled (or refused)."""
+
+    data: np.ndarray
+    owned: bool                       # True: arrowload allocated it (a copy); False: views the batch
+    nulls: np.ndarray | None = None   # bool, data's shape: where data is null and not yet filled
+    lengths: np.ndarray | None = None  # int64 [batch]: list lengths of a padded column
+
+
+# ---------------------------------------------------------------------------
+# the batch
+
+
+def to_host(batch: pa.RecordBatch | pa.Table, opts: ConvertOptions) -> dict[str, np.ndarray | list]:
+    """Every column of ``batch`` as a numpy array (array-valued types) or a Python list (the rest).
+
+    A padded list column ``x`` adds ``x_lengths`` right after ``x``.
+    """
+    names = batch.schema.names
+    _check_names(opts, names)
+    out: dict[str, np.ndarray | list] = {}
+    for name, column in zip(names, batch.columns):
+        arr = _one_chunk(column)
+        fill = _fill_for(name, arr.type, opts)
+        if not array_valued(arr.type):
+            out[name] = _objects(name, arr, fill)
+            continue
+        host = _host(name, arr, opts, fill, nested=False)
+        out[name] = _fill(name, arr.type, host, fill, opts)
+        if host.lengths is not None:
+            key = f"{name}_lengths"
+            if key in names:
+                raise ConversionError(f"padding column {name!r} adds {key!r}, but the batch already has a "
+                                      f"column of that name; rename one of them in the plan", column=name)
+            out[key] = host.lengths
+    return out
+
+
+def _check_names(opts: ConvertOptions, names: list[str]) -> None:
+    for key in opts.fill_null or ():
+        if key != ALL_NUMERIC and key not in names:
+            raise ColumnNotFoundError(key, names, where="ConvertOptions.fill_null")
+    if isinstance(opts.pad_lists, tuple):
+        for key in opts.pad_lists:
+            if key not in names:
+                raise ColumnNotFoundError(key, names, where="ConvertOptions.pad_lists")
+
+
+def _one_chunk(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    if column.num_chunks == 0:
+        return pa.array([], type=column.type)
+    return pa.concat_arrays(column.chunks)  # a Table with several chunks: one copy, documented
+
+
+# ---------------------------------------------------------------------------
+# types
+
+
+@lru_cache(maxsize=1024)  # types are hashable; the loader sees a few per run
+def array_valued(t: pa.DataType) -> bool:
+    """Whether a column of type ``t`` becomes an array (else a Python list of objects)."""
+    if pa.types.is_dictionary(t):
+        return array_valued(t.value_type)
+    if isinstance(t, pa.BaseExtensionType):
+        return array_valued(t.storage_type)
+    if _primitive_dtype(t) is not None or pa.types.is_boolean(t):
+        return True
+    if _is_list(t):
+        return array_valued(t.value_type)
+    return False
+
+
+@lru_cache(maxsize=1024)  # types are hashable; the loader sees a few per run
+def leaf_type(t: pa.DataType) -> pa.DataType:
+    """The element type under any lists, dictionaries and extension wrappers."""
+    while True:
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        elif isinstance(t, pa.BaseExtensionType):
+            t = t.storage_type
+        elif _is_list(t):
+            t = t.value_type
+        else:
+            return t
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+            or pa.types.is_list_view(t) or pa.types.is_large_list_view(t))
+
+
+@lru_cache(maxsize=1024)  # types are hashable; the loader sees a few per run
+def _primitive_dtype(t: pa.DataType) -> tuple[np.dtype, bool] | None:
+    """(numpy dtype, needs widening from 32 bits) for fixed-width numbers and temporals, else None."""
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return np.dtype(t.to_pandas_dtype()), False
+    if pa.types.is_timestamp(t):
+        return np.dtype(f"datetime64[{t.unit}]"), False
+    if pa.types.is_date64(t):
+        return np.dtype("datetime64[ms]"), False
+    if pa.types.is_date32(t):
+        return np.dtype("datetime64[D]"), True
+    if pa.types.is_duration(t) or pa.types.is_time64(t):
+        return np.dtype(f"timedelta64[{t.unit}]"), False
+    if pa.types.is_time32(t):
+        return np.dtype(f"timedelta64[{t.unit}]"), True
+    return None
+
+
+def _fill_for(name: str, t: pa.DataType, opts: ConvertOptions) -> Any:
+    fills = opts.fill_null
+    if not fills:
+        return None
+    if name in fills:
+        return fills[name]
+    leaf = leaf_type(t)
+    if ALL_NUMERIC in fills and (pa.types.is_integer(leaf) or pa.types.is_floating(leaf)):
+        return fills[ALL_NUMERIC]
+    return None
+
+
+# ---------------------------------------------------------------------------
+# buffers
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A writable array in a fresh 64-byte aligned Arrow allocation."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    buf = pa.allocate_buffer(count * dtype.itemsize)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
+
+
+def _aligned_copy(data: np.ndarray) -> np.ndarray:
+    out = aligned_empty(data.shape, data.dtype)
+    np.copyto(out, data)
+    return out
+
+
+def _view(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
+    """The data buffer of a fixed-width array as numpy, at the array's offset: no copy."""
+    buf = arr.buffers()[1]
+    if len(arr) == 0 or buf is None:
+        return np.empty(0, dtype=dtype)
+    return np.frombuffer(buf, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def _null_mask(arr: pa.Array) -> np.ndarray | None:
+    if not arr.null_count:
+        return None
+    return pc.is_null(arr).to_numpy(zero_copy_only=False)
+
+
+# ---------------------------------------------------------------------------
+# columns
+
+
+def _host(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: bool) -> Host:
+    t = arr.type
+    decoded = False
+    if pa.types.is_dictionary(t):
+        arr, decoded = arr.dictionary_decode(), True  # a gather: the one copy
+        t = arr.type
+    if isinstance(t, pa.BaseExtensionType):
+        return _extension(name, arr, opts, fill, nested)
+    if pa.types.is_boolean(t):
+        # Arrow packs booleans into bits; numpy / torch / jax want a byte each: one copy.
+        as_bytes = pc.cast(arr, pa.uint8())
+        return Host(_view(as_bytes, np.dtype(np.bool_)), owned=True, nulls=_null_mask(arr))
+    prim = _primitive_dtype(t)
+    if prim is not None:
+        dtype, widen = prim
+        if widen:  # date32 / time32: 32-bit counts, numpy's datetime64 / timedelta64 are 64-bit
+            wide = pc.cast(arr.view(pa.int32()), pa.int64())
+            return Host(_view(wide, dtype), owned=True, nulls=_null_mask(arr))
+        return Host(_view(arr, dtype), owned=decoded, nulls=_null_mask(arr))
+    if pa.types.is_fixed_size_list(t):
+        return _fixed_size_list(name, arr, opts, fill)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        if nested:
+            raise UnsupportedError(f"column {name!r} ({arr.type}) nests a variable-length list inside "
+                                   "another list; only the outermost list can be padded. Flatten or "
+                                   "select the inner values in the plan")
+        return _padded_list(name, arr, opts, fill)
+    if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
+        raise UnsupportedError(f"column {name!r} is a {t}; list views are not converted yet. "
+                               "Cast it to a list type in the plan")
+    raise UnsupportedError(f"column {name!r} has type {t}, which has no array form")  # pragma: no cover
+
+
+def _extension(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: bool) -> Host:
+    t = arr.type
+    host = _host(name, arr.storage, opts, fill, nested)
+    if isinstance(t, pa.FixedShapeTensorType):
+        perm = t.permutation
+        if perm is not None and list(perm) != sorted(perm):
+            raise UnsupportedError(f"column {name!r} is a fixed_shape_tensor with permutation {perm}; "
+                                   "only row-major tensors are converted")
+        shape = (len(arr), *t.shape)
+        host.data = host.data.reshape(shape)
+        if host.nulls is not None:
+            host.nulls = host.nulls.reshape(shape)
+    return host
+
+
+def _fixed_size_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any) -> Host:
+    n, k = len(arr), arr.type.list_size
+    # ``values`` ignores the slice offset (``flatten`` honours it but drops null lists): slice it.
+    child = _host(name, arr.values.slice(arr.offset * k, n * k), opts, fill, nested=True)
+    shape = (n, k, *child.data.shape[1:])
+    data = child.data.reshape(shape)
+    nulls = child.nulls.reshape(shape) if child.nulls is not None else None
+    if arr.null_count:
+        rows = pc.is_null(arr).to_numpy(zero_copy_only=False)
+        nulls = np.zeros(shape, dtype=bool) if nulls is None else nulls.copy()
+        nulls[rows] = True  # a null list is k nulls: filled with the fill value, or an error
+    return Host(data, owned=child.owned, nulls=nulls)
+
+
+def _padded_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any) -> Host:
+    t = arr.type
+    if not opts.pads(name):
+        raise ConversionError(
+            f"column {name!r} is a variable-length list ({t}), which has no rectangular array form; "
+            f"pass pad_lists=True (or pad_lists=({name!r},)) to pad it to the longest list in the batch "
+            f"(with pad_value) and get '{name}_lengths', or make it a fixed-size list in the plan",
+            column=name)
+    n = len(arr)
+    offsets = _view(arr.offsets, np.dtype(np.int64 if pa.types.is_large_list(t) else np.int32))
+    extents = np.diff(offsets).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
+    lengths = extents.copy()
+    row_nulls = _null_mask(arr)
+    if row_nulls is not None:
+        if fill is None:
+            raise ConversionError(
+                f"column {name!r} has {int(row_nulls.sum())} null list(s) in this batch; pass "
+                f"fill_null={{{name!r}: <value>}} (a null list then has length 0, all padding) or filter "
+                f"them out: .filter(\"{name} IS NOT NULL\")", column=name)
+        lengths[row_nulls] = 0
+    start = int(offsets[0]) if n else 0
+    stop = int(offsets[-1]) if n else 0
+    child = _host(name, arr.values.slice(start, stop - start), opts, fill, nested=True)
+    values, value_nulls = child.data, child.nulls
+    if row_nulls is not None and extents[row_nulls].any():
+        keep = np.repeat(~row_nulls, extents)  # null lists backed by values (rare): leave those out
+        values = values[keep]
+        value_nulls = value_nulls[keep] if value_nulls is not None else None
+    longest = int(lengths.max()) if n else 0
+    width = longest if opts.pad_to is None else opts.pad_to
+    if longest > width:
+        raise ConversionError(f"column {name!r} has a list of length {longest} in this batch, longer than "
+                              f"pad_to={opts.pad_to}; raise pad_to or truncate the lists in the plan",
+                              column=name)
+    pad = host_scalar(name, opts.pad_value, leaf_type(arr.type), "pad_value")
+    out = aligned_empty((n, width, *values.shape[1:]), values.dtype)
+    out[...] = pad
+    inside = np.arange(width) < lengths[:, None]
+    out[inside] = values  # row-major order of ``inside`` is the order of the flattened values: one copy
+    nulls = None
+    if value_nulls is not None and value_nulls.any():
+        nulls = np.zeros(out.shape, dtype=bool)
+        nulls[inside] = value_nulls
+    return Host(out, owned=True, nulls=nulls, lengths=lengths)
+
+
+def _objects(name: str, arr: pa.Array, fill: Any) -> list:
+    """Strings, binaries, decimals, structs ... stay Python objects; a null is ``None`` unless filled."""
+    if fill is not None and arr.null_count:
+        try:
+            arr = pc.fill_null(arr, arrow_scalar(name, fill, arr.type, "fill_null"))
+        except _ARROW_ERRORS as exc:
+            raise ConversionError(f"fill_null[{name!r}] cannot fill column {name!r} of type {arr.type}: {exc}",
+                                  column=name) from exc
+    return arr.to_pylist()
+
+
+# ---------------------------------------------------------------------------
+# nulls and scalars
+
+
+def _fill(name: str, t: pa.DataType, host: Host, fill: Any, opts: ConvertOptions) -> np.ndarray:
+    nulls = host.nulls
+    if nulls is None or not nulls.any():
+        return host.data
+    if fill is None:
+        count = int(nulls.sum())
+        leaf = leaf_type(t)
+        star = (" (or {'*': <value>} for every numeric column)"
+                if pa.types.is_integer(leaf) or pa.types.is_floating(leaf) else "")
+        raise ConversionError(
+            f"column {name!r} ({t}) has {count} null value(s) in this batch, and {opts.output} arrays cannot "
+            f"hold a null; pass fill_null={{{name!r}: <value>}}{star}, or filter the rows out: "
+            f".filter(\"{name} IS NOT NULL\")", column=name)
+    value = host_scalar(name, fill, leaf_type(t), "fill_null")
+    data = host.data
+    if not (host.owned and data.flags.writeable):
+        data = _aligned_copy(data)  # the one copy: never write into the batch's own buffers
+    data[nulls] = value
+    return data
+
+
+def arrow_scalar(name: str, value: Any, t: pa.DataType, what: str) -> pa.Scalar:
+    """``value`` as an Arrow scalar of type ``t``, refusing lossy casts (1.5 -> int, 300 -> int8)."""
+    try:
+        scalar = pa.scalar(value)
+        if scalar.type != t:
+            try:
+                scalar = scalar.cast(t)  # safe cast: truncation and overflow raise
+            except pa.ArrowNotImplementedError:
+                scalar = pa.scalar(value, type=t)
+        return scalar
+    except _ARROW_ERRORS as exc:
+        raise ConversionError(f"{what} value {value!r} for column {name!r} does not fit its type {t}: {exc}",
+                              column=name) from exc
+
+
+def host_scalar(name: str, value: Any, t: pa.DataType, what: str) -> Any:
+    """``value`` as the numpy scalar that a column of leaf type ``t`` holds."""
+    scalar = arrow_scalar(name, value, t, what)
+    try:
+        one = pa.array([scalar.as_py()], type=t)
+    except _ARROW_ERRORS as exc:
+        raise ConversionError(f"{what} value {value!r} for column {name!r} does not fit its type {t}: {exc}",
+                              column=name) from exc
+    return _host(name, one, ConvertOptions(), None, nested=True).data[0]

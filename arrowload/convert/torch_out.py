@@ -1,0 +1,80 @@
+"""Host arrays -> torch tensors, through DLPack; torch is imported only here, on first use.
+
+``torch.from_dlpack`` of a numpy array shares its memory, read-only arrays included
+(numpy exports a versioned DLPack capsule that torch accepts), without the
+"non-writable array" warning that ``torch.from_numpy`` gives. With ``device=None`` or
+``"cpu"`` no ``torch.cuda`` function is called.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConversionError, DeviceUnavailableError, MissingDependencyError
+
+_torch = None
+
+
+def import_torch():
+    """``torch``, imported on first use, or an error saying how to install it."""
+    global _torch
+    if _torch is None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise MissingDependencyError("output='torch' needs PyTorch: pip install 'arrowload[torch]' "
+                                         "(or install torch for your platform from pytorch.org)") from exc
+        _torch = torch
+    return _torch
+
+
+def target_device(device: Any):
+    """The ``torch.device`` to move tensors to, or ``None`` to leave them where they are (host memory)."""
+    if device is None:
+        return None
+    torch = import_torch()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as exc:
+        raise ConversionError(f"device={device!r} is not a torch device ('cpu', 'cuda', 'cuda:1', ...): "
+                              f"{exc}") from exc
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceUnavailableError(
+            f"device={device!r} asks for CUDA, but torch.cuda.is_available() is False in this process "
+            f"(torch {torch.__version__}); install a CUDA build of torch, check CUDA_VISIBLE_DEVICES, "
+            "or pass device=None to keep batches in host memory")
+    backend = getattr(torch.backends, dev.type, None) if dev.type != "cuda" else None
+    if backend is not None and hasattr(backend, "is_available") and not backend.is_available():
+        raise DeviceUnavailableError(f"device={device!r} is not available in this process "
+                                     f"(torch.backends.{dev.type}.is_available() is False)")
+    return dev
+
+
+def convert(host: dict[str, np.ndarray | list], dev: Any) -> dict[str, Any]:
+    """Each numpy array as a tensor sharing its memory, moved to ``dev`` (``target_device``'s answer) if not
+    ``None``; lists unchanged."""
+    torch = import_torch()
+    out: dict[str, Any] = {}
+    for name, value in host.items():
+        if not isinstance(value, np.ndarray):
+            out[name] = value
+            continue
+        if value.dtype.kind in "mM":  # datetime64 / timedelta64: int64 counts in the same unit
+            value = value.view(np.int64)
+        try:
+            tensor = torch.from_dlpack(value)
+        except (BufferError, RuntimeError, TypeError) as exc:
+            raise ConversionError(f"column {name!r}: torch {torch.__version__} has no tensor for numpy dtype "
+                                  f"{value.dtype} ({exc}); cast the column in the plan (e.g. to int64)",
+                                  column=name) from exc
+        if dev is not None:
+            try:
+                tensor = tensor.to(dev)
+            except RuntimeError as exc:
+                raise DeviceUnavailableError(f"cannot move column {name!r} to {dev}: {exc}") from exc
+        out[name] = tensor
+    return out
