@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from . import progress as _progress
 from .errors import ColumnNotFoundError
 from .options import OptimizerOptions, Options, ScanOptions
 from .optimize import optimize, optimize_steps
@@ -120,7 +121,7 @@ class Dataset:
                transform: Callable[[pa.RecordBatch], Any] | None = None,
                pad_lists: bool | tuple[str, ...] = False, pad_value: Any = 0,
                fill_null: dict | None = None, cache_dir: str | None = None,
-               memory_budget: int | None = None):
+               memory_budget: int | None = None, stack: dict | None = None):
         """Batches of exactly ``batch_size`` rows for training, as a :class:`Loader`.
 
         ``shuffle``: False (source order), ``"global"`` (a uniform pseudorandom permutation of
@@ -142,7 +143,8 @@ class Dataset:
                              rank=rank, world_size=world_size, output=output, device=device,
                              prefetch=prefetch, io_threads=io_threads, shuffle_window=shuffle_window,
                              transform=transform, pad_lists=pad_lists, pad_value=pad_value,
-                             fill_null=fill_null, cache_dir=cache_dir, memory_budget=memory_budget)
+                             fill_null=fill_null, cache_dir=cache_dir, memory_budget=memory_budget,
+                             stack=stack)
         return Loader(self, opts)
 
     # -- planning ---------------------------------------------------------
@@ -195,8 +197,13 @@ class Dataset:
         return execute.to_table(optimize(Limit(self._plan, n), self._options.optimizer), self._options)
 
     def to_arrow(self) -> pa.Table:
-        """The whole selection as a ``pyarrow.Table`` (multi-threaded scan)."""
-        return execute.to_table(self.optimized_plan(), self._options)
+        """The whole selection as a ``pyarrow.Table`` (multi-threaded scan; with a progress
+        bar where ``al.set_progress`` allows one)."""
+        plan = self.optimized_plan()
+        if _progress.active():
+            return _progress.collect(execute.iter_batches(plan, self._options), plan.schema,
+                                     total=_progress.expected_rows(plan), desc="to_arrow")
+        return execute.to_table(plan, self._options)
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         """Stream the selection as ``pyarrow.RecordBatch`` es, in source order; memory stays
@@ -210,16 +217,24 @@ class Dataset:
     def to_pandas(self):
         return self.to_arrow().to_pandas()
 
+    def describe(self, columns: list[str] | str | None = None, *, exact: bool = False):
+        """Per-column statistics as a ``polars.DataFrame`` (one row per column: type, rows,
+        null_count, min, max, approx_distinct, compressed / uncompressed bytes, source).
+        From Parquet footers by default (no data page is read; the ``source`` column says
+        when values bound a filtered selection); ``exact=True`` scans the selection once.
+        See :func:`arrowload.describe.describe`."""
+        from .describe import describe
+        return describe(self, columns, exact=exact)
+
     def __repr__(self) -> str:
-        plan = self._plan
-        src = scans(plan)
-        where = ", ".join(f"{s.source.kind}: {s.source.display}" for s in src)
-        try:
-            cols = ", ".join(f"{f.name}: {f.type}" for f in self.schema)
-        except Exception as e:  # noqa: BLE001 - a repr must not raise
-            cols = f"<schema unavailable: {e}>"
-        return f"arrowload.Dataset({where})\n  columns: {cols}\n  plan: " + \
-            "\n        ".join(_explain.render_tree(plan))
+        """Schema, sources (files / row groups / rows / bytes), what the plan pushes into
+        the scan, and the plan; from footers only, never raises."""
+        from .display import dataset_text
+        return dataset_text(self)
+
+    def _repr_html_(self) -> str:
+        from .display import dataset_html
+        return dataset_html(self)
 
 
 def sql(query: str, **tables: Any) -> Dataset:

@@ -67,7 +67,7 @@ from ..errors import ConversionError, UnsupportedError
 from .host import arrow_scalar, leaf_type, to_host
 from .options import ALL_NUMERIC, OUTPUTS, ConvertOptions
 
-__all__ = ["ALL_NUMERIC", "OUTPUTS", "ConvertOptions", "convert_batch"]
+__all__ = ["ALL_NUMERIC", "OUTPUTS", "ConvertOptions", "convert_batch", "convert_host"]
 
 
 def convert_batch(batch: pa.RecordBatch | pa.Table, options: ConvertOptions | None = None) -> Any:
@@ -80,18 +80,29 @@ def convert_batch(batch: pa.RecordBatch | pa.Table, options: ConvertOptions | No
     opts = options if options is not None else ConvertOptions()
     if opts.output == "arrow":
         return _arrow(batch, opts)
-    if opts.output == "numpy":
-        host = to_host(batch, opts)
-        for value in host.values():
-            if isinstance(value, np.ndarray):
-                value.flags.writeable = False
-        return host
+    if opts.output != "numpy":
+        _backend(opts)  # first: a missing device fails before any work
+    return convert_host(to_host(batch, opts), opts)
+
+
+def _backend(opts: ConvertOptions):
     if opts.output == "torch":
         from . import torch_out as backend
     else:
         from . import jax_out as backend
-    device = backend.target_device(opts.device)  # first: a missing device fails before any work
-    return backend.convert(to_host(batch, opts), device)
+    return backend, backend.target_device(opts.device)
+
+
+def convert_host(host: dict, opts: ConvertOptions) -> dict:
+    """Finish host arrays (from ``to_host`` or a collation step) as ``opts.output`` asks:
+    read-only numpy arrays, or torch / jax arrays sharing their memory."""
+    if opts.output == "numpy":
+        for value in host.values():
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        return host
+    backend, device = _backend(opts)
+    return backend.convert(host, device)
 
 
 def _arrow(batch: pa.RecordBatch | pa.Table, opts: ConvertOptions) -> pa.RecordBatch | pa.Table:

@@ -29,6 +29,7 @@ from ..errors import ArrowloadError, StateMismatchError
 from ..order import EpochOrder, num_batches, rank_range
 from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans
 from .budget import ByteBudget
+from .collate import BufferPool, resolve_stack, stack_batch
 from .rowsource import (ScanRowSource, TableRowSource, _walk, default_cache_dir, materialize,
                         plan_key)
 
@@ -58,6 +59,7 @@ class LoaderOptions:
     fill_null: Mapping[str, Any] | None = None
     cache_dir: str | None = None
     memory_budget: int | None = None
+    stack: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -177,6 +179,8 @@ class Loader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._stats = LoaderStats()
+        self._pool = BufferPool()
+        self._stack_spec = None
 
     # -- random-access layer -------------------------------------------------
     def _needs_table(self) -> bool:
@@ -295,6 +299,20 @@ class Loader:
         self._position += rows
         self._batches_done += 1
 
+    def _collate(self, batch: pa.RecordBatch):
+        """Convert one batch; with ``stack=``, the stacked columns are written once into
+        pooled buffers (see ``collate``)."""
+        from ..convert import convert_batch, convert_host
+        if not self.options.stack:
+            return convert_batch(batch, self._convert)
+        spec = self._stack_spec
+        if spec is None or not spec.stacked <= set(batch.schema.names):
+            spec = self._stack_spec = resolve_stack(self.options.stack, batch.schema)
+        host = stack_batch(batch, spec, self._pool, self._convert)
+        if self.options.output == "arrow":
+            return _host_to_arrow(host)
+        return convert_host(host, self._convert)
+
     # -- state -------------------------------------------------------------------
     def _identity(self) -> dict:
         return {
@@ -364,9 +382,30 @@ class Loader:
         ])
 
     def __repr__(self) -> str:
-        return (f"arrowload.Loader(batch_size={self.options.batch_size}, shuffle={self.shuffle_kind!r}, "
-                f"rank={self.rank}/{self.world_size}, rows={self.num_rows}, batches={len(self)}, "
-                f"output={self.options.output!r}, source={self.source_kind})")
+        from ..display import loader_text
+        return loader_text(self, (
+            f"arrowload.Loader(batch_size={self.options.batch_size}, shuffle={self.shuffle_kind!r}, "
+            f"rank={self.rank}/{self.world_size}, rows={self.num_rows}, batches={len(self)}, "
+            f"output={self.options.output!r}, source={self.source_kind})"))
+
+    def _repr_html_(self) -> str:
+        from ..display import loader_html
+        return loader_html(self)
+
+    def profile(self, n_batches: int | None = None):
+        """Run ``n_batches`` batches (default: the whole epoch) into an infinitely fast
+        consumer and return a :class:`~arrowload.pipeline.profile.Profile`: seconds per stage
+        (read, collate, transform, convert, consumer wait), rows/s over time, the bottleneck,
+        and ``.plot()`` (matplotlib). The loader's position is the same afterwards."""
+        from .profile import profile
+        return profile(self, n_batches)
+
+    def progress(self, desc: str | None = None, *, enabled: bool | None = None):
+        """Iterate this epoch under a progress bar (tqdm; shown where ``al.set_progress``
+        allows, or always with ``enabled=True``): ``for batch in loader.progress(): ...``.
+        The batches and the resume state are exactly those of ``iter(loader)``."""
+        from ..progress import track_loader
+        return track_loader(self, desc, enabled=enabled)
 
     # -- lifecycle -----------------------------------------------------------------
     def close(self) -> None:
@@ -446,7 +485,8 @@ class _Pipeline:
         loader = self.loader
         bsize = loader.options.batch_size
         tasks = loader._tasks(self.order, self.ranges)
-        cache = _SharedCache(loader.options.io_threads + 1)
+        # Units are shared between tasks only when ranges are cut per batch (DataLoader workers).
+        cache = _SharedCache(loader.options.io_threads + 1 if len(self.ranges) > 1 else 0)
         inflight: deque[tuple[Future, _Task]] = deque()
         max_inflight = loader.options.io_threads * 2
         pending: deque[pa.RecordBatch] = deque()
@@ -478,20 +518,23 @@ class _Pipeline:
                     pending.append(b)
                     pending_rows += b.num_rows
             del table
+            # The task's rows now live in the batches emitted below (zero-copy slices), each
+            # counted when emitted; release its reservation first so that emitting never
+            # waits on bytes only this thread could free (a task larger than the budget).
+            self.budget.release(task.est_bytes)
+            reserved = sum(t.est_bytes for _, t in inflight)
             while pending_rows >= bsize:
                 batch = _take_rows(pending, bsize)
                 pending_rows -= bsize
                 self.stats.collate_s += time.perf_counter() - t0
-                if not self._emit(batch):
+                if not self._emit(batch, reserved):
                     return
                 t0 = time.perf_counter()
             self.stats.collate_s += time.perf_counter() - t0
-            self.budget.release(task.est_bytes)
         if pending_rows and not self.stop.is_set():
             self._emit(_take_rows(pending, pending_rows))
 
-    def _emit(self, batch: pa.RecordBatch) -> bool:
-        from ..convert import convert_batch
+    def _emit(self, batch: pa.RecordBatch, reserved: int = 0) -> bool:
         loader = self.loader
         fn = loader.options.transform
         if fn is not None:
@@ -499,10 +542,12 @@ class _Pipeline:
             batch = _as_batch(fn(batch), "transform")
             self.stats.transform_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        out = convert_batch(batch, loader._convert)
+        out = loader._collate(batch)
         self.stats.convert_s += time.perf_counter() - t0
         nbytes = batch.nbytes
-        if not self.budget.acquire(nbytes):
+        # Wait only while the consumer holds batches (it will release them), never on the
+        # reads this thread has in flight.
+        if not self.budget.acquire(nbytes, own=reserved):
             return False
         self.out.put((out, batch.num_rows, nbytes))
         return True
@@ -544,6 +589,19 @@ class _Pipeline:
                 break
 
 
+def _host_to_arrow(host: dict) -> pa.RecordBatch:
+    arrays, names = [], []
+    for name, value in host.items():
+        if isinstance(value, np.ndarray) and value.ndim == 2:
+            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(value.reshape(-1)), value.shape[1]))
+        elif isinstance(value, np.ndarray):
+            arrays.append(pa.array(value))
+        else:
+            arrays.append(pa.array(value))
+        names.append(name)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
 def _as_batch(out, what: str) -> pa.RecordBatch:
     if isinstance(out, pa.RecordBatch):
         return out
@@ -581,6 +639,8 @@ class _SharedCache:
         self._items: dict = {}
 
     def get(self, key, load: Callable[[], Any]):
+        if self.capacity == 0:
+            return load()
         with self._lock:
             fut = self._items.get(key)
             owner = fut is None
