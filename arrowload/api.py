@@ -121,7 +121,8 @@ class Dataset:
                transform: Callable[[pa.RecordBatch], Any] | None = None,
                pad_lists: bool | tuple[str, ...] = False, pad_value: Any = 0,
                fill_null: dict | None = None, cache_dir: str | None = None,
-               memory_budget: int | None = None, stack: dict | None = None):
+               memory_budget: int | None = None, stack: dict | None = None,
+               devices: list | None = None, sharding: Any = None):
         """Batches of exactly ``batch_size`` rows for training, as a :class:`Loader`.
 
         ``shuffle``: False (source order), ``"global"`` (a uniform pseudorandom permutation of
@@ -144,7 +145,8 @@ class Dataset:
                              prefetch=prefetch, io_threads=io_threads, shuffle_window=shuffle_window,
                              transform=transform, pad_lists=pad_lists, pad_value=pad_value,
                              fill_null=fill_null, cache_dir=cache_dir, memory_budget=memory_budget,
-                             stack=stack)
+                             stack=stack, devices=tuple(devices) if devices else None,
+                             sharding=sharding)
         return Loader(self, opts)
 
     # -- planning ---------------------------------------------------------

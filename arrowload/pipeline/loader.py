@@ -30,6 +30,7 @@ from ..order import EpochOrder, num_batches, rank_range
 from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans
 from .budget import ByteBudget
 from .collate import BufferPool, resolve_stack, stack_batch
+from .device import DeviceBatch, TorchDeviceStage, jax_place, wants_cuda
 from .rowsource import (ScanRowSource, TableRowSource, _walk, default_cache_dir, materialize,
                         plan_key)
 
@@ -60,6 +61,8 @@ class LoaderOptions:
     cache_dir: str | None = None
     memory_budget: int | None = None
     stack: Mapping[str, Any] | None = None
+    devices: tuple | None = None
+    sharding: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -165,9 +168,19 @@ class Loader:
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world}")
         self.rank, self.world_size = int(rank), int(world)
+        # CUDA copies go through the pinned, stream-ordered device stage, not convert's .to()
+        self._device_stage = None
+        if wants_cuda(options.output, options.device, options.devices):
+            self._device_stage = TorchDeviceStage(list(options.devices or [options.device]))
+        elif options.devices:
+            raise ValueError("devices= splits batches across CUDA devices (output='torch'); for jax, "
+                             "pass sharding=jax.sharding.NamedSharding(...)")
+        if options.sharding is not None and options.output != "jax":
+            raise ValueError("sharding= places jax arrays; it needs output='jax'")
         self._convert = ConvertOptions(output=options.output, pad_lists=options.pad_lists,
                                        pad_value=options.pad_value, fill_null=options.fill_null,
-                                       device=options.device)
+                                       device=None if self._device_stage or options.sharding is not None
+                                       else options.device)
         self._cache_dir = options.cache_dir or default_cache_dir()
         self._plan = dataset.optimized_plan()
         self._logical_key = plan_key(dataset.plan)
@@ -301,17 +314,27 @@ class Loader:
 
     def _collate(self, batch: pa.RecordBatch):
         """Convert one batch; with ``stack=``, the stacked columns are written once into
-        pooled buffers (see ``collate``)."""
-        from ..convert import convert_batch, convert_host
-        if not self.options.stack:
+        pooled buffers (see ``collate``); with a CUDA device, copies start here (see ``device``)."""
+        from ..convert import convert_host
+        from ..convert.host import to_host
+        if self.options.output == "arrow" and not self.options.stack:
+            from ..convert import convert_batch
             return convert_batch(batch, self._convert)
-        spec = self._stack_spec
-        if spec is None or not spec.stacked <= set(batch.schema.names):
-            spec = self._stack_spec = resolve_stack(self.options.stack, batch.schema)
-        host = stack_batch(batch, spec, self._pool, self._convert)
+        if self.options.stack:
+            spec = self._stack_spec
+            if spec is None or not spec.stacked <= set(batch.schema.names):
+                spec = self._stack_spec = resolve_stack(self.options.stack, batch.schema)
+            host = stack_batch(batch, spec, self._pool, self._convert)
+        else:
+            host = to_host(batch, self._convert)
         if self.options.output == "arrow":
             return _host_to_arrow(host)
-        return convert_host(host, self._convert)
+        if self._device_stage is not None:
+            return self._device_stage.to_device(host)
+        out = convert_host(host, self._convert)
+        if self.options.sharding is not None:
+            out = jax_place(out, self.options.sharding)
+        return out
 
     # -- state -------------------------------------------------------------------
     def _identity(self) -> dict:
@@ -675,6 +698,8 @@ class _EpochIterator:
 
     def __next__(self):
         out, rows = self._pipeline.next()
+        if isinstance(out, DeviceBatch):
+            out = out.stage.ready(out)
         if self._track:
             self._loader._advance(rows)
         return out

@@ -1,0 +1,130 @@
+"""The Load stage: batches arrive on the accelerator before the training step asks.
+
+torch (``output="torch", device="cuda[:i]"``): each host array is copied once into a
+pinned (page-locked) staging buffer taken from a small pool, then copied to the device
+with ``non_blocking=True`` on a dedicated CUDA stream, and an event is recorded. The
+consumer's current stream waits on that event and each tensor is ``record_stream``-ed on
+it, so the tensors are safe to use there while the copy of the next batch overlaps the
+step on this one. A staging buffer is reused only after its copy's event completed.
+With ``devices=[...]`` each batch is split into contiguous row slices (views, no host
+copy), one per device.
+
+jax (``output="jax"`` with ``device=`` or ``sharding=``): ``jax.device_put`` is
+asynchronous; the producer thread issues it as soon as a batch is collated, so the
+batches waiting in the prefetch queue are already on (or on their way to) the devices.
+A ``jax.sharding.Sharding`` places a global batch across local devices.
+
+Nothing here runs unless a CUDA device / jax placement is asked for: ``device=None`` or
+``"cpu"`` never touches ``torch.cuda``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class DeviceBatch:
+    """Tensors being copied to the device(s), with the event that marks the copy done."""
+
+    parts: list[dict]          # one dict per device
+    events: list[Any]
+    stage: "TorchDeviceStage"
+
+
+class TorchDeviceStage:
+    """Pinned staging + asynchronous host-to-device copies on a dedicated stream."""
+
+    def __init__(self, devices: list[Any], pool_capacity: int = 6) -> None:
+        from ..convert.torch_out import import_torch, target_device
+        torch = self.torch = import_torch()
+        self.devices = [target_device(d) for d in devices]  # raises clearly without CUDA
+        if any(d is None or d.type != "cuda" for d in self.devices):
+            raise ValueError("TorchDeviceStage is for CUDA devices")
+        self.streams = [torch.cuda.Stream(device=d) for d in self.devices]
+        self._lock = threading.Lock()
+        self._pinned: dict[tuple, list[list]] = {}  # key -> [[tensor, event | None], ...]
+        self.capacity = pool_capacity
+
+    def _staging(self, shape: tuple[int, ...], dtype: np.dtype):
+        torch = self.torch
+        key = (shape, np.dtype(dtype).str)
+        with self._lock:
+            slots = self._pinned.setdefault(key, [])
+            for slot in slots:
+                tensor, event = slot
+                if event is None or event.query():
+                    slot[1] = None
+                    return slot
+            tensor = torch.from_numpy(np.empty(shape, dtype=dtype)).pin_memory()
+            slot = [tensor, None]
+            if len(slots) < self.capacity:
+                slots.append(slot)
+            return slot
+
+    def to_device(self, host: dict) -> DeviceBatch:
+        """Start copying ``host`` (numpy arrays / lists) to the device(s); returns at once."""
+        torch = self.torch
+        n = next((len(v) for v in host.values()), 0)
+        k = len(self.devices)
+        bounds = [(i * n) // k for i in range(k + 1)]
+        parts, events = [], []
+        for i, (dev, stream) in enumerate(zip(self.devices, self.streams)):
+            lo, hi = bounds[i], bounds[i + 1]
+            used = []
+            out = {}
+            with torch.cuda.stream(stream):
+                for name, value in host.items():
+                    if not isinstance(value, np.ndarray):
+                        out[name] = value[lo:hi]
+                        continue
+                    arr = value[lo:hi]
+                    if arr.dtype.kind in "mM":
+                        arr = arr.view(np.int64)
+                    slot = self._staging(arr.shape, arr.dtype)
+                    np.copyto(slot[0].numpy(), arr)  # the one host copy, into pinned memory
+                    out[name] = slot[0].to(dev, non_blocking=True)
+                    used.append(slot)
+                event = torch.cuda.Event()
+                event.record(stream)
+            for slot in used:
+                slot[1] = event  # reusable once this copy has finished
+            parts.append(out)
+            events.append(event)
+        return DeviceBatch(parts, events, self)
+
+    def ready(self, batch: DeviceBatch):
+        """On the consumer's thread: make its current stream wait for the copies and mark
+        the tensors as used there. One dict, or a list of dicts with several devices."""
+        torch = self.torch
+        for dev, part, event in zip(self.devices, batch.parts, batch.events):
+            current = torch.cuda.current_stream(dev)
+            current.wait_event(event)
+            for value in part.values():
+                if isinstance(value, torch.Tensor):
+                    value.record_stream(current)
+        return batch.parts[0] if len(batch.parts) == 1 else batch.parts
+
+
+def wants_cuda(output: str, device: Any, devices: Any) -> bool:
+    """True only when the user asked for CUDA; never imports torch otherwise."""
+    if output != "torch":
+        return False
+    targets = list(devices) if devices else ([device] if device is not None else [])
+    for d in targets:
+        text = str(d)
+        if text.startswith("cuda") or getattr(d, "type", None) == "cuda":
+            return True
+    return False
+
+
+def jax_place(host_converted: dict, placement: Any) -> dict:
+    """``jax.device_put`` every array (async); placement is a device or a Sharding."""
+    from ..convert.jax_out import import_jax
+    jax = import_jax()
+    return {k: (jax.device_put(v, placement) if hasattr(v, "shape") and not isinstance(v, list) else v)
+            for k, v in host_converted.items()}
