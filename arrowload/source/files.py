@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
@@ -79,7 +79,10 @@ def _file_format(fmt: str) -> ds.FileFormat:
     if fmt == "ipc":
         return ds.IpcFileFormat()
     if fmt == "csv":
-        return ds.CsvFileFormat()
+        # An empty field is NULL in a string column too, as DuckDB reads it (and as
+        # pyarrow.csv.write_csv writes a null); pyarrow's default would read "" there.
+        import pyarrow.csv as pacsv
+        return ds.CsvFileFormat(convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
     if fmt == "json":
         return ds.JsonFileFormat()
     raise AssertionError(fmt)
@@ -87,6 +90,59 @@ def _file_format(fmt: str) -> ds.FileFormat:
 
 def _top_level(path_in_schema: str) -> str:
     return path_in_schema.split(".", 1)[0]
+
+
+class _ColumnSizes:
+    """Compressed bytes per top-level column and row group of one Parquet file, read from
+    its footer on first use (only ``explain()``, splits and the loader's budget need them)."""
+
+    def __init__(self, meta) -> None:
+        self._meta = meta
+        self._lock = threading.Lock()
+        self._table: list[dict[str, int]] | None = None
+
+    def table(self) -> list[dict[str, int]]:
+        if self._table is None:
+            with self._lock:
+                if self._table is None:
+                    meta = self._meta
+                    names = [_top_level(meta.schema.column(c).path) for c in range(meta.num_columns)]
+                    rows = []
+                    for rg in range(meta.num_row_groups):
+                        rgm = meta.row_group(rg)
+                        sizes: dict[str, int] = {}
+                        for c, key in enumerate(names):
+                            sizes[key] = sizes.get(key, 0) + rgm.column(c).total_compressed_size
+                        rows.append(sizes)
+                    self._table = rows
+        return self._table
+
+    def of(self, rg: int) -> "_LazySizes":
+        return _LazySizes(self, rg)
+
+
+class _LazySizes(Mapping):
+    """One row group's column sizes, computed with the whole file's on first access."""
+
+    __slots__ = ("_sizes", "_rg")
+
+    def __init__(self, sizes: _ColumnSizes, rg: int) -> None:
+        self._sizes, self._rg = sizes, rg
+
+    def _d(self) -> dict[str, int]:
+        return self._sizes.table()[self._rg]
+
+    def __getitem__(self, key):
+        return self._d()[key]
+
+    def __iter__(self):
+        return iter(self._d())
+
+    def __len__(self) -> int:
+        return len(self._d())
+
+    def __contains__(self, key) -> bool:
+        return key in self._d()
 
 
 class FileSource(Source):
@@ -103,6 +159,14 @@ class FileSource(Source):
         self.entries = tuple(sorted(entries, key=lambda e: e.path))
         self.kind = fmt
         self.format = _file_format(fmt)
+        if fmt == "json":
+            # pyarrow's JSON dataset reader (26) can deadlock when files of several blocks
+            # are read concurrently and no CPU thread is spare; one block per file avoids it
+            # (and the schema is inferred from the whole file, not from its first MiB).
+            import pyarrow.json as pajson
+            biggest = max((e.size or 0 for e in self.entries), default=0)
+            self.format = ds.JsonFileFormat(read_options=pajson.ReadOptions(
+                block_size=min(max(biggest + 1, 1 << 20), (1 << 31) - 1)))
         self._display = display
         self._scan = scan_options or ScanOptions()
         self._lock = threading.Lock()
@@ -169,7 +233,10 @@ class FileSource(Source):
             if self._facts is not None:
                 return self._facts
             n = len(self.entries)
-            workers = max(1, min(self._scan.io_threads, n))
+            # Remote stores profit from many footers in flight; on local disk a thread per
+            # core is enough (thread start-up would cost more than it saves).
+            limit = self._scan.io_threads if not self.is_local else (os.cpu_count() or 1)
+            workers = max(1, min(limit, n, self._scan.io_threads))
             if workers == 1:
                 fetched = [self._fetch(i) for i in range(n)]
             else:
@@ -189,16 +256,9 @@ class FileSource(Source):
     def _units_of(self, i: int, meta, start: int) -> list[Unit]:
         path, part = self.entries[i].path, self._partition_values[i]
         if self.kind == "parquet":
-            out = []
-            for rg in range(meta.num_row_groups):
-                rgm = meta.row_group(rg)
-                sizes: dict[str, int] = {}
-                for c in range(rgm.num_columns):
-                    col = rgm.column(c)
-                    key = _top_level(col.path_in_schema)
-                    sizes[key] = sizes.get(key, 0) + col.total_compressed_size
-                out.append(Unit(start + len(out), i, path, rg, rgm.num_rows, sizes, part))
-            return out
+            sizes = _ColumnSizes(meta)
+            return [Unit(start + rg, i, path, rg, meta.row_group(rg).num_rows, sizes.of(rg), part)
+                    for rg in range(meta.num_row_groups)]
         size = self.entries[i].size
         rows = meta if self.kind == "ipc" else None
         return [Unit(start, i, path, None, rows, {"*": size} if size is not None else None, part)]
@@ -213,6 +273,13 @@ class FileSource(Source):
     @property
     def num_files(self) -> int:
         return len(self.entries)
+
+    def file_metadata(self, i: int):
+        """The Parquet ``FileMetaData`` of file ``i`` (statistics per row group and column
+        chunk), from the footer already fetched: no I/O. None for other formats."""
+        if self.kind != "parquet":
+            return None
+        return self._ensure()[0][i].metadata
 
     def dataset(self, units: Sequence[int] | None) -> ds.FileSystemDataset:
         fragments, schema, all_units = self._ensure()

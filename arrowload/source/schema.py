@@ -71,6 +71,8 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
     :func:`merge_types`; anything else raises :class:`SchemaMismatchError` naming the
     column and the two files that disagree.
     """
+    if schemas and all(s.equals(schemas[0][1]) for _, s in schemas[1:]):
+        return pa.schema([f.remove_metadata() for f in schemas[0][1]])  # the common case
     fields: dict[str, pa.Field] = {}
     origin: dict[str, str] = {}
     for path, schema in schemas:
