@@ -14,10 +14,12 @@ from .errors import (
     ExpressionError,
     PathNotFoundError,
     SchemaMismatchError,
+    StateMismatchError,
     TableNotFoundError,
     UnsupportedError,
 )
 from .options import OptimizerOptions, Options, ScanOptions
+from .progress import progress_enabled, set_progress
 from .scan.splits import Split
 
 __version__ = "0.1.0.dev0"
@@ -33,9 +35,12 @@ __all__ = sorted([
     "PathNotFoundError",
     "ScanOptions",
     "SchemaMismatchError",
+    "StateMismatchError",
     "TableNotFoundError",
     "Split",
     "UnsupportedError",
     "dataset",
+    "progress_enabled",
+    "set_progress",
     "sql",
 ])

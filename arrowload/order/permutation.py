@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-_ROUNDS = 4
+# 8 rounds: with 4, the permutation is measurably non-uniform on small domains (a few
+# units in a block shuffle), e.g. some orders of 4 items twice as likely as others.
+_ROUNDS = 8
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -17,9 +17,11 @@ class ByteBudget:
         self._cond = threading.Condition()
         self._stop = stop
 
-    def acquire(self, n: int, block: bool = True) -> bool:
+    def acquire(self, n: int, block: bool = True, own: int = 0) -> bool:
+        """``own``: bytes the caller itself holds and cannot release while it waits; they
+        never make it wait (only others' bytes do), so the caller cannot deadlock itself."""
         with self._cond:
-            while self.used and self.used + n > self.limit:
+            while self.used > own and self.used + n > self.limit:
                 if not block or self._stop.is_set():
                     return False
                 self._cond.wait(0.05)

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pyarrow as pa
 
+from .. import progress as _progress
 from ..errors import ArrowloadError, SnapshotChangedError
 from ..options import Options
 from ..optimize import optimize
@@ -110,7 +111,8 @@ class ScanRowSource:
                 with open(path) as f:
                     doc = json.load(f)
                 if doc.get("format") == SELECTION_FORMAT and doc.get("version") == FORMAT_VERSION \
-                        and doc.get("snapshot") == self.snapshot and doc.get("units") == list(self.units):
+                        and doc.get("snapshot") == self.snapshot and doc.get("units") == list(self.units) \
+                        and _valid_counts(doc.get("counts"), len(self.units)):
                     return tuple(doc["counts"])
             except (OSError, ValueError, KeyError):
                 pass  # a damaged cache is rebuilt, never trusted
@@ -124,10 +126,11 @@ class ScanRowSource:
     def _count_units(self, count_plan: Plan) -> tuple[int, ...]:
         def one(u: int) -> int:
             return execute.count_rows(restrict(count_plan, (u,)), self.options)
+        desc, n = "counting the selected rows", len(self.units)
         if len(self.units) <= 1 or self.io_threads <= 1:
-            return tuple(one(u) for u in self.units)
+            return tuple(_progress.track((one(u) for u in self.units), n, desc, "unit"))
         with ThreadPoolExecutor(self.io_threads, thread_name_prefix="arrowload-count") as pool:
-            return tuple(pool.map(one, self.units))
+            return tuple(_progress.track(pool.map(one, self.units), n, desc, "unit"))
 
     # -- reading ---------------------------------------------------------------
     def est_bytes(self, i: int) -> int:
@@ -219,7 +222,8 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     tmp_path = None
     schema = plan.schema
     try:
-        for batch in execute.iter_batches(plan, options):
+        for batch in _progress.track(execute.iter_batches(plan, options), _progress.expected_rows(plan),
+                                     "building the random-access table", "rows", size=len):
             if writer is None:
                 held.append(batch)
                 size += batch.nbytes
@@ -249,7 +253,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
                                             "snapshot": snapshot, "plan": what,
                                             "num_rows": writer.rows, "chunk_rows": UNIT_ROWS,
                                             "schema": schema.to_string(), "reusable": reuse})
-        opened = _open_cache(base, snapshot, what)
+        opened = _open_cache(base, snapshot, what, reuse=False)
         assert opened is not None
         return opened
     finally:
@@ -290,12 +294,15 @@ class _ChunkWriter:
         self.closed = True
 
 
-def _open_cache(base: str, snapshot: str, what: str) -> TableRowSource | None:
+def _open_cache(base: str, snapshot: str, what: str, reuse: bool = True) -> TableRowSource | None:
+    """The cache at ``base`` if it matches; ``reuse``: only if its manifest allows reuse (a
+    cache of an unnamed map renders like a named one but must never be reused)."""
     try:
         with open(base + ".json") as f:
             doc = json.load(f)
         if doc.get("format") != RA_FORMAT or doc.get("version") != FORMAT_VERSION or \
-                doc.get("snapshot") != snapshot or doc.get("plan") != what:
+                doc.get("snapshot") != snapshot or doc.get("plan") != what or \
+                (reuse and doc.get("reusable") is not True):
             return None
         source = pa.memory_map(base + ".arrow", "r")
         table = pa.ipc.open_file(source).read_all()
@@ -305,6 +312,12 @@ def _open_cache(base: str, snapshot: str, what: str) -> TableRowSource | None:
                               snapshot=snapshot)
     except (OSError, ValueError, KeyError, pa.ArrowInvalid):
         return None
+
+
+def _valid_counts(counts, n: int) -> bool:
+    """A selection index's counts: ``n`` non-negative integers (else the document is damaged)."""
+    return isinstance(counts, list) and len(counts) == n and \
+        all(type(c) is int and c >= 0 for c in counts)
 
 
 def _walk(plan: Plan):

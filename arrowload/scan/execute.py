@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from ..errors import ArrowloadError, CorruptFileError
+from ..errors import ArrowloadError, CorruptFileError, ExpressionError
 from ..options import Options
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
@@ -62,21 +62,41 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                 for _ in scanner(scan, Options(), units, streaming=True).to_batches():
                     pass
             except Exception as inner:  # noqa: BLE001
+                if _decodes_plainly(scan, units):
+                    return ExpressionError(f"evaluating the selection on {path!r} failed: {inner}; the "
+                                           "file itself reads fine: fix the filter / expression (e.g. "
+                                           "TRY_CAST instead of CAST)")
                 return CorruptFileError(f"cannot read {path!r}: {inner}; the file is truncated or "
                                         "corrupt; remove or rewrite it", path)
     return ArrowloadError(f"scanning {src.display} failed: {exc}")
 
 
+def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
+    """True when the units' columns decode without the plan's filter and expressions: a
+    failure was then the expression's (a CAST that cannot convert ...), not the file's."""
+    if scan.projection is None and scan.predicate is None:
+        return False
+    try:
+        for _ in ds.Scanner.from_dataset(scan.source.dataset(units), columns=list(scan.read_columns),
+                                         batch_readahead=1, fragment_readahead=1).to_batches():
+            pass
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
 _READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError)
 
 
-def scan_batches(scan: Scan, options: Options) -> Iterator[pa.RecordBatch]:
-    """Batches of ``scan`` in source order; with a limit, stop reading once it is met."""
+def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> Iterator[pa.RecordBatch]:
+    """Batches of ``scan`` in source order; with a limit, stop reading once it is met.
+    ``under_limit``: a Limit above (past a residual filter or a map) may stop consuming
+    early, so read unit by unit rather than let the scanner read ahead."""
     remaining = scan.limit
     if remaining == 0:
         return
     try:
-        if remaining is not None and scan.predicate is not None:
+        if (remaining is not None and scan.predicate is not None) or under_limit:
             # Selective filter under a limit: read unit by unit and stop early.
             batches = (b for u in (scan.units if scan.units is not None else range(len(scan.source.units())))
                        for b in scanner(scan, options, (u,), streaming=True).to_batches())
@@ -129,21 +149,21 @@ def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema) -> pa.Reco
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def iter_batches(plan: Plan, options: Options) -> Iterator[pa.RecordBatch]:
+def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) -> Iterator[pa.RecordBatch]:
     """Stream the plan's output batches, in order."""
     if isinstance(plan, Scan):
-        yield from scan_batches(plan, options)
+        yield from scan_batches(plan, options, under_limit=_under_limit)
     elif isinstance(plan, Filter):
-        for b in iter_batches(plan.child, options):
+        for b in iter_batches(plan.child, options, _under_limit=_under_limit):
             out = plan.predicate.filter_batch(b)
             if out.num_rows:
                 yield out
     elif isinstance(plan, Project):
         schema = plan.schema
-        for b in iter_batches(plan.child, options):
+        for b in iter_batches(plan.child, options, _under_limit=_under_limit):
             yield _project(plan, b, schema)
     elif isinstance(plan, Map):
-        for b in iter_batches(plan.child, options):
+        for b in iter_batches(plan.child, options, _under_limit=_under_limit):
             yield apply_map(plan, b)
     elif isinstance(plan, SqlQuery):
         from ..sql.duck import stream
@@ -152,7 +172,7 @@ def iter_batches(plan: Plan, options: Options) -> Iterator[pa.RecordBatch]:
         remaining = plan.n
         if remaining == 0:
             return
-        for b in iter_batches(plan.child, options):
+        for b in iter_batches(plan.child, options, _under_limit=True):
             if b.num_rows >= remaining:
                 yield b.slice(0, remaining)
                 return
@@ -172,6 +192,25 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
                 raise
             raise _read_error(plan, exc) from exc
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
+
+
+def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr) -> int:
+    """``count_rows`` of Parquet fragments that may hold a subset of their file's row groups.
+
+    pyarrow (26) counts such a fragment as its whole file when the filter is decided true
+    by the partition values alone (``country = 'DE'`` on ``country=DE/``): its fast path
+    returns the file's row count. A fragment never holds more rows than its row groups,
+    and in that case holds exactly them, so the count is capped there.
+    """
+    total = 0
+    for frag in dataset.get_fragments():
+        one = ds.FileSystemDataset([frag], dataset.schema, dataset.format, dataset.filesystem)
+        n = one.count_rows(filter=expr)
+        groups = frag.row_groups
+        if groups is not None:
+            n = min(n, sum(g.num_rows for g in groups))
+        total += n
+    return total
 
 
 def count_rows(plan: Plan, options: Options) -> int:
@@ -197,8 +236,11 @@ def count_rows(plan: Plan, options: Options) -> int:
             src = node.source
             expr = node.predicate.to_arrow(src.schema, predicate=True) if node.predicate else None
             try:
-                total = src.dataset(node.units).count_rows(filter=expr) if expr is not None \
-                    else src.dataset(node.units).count_rows()
+                if expr is not None and node.units is not None and src.kind == "parquet":
+                    total = _count_row_group_subsets(src.dataset(node.units), expr)
+                else:
+                    total = src.dataset(node.units).count_rows(filter=expr) if expr is not None \
+                        else src.dataset(node.units).count_rows()
             except _READ_ERRORS as exc:
                 if isinstance(exc, FileNotFoundError):
                     raise

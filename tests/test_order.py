@@ -1,0 +1,271 @@
+"""Order is arithmetic: the shuffle, shard and resume functions of ``arrowload.order``.
+
+Properties are checked with hypothesis against plain Python / numpy truths (a sorted
+list is ``range(n)``, a window's rows are the rows of its units), and golden vectors pin
+the exact outputs so the order of an epoch never changes by accident: a change to any
+literal below changes every shuffled epoch every user has ever trained on, and must be a
+deliberate, announced decision (update the literals in the same commit).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from math import factorial
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arrowload.order import KINDS, EpochOrder, derive_key, num_batches, permute, rank_range
+
+keys = st.integers(min_value=0, max_value=2**64 - 1)
+sizes = st.integers(min_value=1, max_value=3000)
+counts_st = st.lists(st.integers(min_value=0, max_value=40), min_size=0, max_size=14).map(tuple)
+kinds = st.sampled_from(KINDS)
+
+
+# ---------------------------------------------------------------------------
+# golden vectors (generated once from the implementation, then frozen)
+
+GOLDEN_PERMUTE = {
+    0: [1, 5, 0, 3, 2, 6, 4, 8, 7, 9],
+    12345: [2, 6, 1, 3, 0, 8, 5, 9, 4, 7],
+}
+GOLDEN_COUNTS = (3, 0, 5, 2, 4)  # 14 rows in 5 units, one of them empty
+GOLDEN_ROWS = {  # EpochOrder(GOLDEN_COUNTS, kind, seed=7, epoch=1, window=2).rows(0, 14)
+    "none": list(range(14)),
+    "global": [13, 11, 12, 9, 7, 4, 5, 0, 1, 6, 3, 8, 10, 2],
+    "block": [4, 7, 9, 6, 5, 3, 8, 11, 10, 13, 12, 1, 2, 0],
+}
+GOLDEN_BLOCK_WINDOWS = [[3, 2], [1, 4], [0]]
+GOLDEN_KEYS = {(0,): 1927618558350093866, (1, 2): 7450458766295249246}
+
+
+@pytest.mark.parametrize("key", sorted(GOLDEN_PERMUTE))
+def test_permute_golden(key):
+    assert permute(np.arange(10), 10, key).tolist() == GOLDEN_PERMUTE[key]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_epoch_order_golden(kind):
+    order = EpochOrder(GOLDEN_COUNTS, kind, seed=7, epoch=1, window=2)
+    assert order.rows(0, 14).tolist() == GOLDEN_ROWS[kind]
+
+
+def test_block_windows_golden():
+    order = EpochOrder(GOLDEN_COUNTS, "block", seed=7, epoch=1, window=2)
+    assert [w.tolist() for w in order.windows] == GOLDEN_BLOCK_WINDOWS
+
+
+def test_derive_key_golden():
+    for parts, value in GOLDEN_KEYS.items():
+        assert derive_key(*parts) == value
+    assert derive_key(1, 2) != derive_key(2, 1)  # order-sensitive
+
+
+# ---------------------------------------------------------------------------
+# permute
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=sizes, key=keys)
+def test_permute_is_a_bijection(n, key):
+    out = permute(np.arange(n), n, key)
+    assert out.dtype == np.int64
+    assert sorted(out.tolist()) == list(range(n))
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=sizes, key=keys, data=st.data())
+def test_permute_slices_agree_with_the_whole(n, key, data):
+    whole = permute(np.arange(n), n, key)
+    a = data.draw(st.integers(0, n))
+    b = data.draw(st.integers(a, n))
+    assert permute(np.arange(a, b), n, key).tolist() == whole[a:b].tolist()
+    picks = data.draw(st.lists(st.integers(0, n - 1), max_size=30))
+    assert permute(np.array(picks, dtype=np.int64), n, key).tolist() == whole[picks].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(20, 3000), key=keys)
+def test_permute_depends_on_key_and_moves_rows(n, key):
+    p = permute(np.arange(n), n, key)
+    q = permute(np.arange(n), n, (key + 1) % 2**64)
+    assert p.tolist() != q.tolist()
+    assert p.tolist() != list(range(n))
+
+
+def test_permute_edges():
+    assert permute(np.arange(1), 1, 5).tolist() == [0]
+    assert permute(np.zeros(0, dtype=np.int64), 0, 5).tolist() == []
+    with pytest.raises(IndexError):
+        permute([3], 3, 0)
+    with pytest.raises(IndexError):
+        permute([-1], 3, 0)
+    with pytest.raises(ValueError):
+        permute([0], 0, 0)
+
+
+def _z(chi2: float, dof: int) -> float:
+    return (chi2 - dof) / np.sqrt(2 * dof)
+
+
+@pytest.mark.parametrize("n", [5, 10])
+def test_permute_positions_are_uniform_over_keys(n):
+    """Each row lands on each position about equally often over many keys (chi-square,
+    deterministic keys, so this cannot flake). Small domains matter: a block shuffle
+    permutes a handful of row groups with the same function."""
+    keys_ = 1500
+    cnt = np.zeros((n, n))
+    for k in range(keys_):
+        cnt[np.arange(n), permute(np.arange(n), n, k)] += 1
+    expected = keys_ / n
+    chi2 = float(((cnt - expected) ** 2 / expected).sum())
+    assert _z(chi2, (n - 1) ** 2) < 5, cnt
+
+
+def test_permute_all_orders_of_four_equally_likely():
+    trials = 2400
+    seen = Counter(tuple(permute(np.arange(4), 4, k).tolist()) for k in range(trials))
+    assert len(seen) == factorial(4)
+    expected = trials / factorial(4)
+    chi2 = sum((v - expected) ** 2 / expected for v in seen.values())
+    assert _z(chi2, factorial(4) - 1) < 5, seen
+
+
+# ---------------------------------------------------------------------------
+# EpochOrder
+
+
+def _window_row_sets(order: EpochOrder) -> list[set[int]]:
+    offs = order.offsets
+    return [set(r for u in units for r in range(offs[u], offs[u + 1])) for units in order.windows]
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=counts_st, kind=kinds, seed=st.integers(0, 2**32), epoch=st.integers(0, 1000),
+       window=st.integers(1, 6))
+def test_epoch_rows_are_a_permutation_and_deterministic(counts, kind, seed, epoch, window):
+    order = EpochOrder(counts, kind, seed, epoch, window)
+    n = sum(counts)
+    assert order.total == n
+    rows = order.rows(0, n)
+    assert sorted(rows.tolist()) == list(range(n))
+    again = EpochOrder(counts, kind, seed, epoch, window).rows(0, n)
+    assert rows.tolist() == again.tolist()
+    if kind == "none":
+        assert rows.tolist() == list(range(n))
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=counts_st, kind=kinds, seed=st.integers(0, 2**32), epoch=st.integers(0, 50),
+       window=st.integers(1, 6), data=st.data())
+def test_epoch_slices_agree_with_the_whole(counts, kind, seed, epoch, window, data):
+    """Resume and sharding read positions [a, b) directly: they must equal the slice."""
+    order = EpochOrder(counts, kind, seed, epoch, window)
+    n = order.total
+    whole = order.rows(0, n).tolist()
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=5)))
+    bounds = [0, *cuts, n]
+    pieces = [order.rows(a, b).tolist() for a, b in zip(bounds, bounds[1:])]
+    assert [r for p in pieces for r in p] == whole
+    fresh = EpochOrder(counts, kind, seed, epoch, window)  # no cached state from `whole`
+    a = data.draw(st.integers(0, n))
+    b = data.draw(st.integers(a, n))
+    assert fresh.rows(a, b).tolist() == whole[a:b]
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=counts_st, seed=st.integers(0, 2**32), epoch=st.integers(0, 50),
+       window=st.integers(1, 6))
+def test_block_windows_keep_rows_in_their_units(counts, seed, epoch, window):
+    order = EpochOrder(counts, "block", seed, epoch, window)
+    units = [u for w in order.windows for u in w.tolist()]
+    assert sorted(units) == list(range(len(counts)))  # every unit in exactly one window
+    assert all(len(w) <= window for w in order.windows)
+    rows = order.rows(0, order.total).tolist()
+    offs = order.window_offsets
+    for w, allowed in enumerate(_window_row_sets(order)):
+        segment = rows[offs[w]:offs[w + 1]]
+        assert set(segment) == allowed and len(segment) == len(allowed)
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=counts_st.filter(lambda c: sum(c) >= 20), kind=st.sampled_from(["global", "block"]),
+       seed=st.integers(0, 2**32), epoch=st.integers(0, 1000), window=st.integers(1, 6))
+def test_epochs_and_seeds_differ(counts, kind, seed, epoch, window):
+    n = sum(counts)
+    base = EpochOrder(counts, kind, seed, epoch, window).rows(0, n).tolist()
+    assert EpochOrder(counts, kind, seed, epoch + 1, window).rows(0, n).tolist() != base
+    assert EpochOrder(counts, kind, seed + 1, epoch, window).rows(0, n).tolist() != base
+
+
+def test_global_shuffle_mixes_units():
+    """Global is not a block shuffle in disguise: the first rows come from many units."""
+    counts = (100,) * 50
+    rows = EpochOrder(counts, "global", 0, 0).rows(0, 200)
+    assert len(set((rows // 100).tolist())) > 40
+
+
+def test_epoch_order_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        EpochOrder((1, 2), "random")
+    with pytest.raises(ValueError):
+        EpochOrder((1, 2), "block", window=0)
+    with pytest.raises(IndexError):
+        EpochOrder((1, 2), "none").rows(0, 4)
+    with pytest.raises(IndexError):
+        EpochOrder((1, 2), "global").rows(2, 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(counts=counts_st, data=st.data())
+def test_unit_pieces_and_locate(counts, data):
+    order = EpochOrder(counts, "none")
+    n = order.total
+    a = data.draw(st.integers(0, n))
+    b = data.draw(st.integers(a, n))
+    offs = order.offsets
+    rows = [offs[u] + i for u, lo, hi in order.unit_pieces(a, b) for i in range(lo, hi)]
+    assert rows == list(range(a, b))
+    units, within = order.locate(np.arange(n))
+    assert (offs[units] + within).tolist() == list(range(n))
+    assert all(0 <= w < counts[u] for u, w in zip(units.tolist(), within.tolist()))
+
+
+# ---------------------------------------------------------------------------
+# sharding and batch counts
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 10_000), world=st.integers(1, 9))
+def test_rank_ranges_are_disjoint_equal_and_leave_less_than_world(n, world):
+    ranges = [rank_range(n, r, world) for r in range(world)]
+    sizes_ = {b - a for a, b in ranges}
+    assert len(sizes_) == 1  # equal shares
+    covered = [p for a, b in ranges for p in range(a, b)]
+    assert len(covered) == len(set(covered))  # disjoint
+    assert all(0 <= p < n for p in covered)
+    assert 0 <= n - len(covered) < world  # the remainder left out is smaller than world
+    assert covered == list(range(len(covered)))  # contiguous from the start
+
+
+@pytest.mark.parametrize("rank,world", [(-1, 2), (2, 2), (0, 0)])
+def test_rank_range_rejects_bad_ranks(rank, world):
+    with pytest.raises(ValueError):
+        rank_range(10, rank, world)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.integers(0, 10_000), bs=st.integers(1, 600), drop_last=st.booleans())
+def test_num_batches_matches_slicing(rows, bs, drop_last):
+    batches = [min(bs, rows - s) for s in range(0, rows, bs)]
+    if drop_last:
+        batches = [b for b in batches if b == bs]
+    assert num_batches(rows, bs, drop_last) == len(batches)
+
+
+def test_num_batches_rejects_zero():
+    with pytest.raises(ValueError):
+        num_batches(10, 0, False)
