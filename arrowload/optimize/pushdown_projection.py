@@ -21,21 +21,25 @@ def _prune(node: Plan, required: set[str] | None) -> Plan:
             names = child.source.schema.names
             return child.replace(projection=items,
                                  columns=tuple(n for n in names if n in needs))
-        return Project(child, items)
+        return node if child is node.child and items == node.items else Project(child, items)
     if isinstance(node, Filter):
         needs = None if required is None else required | set(node.predicate.columns)
-        return Filter(_prune(node.child, needs), node.predicate)
+        child = _prune(node.child, needs)
+        return node if child is node.child else Filter(child, node.predicate)
     if isinstance(node, Limit):
-        return Limit(_prune(node.child, required), node.n)
+        child = _prune(node.child, required)
+        return node if child is node.child else Limit(child, node.n)
     if isinstance(node, Map):
-        return node.with_children(_prune(node.child, set(node.columns) if node.columns is not None else None))
+        child = _prune(node.child, set(node.columns) if node.columns is not None else None)
+        return node if child is node.child else node.with_children(child)
     if isinstance(node, Scan):
         if required is None or node.projection is not None:
             return node
         current = node.columns if node.columns is not None else tuple(node.source.schema.names)
         keep = tuple(c for c in current if c in required)
-        return node if keep == node.columns else node.replace(columns=keep)
-    return node.with_children(*(_prune(c, None) for c in node.children))
+        return node if keep == current else node.replace(columns=keep)
+    kids = tuple(_prune(c, None) for c in node.children)
+    return node if all(k is c for k, c in zip(kids, node.children)) else node.with_children(*kids)
 
 
 def pushdown_projection(plan: Plan) -> Plan:

@@ -303,7 +303,8 @@ class Loader:
         """Batches ``worker, worker + workers, ...`` of this epoch (for torch DataLoader workers)."""
         start, stop = self._rank_rows()
         b = self.options.batch_size
-        ranges = [(p, min(stop, p + b)) for p in range(start + worker * b, stop, workers * b)]
+        begin = min(start + self._start, stop)  # a loaded resume position applies here too
+        ranges = [(p, min(stop, p + b)) for p in range(begin + worker * b, stop, workers * b)]
         it = _EpochIterator(self, self._order(self.epoch), ranges, start, track=False)
         self._active.add(it)
         return it

@@ -139,7 +139,16 @@ class ScanRowSource:
 
     def read_unit(self, i: int) -> pa.Table:
         """Rows of unit ``i`` (index into ``units``) after the whole plan, in order."""
-        table = execute.to_table(restrict(self.plan, (self.units[i],)), self.options)
+        try:
+            table = execute.to_table(restrict(self.plan, (self.units[i],)), self.options)
+        except (ArrowloadError, OSError) as exc:
+            changed = self.source.changed_files() if hasattr(self.source, "changed_files") else []
+            if changed:
+                raise SnapshotChangedError(
+                    f"the data changed under the loader: {', '.join(changed[:3])} "
+                    f"{'were' if len(changed) > 1 else 'was'} rewritten, added or removed after the "
+                    "loader was built; build a new loader (its counts and order follow the new data)") from exc
+            raise
         if table.num_rows != self.counts[i]:
             raise SnapshotChangedError(
                 f"unit {i} ({self._meta[self.units[i]].path}, row group "

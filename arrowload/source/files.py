@@ -274,6 +274,17 @@ class FileSource(Source):
     def num_files(self) -> int:
         return len(self.entries)
 
+    def changed_files(self) -> list[str]:
+        """Files whose size or modification time differ from when they were listed."""
+        infos = self.filesystem.get_file_info([e.path for e in self.entries])
+        out = []
+        for e, info in zip(self.entries, infos):
+            mtime = info.mtime_ns if info.mtime is not None else None
+            if info.type != pafs.FileType.File or info.size != e.size or \
+                    (mtime is not None and e.mtime_ns is not None and mtime // 1_000_000 != e.mtime_ns // 1_000_000):
+                out.append(e.path)
+        return out
+
     def file_metadata(self, i: int):
         """The Parquet ``FileMetaData`` of file ``i`` (statistics per row group and column
         chunk), from the footer already fetched: no I/O. None for other formats."""
@@ -318,6 +329,8 @@ class FileSource(Source):
     def fingerprint(self) -> str:
         h = hashlib.sha256(f"{self.kind}\n".encode())
         for e in self.entries:
-            h.update(f"{e.path}\t{e.size}\t{e.mtime_ns}\n".encode())
+            # milliseconds: fsspec reports float seconds, pyarrow nanoseconds, for the same file
+            mtime_ms = e.mtime_ns // 1_000_000 if e.mtime_ns is not None else None
+            h.update(f"{e.path}\t{e.size}\t{mtime_ms}\n".encode())
         h.update(self._partition_schema.to_string().encode())
         return h.hexdigest()[:32]
