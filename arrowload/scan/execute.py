@@ -17,6 +17,7 @@ from ..errors import ArrowloadError, CorruptFileError, ExpressionError
 from ..options import Options
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
+from ..source.retry import retry
 
 _MAX_BATCH_ROWS = 1 << 20
 
@@ -186,7 +187,9 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     """The whole result. A bare scan runs as one multi-threaded pyarrow scan."""
     if isinstance(plan, Scan) and plan.limit is None:
         try:
-            return scanner(plan, options).to_table()
+            # a whole scan is idempotent: transient object-store errors are retried with backoff
+            return retry(lambda: scanner(plan, options).to_table(), retries=options.scan.retries,
+                         backoff_s=options.scan.retry_backoff_s)
         except _READ_ERRORS as exc:
             if isinstance(exc, FileNotFoundError):
                 raise
