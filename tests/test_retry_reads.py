@@ -1,0 +1,65 @@
+"""Transient errors while reading data (not only footers) are retried: a whole-scan read
+and every loader unit read are idempotent, so a connection reset costs a retry, not the
+epoch. Faults are injected at the fsspec level, beneath arrowload."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.dataset as pads
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+import arrowload as al
+from arrowload.datagen import write_lake
+
+from _support import FaultInjectingFileSystem
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    path = tmp_path_factory.mktemp("retry") / "lake"
+    write_lake(path, rows=6_000, shards=3, row_group_size=1_000, emb_dim=0)
+    return str(path)
+
+
+def _flaky_after_footers(lake: str, faults: int) -> tuple[al.Dataset, FaultInjectingFileSystem]:
+    fs = FaultInjectingFileSystem(LocalFileSystem())
+    ds = al.dataset(lake, filesystem=fs)
+    _ = ds.schema  # footers read cleanly; the faults hit data reads below
+    fs.fail_reads = faults
+    return ds, fs
+
+
+def test_to_arrow_survives_transient_read_errors(lake):
+    ds, fs = _flaky_after_footers(lake, faults=2)
+    got = ds.select("id", "f0").to_arrow()
+    assert fs.injected == 2
+    expected = pads.dataset(lake).to_table(columns=["id", "f0"])
+    assert got.equals(expected)
+
+
+def test_loader_survives_transient_read_errors(lake, tmp_path):
+    ds, fs = _flaky_after_footers(lake, faults=3)
+    loader = ds.select("id").loader(500, cache_dir=str(tmp_path))
+    ids = np.concatenate([b["id"] for b in loader])
+    assert fs.injected == 3
+    np.testing.assert_array_equal(ids, np.arange(6_000))
+
+
+def test_permanent_errors_are_not_retried(lake):
+    ds, fs = _flaky_after_footers(lake, faults=0)
+    fs.fail_reads, fs.error = 1, PermissionError
+    with pytest.raises(Exception) as info:
+        ds.select("id").to_arrow()
+    assert fs.injected == 1  # one failure, no retry of a permission error
+    assert not isinstance(info.value, ConnectionError)
+
+
+def test_without_retries_the_same_fault_fails(lake):
+    """The control: the faults above are real failures, absorbed only by the retries."""
+    fs = FaultInjectingFileSystem(LocalFileSystem())
+    ds = al.dataset(lake, filesystem=fs, options=al.Options(scan=al.ScanOptions(retries=0)))
+    _ = ds.schema
+    fs.fail_reads = 1
+    with pytest.raises((ConnectionError, al.ArrowloadError)):
+        ds.select("id", "f0").to_arrow()
