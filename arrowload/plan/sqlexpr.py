@@ -39,8 +39,27 @@ def parse(text: str, what: str = "expression") -> exp.Expression:
         raise ExpressionError(f"cannot parse {what} {text!r}: {first.get('description', e)}",
                               text=text, line=first.get("line"), column=first.get("col")) from None
     except sqlglot.errors.TokenError as e:
-        raise ExpressionError(f"cannot parse {what} {text!r}: {e}") from None
+        line, col = _unterminated_at(text)
+        raise ExpressionError(f"cannot parse {what} {text!r}: {e} (unterminated quote or comment?)",
+                              text=text, line=line, column=col) from None
     return tree
+
+
+def _unterminated_at(text: str) -> tuple[int, int]:
+    """1-based line / column of the quote or comment left open in ``text`` (sqlglot's
+    tokenizer error carries no position); the end of the text when none is found."""
+    i, closers = 0, {"'": "'", '"': '"', "/*": "*/"}
+    while i < len(text):
+        opener = "/*" if text.startswith("/*", i) else text[i] if text[i] in "'\"" else None
+        if opener is None:
+            i += 1
+            continue
+        end = text.find(closers[opener], i + len(opener))
+        if end < 0:
+            break
+        i = end + len(closers[opener])
+    before = text[:min(i, len(text))]
+    return before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
 
 
 def resolve_column(name: str, schema: pa.Schema, quoted: bool = False) -> str:
@@ -179,6 +198,33 @@ def _as_expr(t: Typed, target: pa.DataType | None = None) -> pc.Expression:
     return pc.scalar(_literal_as(t, target) if target is not None else _default_scalar(t))
 
 
+def _to_float(e: pc.Expression, src: pa.DataType | None, target: pa.DataType) -> pc.Expression:
+    """``e`` (of type ``src``) as the float type ``target``, the way DuckDB converts.
+
+    A DECIMAL becomes its unscaled integer divided by ``10**scale`` in ``target``, which is
+    correctly rounded; Arrow's own decimal cast is not (``80.82`` -> ``80.82000000000001``).
+    Integers round to the nearest float instead of failing when above 2**53 (2**24).
+    """
+    if src is not None and pat.is_decimal(src) and src.precision <= 18:
+        scale = pc.scalar(pa.scalar(10 ** src.scale, pa.decimal128(src.scale + 1, 0)))
+        unscaled = pc.multiply(e, scale).cast(pa.int64())
+        return pc.divide(unscaled.cast(target, safe=False),
+                         pc.scalar(pa.scalar(float(10 ** src.scale), target)))
+    return e.cast(target, safe=False)
+
+
+def _widen_for_int_literal(lit: Typed, other: Typed, e_other: pc.Expression) -> pc.Expression:
+    """In arithmetic, an integer literal too wide for the integer column it meets makes the
+    result INTEGER (BIGINT if it needs that), as in DuckDB: ``tinyint_col * 1000`` is INTEGER.
+    Arrow would narrow the literal and compute in SMALLINT, overflowing early."""
+    if not (lit.is_literal and isinstance(lit.value, int) and not isinstance(lit.value, bool)) \
+            or other.is_literal or other.type is None or not pat.is_integer(other.type) \
+            or _fits(lit.value, other.type):
+        return e_other
+    wide = pa.int32() if _fits(lit.value, pa.int32()) else pa.int64()
+    return e_other.cast(wide) if wide.bit_width > other.type.bit_width else e_other
+
+
 def _unify(a: Typed, b: Typed) -> tuple[pc.Expression, pc.Expression]:
     """Both operands as Arrow expressions, coerced to a common type by SQL rules."""
     if a.is_literal and not b.is_literal:
@@ -198,10 +244,10 @@ def _unify(a: Typed, b: Typed) -> tuple[pc.Expression, pc.Expression]:
             ea = ea.cast(tb)
         elif pat.is_timestamp(ta) and pat.is_date(tb):
             eb = eb.cast(ta)
-        elif pat.is_decimal(ta) and pat.is_floating(tb):
-            ea = ea.cast(pa.float64())
+        elif pat.is_decimal(ta) and pat.is_floating(tb):  # DuckDB: DECIMAL op FLOAT is FLOAT
+            ea = _to_float(ea, ta, tb)
         elif pat.is_floating(ta) and pat.is_decimal(tb):
-            eb = eb.cast(pa.float64())
+            eb = _to_float(eb, tb, ta)
     return ea, eb
 
 
@@ -318,6 +364,8 @@ class Compiler:
         e = inner.expr
         if pat.is_integer(target) and (pat.is_floating(src) or pat.is_decimal(src)):
             e = pc.round(e, round_mode="half_towards_infinity")
+        if pat.is_floating(target) and pat.is_decimal(src):
+            return Typed(_to_float(e, src, target), target)
         return Typed(e.cast(target), target)
 
     visit_TryCast = visit_Cast
@@ -331,6 +379,7 @@ class Compiler:
         a, b = self.visit(node.this), self.visit(node.expression)
         a, b = self._arith_literals(a, b)
         ea, eb = _unify(a, b)
+        ea, eb = _widen_for_int_literal(b, a, ea), _widen_for_int_literal(a, b, eb)
         e = pc.Expression._call(fname, [ea, eb])
         return Typed(e, self._typ(e))
 
@@ -351,8 +400,10 @@ class Compiler:
         ea, eb = _as_expr(a), _as_expr(b)
         ta = a.type if not a.is_literal else _default_scalar(a).type
         tb = b.type if not b.is_literal else _default_scalar(b).type
-        out = pa.float32() if (pat.is_float32(ta) and pat.is_float32(tb)) else pa.float64()
-        e = pc.divide(ea.cast(out), eb.cast(out))
+        # DuckDB: FLOAT unless a DOUBLE is involved or neither side is a float (then DOUBLE)
+        floats = [t for t in (ta, tb) if t is not None and pat.is_floating(t)]
+        out = pa.float32() if floats and all(pat.is_float32(t) for t in floats) else pa.float64()
+        e = pc.divide(_to_float(ea, ta, out), _to_float(eb, tb, out))
         return Typed(e, out)
 
     def visit_IntDiv(self, node):
@@ -368,11 +419,9 @@ class Compiler:
         a, b = self.visit(node.this), self.visit(node.expression)
         a, b = self._arith_literals(a, b)
         ea, eb = _unify(a, b)
-        r = pc.modulo(ea, eb)  # floored, as in Python
-        zero = pc.scalar(0)
-        # SQL's % truncates toward zero: where signs of r and a differ, step back by b.
-        fix = pc.and_(pc.not_equal(r, zero), pc.not_equal(pc.less(r, zero), pc.less(ea, zero)))
-        e = pc.if_else(fix, pc.subtract(r, eb), r)
+        # SQL's % truncates toward zero (the result takes the dividend's sign), as Arrow's
+        # "remainder" does; exact for floats too (C fmod), unlike floored modulo + fix-up.
+        e = pc.Expression._call("remainder", [ea, eb])
         return Typed(e, self._typ(e))
 
     def visit_And(self, node):
@@ -398,7 +447,7 @@ class Compiler:
         if isinstance(target, exp.Null):
             return Typed(pc.is_null(_as_expr(inner)), pa.bool_())
         if isinstance(target, exp.Boolean):
-            e = pc.fill_null(pc.equal(_as_expr(inner), pc.scalar(bool(target.this))), False)
+            e = pc.coalesce(pc.equal(_as_expr(inner), pc.scalar(bool(target.this))), pc.scalar(False))
             return Typed(e, pa.bool_())
         raise ExpressionError(f"unsupported IS {target.sql(DIALECT)} in {self.text!r}")
 
@@ -447,6 +496,8 @@ class Compiler:
         if escape is not None:
             raise ExpressionError(f"LIKE ... ESCAPE is not supported in {self.text!r}")
         e = pc.match_like(_as_expr(x), pattern=pattern.value, ignore_case=ignore_case)
+        if node.args.get("negate"):  # sqlglot parses NOT LIKE / NOT ILIKE as Like(negate=True)
+            e = pc.invert(e)
         return Typed(e, pa.bool_())
 
     def visit_Like(self, node):

@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 from ..errors import SchemaMismatchError
 
 NULL_VALUE = "__HIVE_DEFAULT_PARTITION__"
-_INT = re.compile(r"^[+-]?\d{1,18}$")
-_FLOAT = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
+# DuckDB's hive typing: "-7" is BIGINT, but "+7" and "007" (a zip code) stay VARCHAR.
+_INT = re.compile(r"^(-?[1-9]\d{0,17}|-?0|-\d{1,18})$")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
@@ -40,9 +40,7 @@ def _infer(values: Sequence[str]) -> pa.DataType:
             return pa.date32()
         except ValueError:
             pass
-    if values and all(_FLOAT.match(v) for v in values):
-        return pa.float64()
-    return pa.string()
+    return pa.string()  # DuckDB keeps "1.5" VARCHAR too
 
 
 def _convert(value: str | None, typ: pa.DataType):
@@ -60,7 +58,7 @@ def _convert(value: str | None, typ: pa.DataType):
 def discover_partitions(base: str, paths: Sequence[str],
                         types: pa.Schema | None = None) -> tuple[pa.Schema, list[dict]]:
     """Partition schema (types inferred like DuckDB: integers -> int64, ISO dates -> date32,
-    other numbers -> float64, else string; or given by ``types``) and each file's values.
+    else string; or given by ``types``) and each file's values.
 
     Every file must carry the same keys in the same order, else the lake is ambiguous.
     """

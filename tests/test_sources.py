@@ -1,0 +1,390 @@
+"""Every way of naming a source reads the same table that DuckDB or plain pyarrow reads
+from the same files (or the same in-memory data).
+
+Comparisons go through ``conftest.assert_tables_equal`` (sorted by ``id``; representation
+only is normalised: list flavours, string flavours, timestamp units). Where a format's
+readers legitimately infer different types, the test says so next to the comparison.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pathlib
+import shutil
+import threading
+import uuid
+
+import duckdb
+import fsspec
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pds
+import pyarrow.fs as pafs
+import pyarrow.ipc as ipc
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+import arrowload as al
+
+
+def _files(lake: str, ext: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(lake, f"*.{ext}")))
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def _check(ds: al.Dataset, expected: pa.Table, assert_tables_equal) -> None:
+    assert_tables_equal(ds.to_arrow(), expected)
+    assert ds.count() == expected.num_rows
+    assert ds.schema.names == expected.column_names
+
+
+# ---------------------------------------------------------------------------
+# ways to name Parquet files
+
+SPELLINGS = {
+    "dir": lambda lake: dict(source=lake),
+    "dir-trailing-slash": lambda lake: dict(source=lake + os.sep),
+    "pathlib": lambda lake: dict(source=pathlib.Path(lake)),
+    "glob": lambda lake: dict(source=os.path.join(lake, "*.parquet")),
+    "list": lambda lake: dict(source=_files(lake, "parquet")),
+    "list-of-dirs-and-files": lambda lake: dict(source=[lake, _files(lake, "parquet")[0]]),
+    "file-uri": lambda lake: dict(source=pathlib.Path(lake).as_uri()),
+    "fsspec-local": lambda lake: dict(source=lake, filesystem=LocalFileSystem()),
+    "fsspec-local-list": lambda lake: dict(source=_files(lake, "parquet"),
+                                           filesystem=fsspec.filesystem("file")),
+    "pyarrow-local": lambda lake: dict(source=lake, filesystem=pafs.LocalFileSystem()),
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_parquet_spellings_match_duckdb(parquet_lake, spelling, duck, parquet_scan,
+                                        assert_tables_equal):
+    kwargs = SPELLINGS[spelling](parquet_lake)
+    ds = al.dataset(kwargs.pop("source"), **kwargs)
+    expected = duck(f"SELECT * FROM {parquet_scan(parquet_lake)}")
+    _check(ds, expected, assert_tables_equal)
+    # source order: files sorted by path, then row groups: ids ascend in this lake
+    assert ds.to_arrow().column("id").to_pylist() == list(range(expected.num_rows))
+
+
+def test_single_file_matches_duckdb(parquet_lake, duck, assert_tables_equal):
+    path = _files(parquet_lake, "parquet")[2]
+    expected = duck(f"SELECT * FROM read_parquet({_sql_list([path])})")
+    _check(al.dataset(path), expected, assert_tables_equal)
+    assert al.dataset(path).to_arrow().column("id")[0].as_py() == 10_000  # shard 2 of 4
+
+
+def test_glob_subset_matches_duckdb(parquet_lake, duck, assert_tables_equal):
+    pattern = os.path.join(parquet_lake, "part-0000[13].parquet")
+    expected = duck(f"SELECT * FROM read_parquet({_sql_list([pattern])})")
+    assert 0 < expected.num_rows < 20_000
+    _check(al.dataset(pattern), expected, assert_tables_equal)
+
+
+def test_list_of_paths_matches_duckdb(parquet_lake, duck, assert_tables_equal):
+    files = _files(parquet_lake, "parquet")
+    chosen = [files[3], files[0]]  # the order given does not matter: files sort by path
+    expected = duck(f"SELECT * FROM read_parquet({_sql_list(chosen)})")
+    ds = al.dataset(chosen)
+    _check(ds, expected, assert_tables_equal)
+    ids = ds.to_arrow().column("id").to_pylist()
+    assert ids[0] == 0 and ids == sorted(ids)
+
+
+def test_memory_filesystem(parquet_lake, hive_lake, duck, parquet_scan, assert_tables_equal):
+    """``memory://`` URIs and an explicit fsspec MemoryFileSystem read the same bytes."""
+    mem = fsspec.filesystem("memory")
+    root = f"/arrowload-test-{uuid.uuid4().hex}"
+    try:
+        for lake, name in ((parquet_lake, "flat"), (hive_lake, "hive")):
+            for path in glob.glob(os.path.join(lake, "**", "*.parquet"), recursive=True):
+                rel = os.path.relpath(path, lake).replace(os.sep, "/")
+                mem.pipe(f"{root}/{name}/{rel}", pathlib.Path(path).read_bytes())
+        flat = duck(f"SELECT * FROM {parquet_scan(parquet_lake)}")
+        _check(al.dataset(f"memory://{root}/flat"), flat, assert_tables_equal)
+        _check(al.dataset(f"{root}/flat", filesystem=mem), flat, assert_tables_equal)
+        _check(al.dataset(f"memory://{root}/flat/*.parquet"), flat, assert_tables_equal)
+        hive = duck(f"SELECT * FROM {parquet_scan(hive_lake, hive=True)}")
+        _check(al.dataset(f"memory://{root}/hive"), hive, assert_tables_equal)
+        got = al.dataset(f"memory://{root}/hive").filter("country = 'DE' AND label = 1").to_arrow()
+        assert_tables_equal(got, hive.filter(pc.and_(
+            pc.equal(hive["country"], "DE"), pc.equal(hive["label"], 1))))
+    finally:
+        mem.rm(root, recursive=True)
+
+
+# ---------------------------------------------------------------------------
+# formats: Parquet, Arrow IPC / Feather, CSV, JSON lines
+
+
+def test_ipc_matches_pyarrow_and_duckdb(ipc_lake, parquet_lake, duck, parquet_scan,
+                                        assert_tables_equal):
+    ds = al.dataset(ipc_lake)
+    truth = pa.concat_tables(ipc.open_file(f).read_all() for f in _files(ipc_lake, "arrow"))
+    _check(ds, truth, assert_tables_equal)
+    assert ds.schema.equals(truth.schema.remove_metadata())  # fixed-size list stays fixed-size
+    # the same rows DuckDB reads from the Parquet shards they were written from
+    assert_tables_equal(ds.to_arrow(), duck(f"SELECT * FROM {parquet_scan(parquet_lake)}"))
+    assert_tables_equal(ds.filter("price BETWEEN 0.05 AND 0.07 OR country IS NULL").to_arrow(),
+                        duck(f"SELECT * FROM {parquet_scan(parquet_lake)} "
+                             "WHERE price BETWEEN 0.05 AND 0.07 OR country IS NULL"))
+
+
+@pytest.mark.parametrize("ext,fmt", [(".feather", None), (".ipc", None), (".bin", "feather"),
+                                     (".dat", "arrow"), (".x", "ipc")])
+def test_ipc_extensions_and_named_format(ipc_lake, tmp_path, ext, fmt, assert_tables_equal):
+    for f in _files(ipc_lake, "arrow")[:2]:
+        shutil.copy(f, tmp_path / (pathlib.Path(f).stem + ext))
+    truth = pa.concat_tables(ipc.open_file(f).read_all() for f in _files(ipc_lake, "arrow")[:2])
+    _check(al.dataset(str(tmp_path), format=fmt), truth, assert_tables_equal)
+
+
+def test_csv_matches_duckdb(csv_lake, duck, assert_tables_equal):
+    """Same types and values as DuckDB's CSV reader (timestamps in microseconds after
+    normalisation); an empty field is NULL, also in the string ``country`` column."""
+    expected = duck(f"SELECT * FROM read_csv({_sql_list([os.path.join(csv_lake, '*.csv')])})")
+    ds = al.dataset(csv_lake)
+    _check(ds, expected, assert_tables_equal)
+    assert ds.to_arrow().column("country").null_count == expected.column("country").null_count > 0
+    pred = "country IS NULL OR (price > 99.5 AND day = '2024-01-03')"
+    assert_tables_equal(ds.filter(pred).to_arrow(), duck(
+        f"SELECT * FROM read_csv({_sql_list([os.path.join(csv_lake, '*.csv')])}) WHERE {pred}"))
+
+
+def test_csv_named_format(csv_lake, tmp_path, duck, assert_tables_equal):
+    for f in _files(csv_lake, "csv"):
+        shutil.copy(f, tmp_path / (pathlib.Path(f).stem + ".txt"))
+    expected = duck(f"SELECT * FROM read_csv({_sql_list([str(tmp_path / '*.txt')])})")
+    _check(al.dataset(str(tmp_path), format="csv"), expected, assert_tables_equal)
+
+
+def test_json_lines_matches_duckdb_and_pyarrow(json_lake, duck, assert_tables_equal):
+    ds = al.dataset(json_lake)
+    got = ds.to_arrow()
+    truth = pa.concat_tables(pajson.read_json(f) for f in _files(json_lake, "jsonl"))
+    _check(ds, truth, assert_tables_equal)
+    expected = duck(f"SELECT * FROM read_json({_sql_list([os.path.join(json_lake, '*.jsonl')])})")
+    # Known difference, left as pyarrow infers it: an ISO date string ("2024-01-02") is a
+    # timestamp[s] at midnight for pyarrow's JSON reader, a DATE for DuckDB's. Every other
+    # column has DuckDB's type; all values are equal.
+    assert got.schema.field("day").type == pa.timestamp("s")
+    assert expected.schema.field("day").type == pa.date32()
+    others = [n for n in got.column_names if n != "day"]
+    assert_tables_equal(got.select(others), expected.select(others))
+    assert_tables_equal(got.select(["id", "day"]),
+                        expected.select(["id", "day"]).cast(pa.schema(
+                            [("id", pa.int64()), ("day", pa.timestamp("s"))])))
+
+
+def test_json_lines_with_one_cpu_thread_finishes(json_lake, assert_tables_equal):
+    """Regression: pyarrow's JSON dataset reader deadlocked when multi-block files (these
+    are > 1 MiB each) were read concurrently with no spare CPU thread. The read runs in a
+    daemon thread so that a deadlock fails the test instead of hanging the suite; the
+    bound is generous and says nothing about speed."""
+    truth = pa.concat_tables(pajson.read_json(f) for f in _files(json_lake, "jsonl"))
+    assert all(os.path.getsize(f) > 1 << 20 for f in _files(json_lake, "jsonl"))
+    result: dict = {}
+
+    def read():
+        try:
+            result["table"] = al.dataset(json_lake).to_arrow()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            result["error"] = exc
+
+    before = pa.cpu_count()
+    pa.set_cpu_count(1)
+    try:
+        worker = threading.Thread(target=read, daemon=True)
+        worker.start()
+        worker.join(timeout=120)
+    finally:
+        pa.set_cpu_count(before)
+    assert not worker.is_alive(), "reading JSON lines deadlocked"
+    if "error" in result:
+        raise result["error"]
+    assert_tables_equal(result["table"], truth)
+
+
+@pytest.mark.parametrize("ext", [".json", ".ndjson"])
+def test_json_extensions(json_lake, tmp_path, ext, assert_tables_equal):
+    f = _files(json_lake, "jsonl")[1]
+    shutil.copy(f, tmp_path / ("part" + ext))
+    _check(al.dataset(str(tmp_path)), pajson.read_json(f), assert_tables_equal)
+    _check(al.dataset(str(tmp_path / ("part" + ext)), format="json"), pajson.read_json(f),
+           assert_tables_equal)
+
+
+def test_parquet_named_format(parquet_lake, tmp_path, duck, parquet_scan, assert_tables_equal):
+    for f in _files(parquet_lake, "parquet"):
+        shutil.copy(f, tmp_path / (pathlib.Path(f).stem + ".bin"))
+    expected = duck(f"SELECT * FROM {parquet_scan(parquet_lake)}")
+    _check(al.dataset(str(tmp_path), format="parquet"), expected, assert_tables_equal)
+
+
+# ---------------------------------------------------------------------------
+# hive partitions
+
+
+def test_hive_lake_matches_duckdb(hive_lake, duck, parquet_scan, assert_tables_equal):
+    ds = al.dataset(hive_lake)
+    expected = duck(f"SELECT * FROM {parquet_scan(hive_lake, hive=True)}")
+    _check(ds, expected, assert_tables_equal)
+    assert ds.schema.field("country").type == pa.string()
+    assert ds.filter("country IS NULL").count() == \
+        duck(f"SELECT count(*) AS n FROM {parquet_scan(hive_lake, hive=True)} "
+             "WHERE country IS NULL").column("n")[0].as_py() > 0
+
+
+def _write_partitioned(root: pathlib.Path, folders: list[str]) -> None:
+    for i, folder in enumerate(folders):
+        (root / folder).mkdir(parents=True)
+        pq.write_table(pa.table({"id": pa.array([2 * i, 2 * i + 1], pa.int64()),
+                                 "v": pa.array([0.5 * i, None], pa.float64())}),
+                       root / folder / "part-0.parquet")
+
+
+def _hive_truth(duck, root) -> pa.Table:
+    return duck(f"SELECT * FROM read_parquet('{root}/**/*.parquet', hive_partitioning=true)")
+
+
+def test_hive_partition_types_match_duckdb(tmp_path, duck, assert_tables_equal):
+    """Integers -> int64, ISO dates -> date32, anything else -> string, the default
+    partition -> NULL; the same types and values as DuckDB's hive_partitioning."""
+    _write_partitioned(tmp_path, [
+        "year=2024/day=2024-01-02/region=eu-west/zip=007/ratio=1.5",
+        "year=2025/day=2024-02-29/region=us/zip=010/ratio=2",
+        "year=__HIVE_DEFAULT_PARTITION__/day=2024-03-01/region=__HIVE_DEFAULT_PARTITION__/"
+        "zip=100/ratio=0.25",
+        "year=-3/day=__HIVE_DEFAULT_PARTITION__/region=a%20b/zip=020/ratio=3",
+    ])
+    ds = al.dataset(str(tmp_path))
+    got = ds.to_arrow()
+    types = {f.name: f.type for f in ds.schema}
+    assert types == {"id": pa.int64(), "v": pa.float64(), "year": pa.int64(),
+                     "day": pa.date32(), "region": pa.string(), "zip": pa.string(),
+                     "ratio": pa.string()}
+    expected = _hive_truth(duck, tmp_path)
+    # DuckDB lists partition columns alphabetically; arrowload in folder order: compare by name
+    assert_tables_equal(got, expected.select(got.column_names))
+    assert got.sort_by("id").column("zip").to_pylist()[::2] == ["007", "010", "100", "020"]
+    for pred in ["year = 2024", "year IS NULL", "day >= DATE '2024-02-29'", "day IS NULL",
+                 "region = 'a b'", "zip = '007'", "year > 0 AND region <> 'us'"]:
+        assert_tables_equal(ds.filter(pred).to_arrow(),
+                            expected.select(got.column_names).filter(
+                                pc.is_in(expected["id"], duck(
+                                    f"SELECT id FROM read_parquet('{tmp_path}/**/*.parquet', "
+                                    f"hive_partitioning=true) WHERE {pred}")["id"])))
+
+
+def test_hive_partition_schema_given(tmp_path):
+    """``partitioning=<pyarrow.Schema>`` fixes the types; ``partitioning=False`` ignores folders."""
+    _write_partitioned(tmp_path, ["k=1", "k=2"])
+    typed = al.dataset(str(tmp_path), partitioning=pa.schema([("k", pa.string())]))
+    assert typed.schema.field("k").type == pa.string()
+    assert sorted(typed.to_arrow().column("k").to_pylist()) == ["1", "1", "2", "2"]
+    plain = al.dataset(str(tmp_path), partitioning=False)
+    assert plain.schema.names == ["id", "v"]
+
+
+# ---------------------------------------------------------------------------
+# in-memory sources
+
+
+def _memory_cases(table: pa.Table) -> dict:
+    df = pl.from_arrow(table)
+    return {
+        "pyarrow-table": (table, table),
+        "record-batch": (table.combine_chunks().to_batches()[0], table),
+        "record-batch-reader": (table.to_reader(max_chunksize=3_000), table),
+        "pyarrow-in-memory-dataset": (pds.dataset(table), table),
+        "polars": (df, df.to_arrow()),
+        "polars-lazy": (df.lazy(), df.to_arrow()),
+        "pandas": (table.to_pandas(), pa.Table.from_pandas(table.to_pandas(), preserve_index=False)),
+    }
+
+
+@pytest.mark.parametrize("kind", ["pyarrow-table", "record-batch", "record-batch-reader",
+                                  "pyarrow-in-memory-dataset", "polars", "polars-lazy", "pandas"])
+def test_in_memory_sources(kind, lake_table, assert_tables_equal):
+    source, truth = _memory_cases(lake_table)[kind]
+    truth = truth.replace_schema_metadata(None)
+    ds = al.dataset(source)
+    _check(ds, truth, assert_tables_equal)
+    _check(ds, truth, assert_tables_equal)  # a reader is drained once and kept
+    pred = "label = 1 AND country IN ('US', 'DE') AND f0 > 0"
+    with duckdb.connect() as con:
+        con.register("t", truth)
+        expected = con.sql(f"SELECT * FROM t WHERE {pred}").to_arrow_table()
+    assert expected.num_rows > 0
+    assert_tables_equal(ds.filter(pred).to_arrow(), expected)
+    assert ds.filter(pred).count() == expected.num_rows
+
+
+def test_pyarrow_file_dataset_matches_duckdb(parquet_lake, hive_lake, duck, parquet_scan,
+                                             assert_tables_equal):
+    flat = pds.dataset(parquet_lake, format="parquet")
+    _check(al.dataset(flat), duck(f"SELECT * FROM {parquet_scan(parquet_lake)}"),
+           assert_tables_equal)
+    pred = "id BETWEEN 4000 AND 12000 AND label = 1"
+    assert_tables_equal(al.dataset(flat).filter(pred).to_arrow(),
+                        duck(f"SELECT * FROM {parquet_scan(parquet_lake)} WHERE {pred}"))
+
+
+# ---------------------------------------------------------------------------
+# schema unification across shards
+
+
+def _write(path, table):
+    pq.write_table(table, path)
+    return str(path)
+
+
+def test_int32_and_int64_shards_unify_to_int64(tmp_path, duck, assert_tables_equal):
+    _write(tmp_path / "a.parquet", pa.table({"id": pa.array([0, 1], pa.int64()),
+                                              "x": pa.array([1, -2], pa.int32())}))
+    _write(tmp_path / "b.parquet", pa.table({"id": pa.array([2, 3], pa.int64()),
+                                              "x": pa.array([2**40, None], pa.int64())}))
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("x").type == pa.int64()
+    expected = duck(f"SELECT * FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true)")
+    assert expected.schema.field("x").type == pa.int64()
+    _check(ds, expected, assert_tables_equal)
+    assert_tables_equal(ds.filter("x > 1").to_arrow(), expected.filter(pc.greater(
+        expected["x"], 1)))
+
+
+def test_missing_column_reads_nulls(tmp_path, duck, assert_tables_equal):
+    _write(tmp_path / "a.parquet", pa.table({"id": pa.array([0, 1], pa.int64()),
+                                              "x": pa.array([1.5, 2.5]),
+                                              "s": ["p", "q"]}))
+    _write(tmp_path / "b.parquet", pa.table({"id": pa.array([2, 3], pa.int64()),
+                                              "s": ["r", None]}))
+    ds = al.dataset(str(tmp_path))
+    expected = duck(f"SELECT * FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true)")
+    _check(ds, expected, assert_tables_equal)
+    assert ds.to_arrow().sort_by("id").column("x").to_pylist() == [1.5, 2.5, None, None]
+    assert ds.filter("x IS NULL").count() == 2
+    assert_tables_equal(ds.filter("x IS NULL OR s = 'p'").to_arrow(),
+                        duck(f"SELECT * FROM read_parquet('{tmp_path}/*.parquet', "
+                             "union_by_name=true) WHERE x IS NULL OR s = 'p'"))
+
+
+def test_incompatible_shards_raise_schema_mismatch(tmp_path):
+    a = _write(tmp_path / "a.parquet", pa.table({"id": [0, 1], "code": pa.array([1, 2], pa.int64())}))
+    b = _write(tmp_path / "b.parquet", pa.table({"id": [2, 3], "code": ["x", "y"]}))
+    with pytest.raises(al.SchemaMismatchError) as info:
+        al.dataset(str(tmp_path)).to_arrow()
+    err = info.value
+    assert isinstance(err, TypeError) and isinstance(err, al.ArrowloadError)
+    msg = str(err)
+    assert "code" in msg and a in msg and b in msg, msg
+    # reading either shard alone works
+    assert al.dataset(a).to_arrow().column("code").to_pylist() == [1, 2]
+    assert al.dataset(b).to_arrow().column("code").to_pylist() == ["x", "y"]
