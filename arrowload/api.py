@@ -76,7 +76,10 @@ class Dataset:
         """Keep rows where ``predicate`` holds: SQL text (DuckDB dialect, e.g.
         ``"country IN ('US','DE') AND ts >= DATE '2024-01-01'"``), a
         ``pyarrow.compute.Expression`` or a polars expression. Lazy."""
-        return self._with(Filter(self._plan, make_expr(predicate, self.schema, "filter")))
+        expr = make_expr(predicate, self.schema, "filter")
+        if expr.pushable:
+            expr.to_arrow(self.schema, predicate=True)  # type-check now: a non-boolean filter fails here
+        return self._with(Filter(self._plan, expr))
 
     def select(self, *names: str, **exprs: Any) -> "Dataset":
         """Output these columns, in this order: names as they are, keywords as computed

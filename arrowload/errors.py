@@ -33,6 +33,9 @@ class ColumnNotFoundError(ArrowloadError, KeyError):
         self.column = column
         self.available = tuple(available)
         close = difflib.get_close_matches(column, self.available, n=3, cutoff=0.5)
+        if not close:  # case-insensitive: LABL suggests label
+            lowered = {name.lower(): name for name in self.available}
+            close = [lowered[c] for c in difflib.get_close_matches(column.lower(), list(lowered), n=3, cutoff=0.5)]
         if not close:
             lowered = {name.lower(): name for name in self.available}
             close = [lowered[column.lower()]] if column.lower() in lowered else []

@@ -368,7 +368,10 @@ class Compiler:
             return Typed(_to_float(e, src, target), target)
         return Typed(e.cast(target), target)
 
-    visit_TryCast = visit_Cast
+    def visit_TryCast(self, node):
+        raise ExpressionError(f"TRY_CAST is not supported in filter() / select() ({self.text!r}): Arrow "
+                              "has no cast that turns failures into NULL. Use CAST on clean data, or "
+                              "al.sql(), which runs TRY_CAST in DuckDB")
 
     def _compare(self, node, fn):
         a, b = self.visit(node.this), self.visit(node.expression)

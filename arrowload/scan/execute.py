@@ -66,7 +66,7 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                 if _decodes_plainly(scan, units):
                     return ExpressionError(f"evaluating the selection on {path!r} failed: {inner}; the "
                                            "file itself reads fine: fix the filter / expression (e.g. "
-                                           "TRY_CAST instead of CAST)")
+                                           "filter out the values a CAST cannot convert)")
                 return CorruptFileError(f"cannot read {path!r}: {inner}; the file is truncated or "
                                         "corrupt; remove or rewrite it", path)
     return ArrowloadError(f"scanning {src.display} failed: {exc}")

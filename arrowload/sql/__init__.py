@@ -23,7 +23,7 @@ from ..plan.sqlexpr import DIALECT
 
 # Clauses that make a query more than select-project-filter.
 _COMPLEX_ARGS = ("joins", "group", "having", "order", "distinct", "windows", "qualify",
-                 "offset", "laterals", "pivots", "with", "sample", "prewhere", "connect",
+                 "offset", "laterals", "pivots", "with", "with_", "for_", "sample", "prewhere", "connect",
                  "match", "cluster", "distribute", "sort", "settings", "format", "into",
                  "locks", "kind", "operation_modifiers")
 
@@ -66,11 +66,15 @@ def _is_simple(tree: exp.Expression) -> bool:
     from_ = tree.args.get("from") or tree.args.get("from_")
     if from_ is None or not isinstance(from_.this, exp.Table) or not isinstance(from_.this.this, exp.Identifier):
         return False
+    table = from_.this
+    if any(v for k, v in table.args.items() if k not in ("this", "alias")) or \
+            (isinstance(table.args.get("alias"), exp.TableAlias) and table.args["alias"].columns):
+        return False  # TABLESAMPLE, PIVOT, column aliases ...: DuckDB runs it
     for node in tree.walk():
         if node is tree:
             continue
         if isinstance(node, (exp.AggFunc, exp.Window, exp.Subquery, exp.Select, exp.Union,
-                             exp.Unnest, exp.Lateral)):
+                             exp.Unnest, exp.Lateral, exp.TryCast)):
             return False
     limit = tree.args.get("limit")
     if limit is not None and not (isinstance(limit.expression, exp.Literal) and limit.expression.is_int):
@@ -93,23 +97,35 @@ def _lower_simple(tree: exp.Select, child: Plan) -> Plan:
     where = tree.args.get("where")
     if where is not None:
         plan = Filter(plan, SqlExpr.bind(where.this, schema, where.this.sql(DIALECT)))
+        plan.predicate.to_arrow(schema, predicate=True)  # compiles now: unsupported -> DuckDB
+    unnamed = []
     items: list[tuple[str, SqlExpr]] = []
     star_only = True
     for e in tree.expressions:
         if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
             star = e if isinstance(e, exp.Star) else e.this
-            excluded = star.args.get("except") or star.args.get("exclude") or []
+            excluded = star.args.get("except_") or star.args.get("except") or star.args.get("exclude") or []
             drop = {_resolve(x.name, schema) for x in excluded}
-            if star.args.get("replace") or star.args.get("rename"):
-                raise ExpressionError("SELECT * REPLACE / RENAME is not supported; use aliases")
+            if star.args.get("replace") or star.args.get("rename") or star.args.get("ilike"):
+                raise ExpressionError("SELECT * REPLACE / RENAME / ILIKE is not supported; use aliases")
             items.extend((n, SqlExpr.column(n)) for n in schema.names if n not in drop)
             star_only = star_only and not drop
             continue
         star_only = False
         inner = e.this if isinstance(e, exp.Alias) else e
-        items.append((_output_name(e), SqlExpr.bind(inner, schema, inner.sql(DIALECT))))
+        bound_e = SqlExpr.bind(inner, schema, inner.sql(DIALECT))
+        if not isinstance(e, (exp.Alias, exp.Column)):
+            unnamed.append(len(items))
+        # a column keeps its name as stored (``SELECT ID`` outputs ``id``, as in DuckDB)
+        items.append((bound_e.column_name() if isinstance(e, exp.Column) else _output_name(e), bound_e))
+    if unnamed:  # unaliased expressions are named as DuckDB names them
+        from .duck import output_names
+        names = output_names(tree, schema)
+        if names is not None and len(names) == len(items):
+            items = [(names[i], e) if i in unnamed else (n, e) for i, (n, e) in enumerate(items)]
     if not star_only:
         plan = Project(plan, tuple(items))
+        _ = plan.schema  # types every expression now: one arrowload cannot compute -> DuckDB
     limit = tree.args.get("limit")
     if limit is not None:
         plan = Limit(plan, int(limit.expression.this))
@@ -141,7 +157,10 @@ def build(query: str, tables: dict[str, Any]) -> tuple[Plan, Any]:
                               "al.sql('SELECT ... FROM t', t=...)")
     options = bound[used[0]].options
     if _is_simple(tree) and len(used) == 1:
-        return _lower_simple(tree, bound[used[0]].plan), options
+        try:
+            return _lower_simple(tree, bound[used[0]].plan), options
+        except ValueError:
+            pass  # an expression (or repeated name) the lazy plan cannot express: DuckDB runs it
     # DuckDB runs it; bound names are registered as they are written in the query.
     written = {}
     for t in _table_names(tree):
