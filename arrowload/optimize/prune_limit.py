@@ -18,10 +18,8 @@ def _prune(scan: Scan) -> Scan:
             return scan
         kept.append(u.index)
         rows += u.num_rows
-    if len(kept) == len(units):
-        return scan
-    note = ("prune_limit", f"units {len(units)} -> {len(kept)} (limit {scan.limit})")
-    return scan.replace(units=tuple(kept), notes=scan.notes + (note,))
+    return scan.keep_units(tuple(kept), "prune_limit",
+                           f"units {len(units)} -> {len(kept)} (limit {scan.limit})")
 
 
 def prune_limit(plan: Plan) -> Plan:

@@ -20,10 +20,7 @@ def _prune(scan: Scan) -> Scan:
         sub = frag.subset(filter=expr, schema=src.schema)
         keep.update((frag.path, rg.id) for rg in sub.row_groups)
     kept = tuple(u.index for u in units if (u.path, u.row_group) in keep)
-    if len(kept) == len(units):
-        return scan
-    note = ("prune_row_groups", f"row groups {len(units)} -> {len(kept)}")
-    return scan.replace(units=kept, notes=scan.notes + (note,))
+    return scan.keep_units(kept, "prune_row_groups", f"row groups {len(units)} -> {len(kept)}")
 
 
 def prune_row_groups(plan: Plan) -> Plan:

@@ -92,6 +92,13 @@ class Scan(Plan):
         units = self.source.units()
         return units if self.units is None else tuple(units[i] for i in self.units)
 
+    def keep_units(self, kept: tuple[int, ...], rule: str, what: str) -> "Scan":
+        """This scan reading only ``kept`` of its units, with a note for ``explain()``;
+        itself when nothing was pruned (rules return their input unchanged)."""
+        if len(kept) == len(self.selected_units()):
+            return self
+        return self.replace(units=kept, notes=self.notes + ((rule, what),))
+
 
 @dataclass(frozen=True, eq=False)
 class Filter(Plan):
