@@ -29,7 +29,6 @@ def arrow_source(plan: Plan, options: Options):
     pushed predicate, restricted to the plan's columns) when the plan is a plain scan —
     DuckDB then pushes its own projection and filters into it — else a stream of the
     plan's batches."""
-    from ..scan.execute import iter_batches
     if isinstance(plan, Scan) and plan.projection is None and plan.limit is None:
         src = plan.source
         dataset = src.dataset(plan.units)
@@ -38,7 +37,24 @@ def arrow_source(plan: Plan, options: Options):
         if plan.columns is not None:
             dataset = dataset.replace_schema(plan.schema)
         return dataset
-    return pa.RecordBatchReader.from_batches(plan.schema, iter_batches(plan, options))
+    return _PlanStream(plan, options)
+
+
+class _PlanStream:
+    """The plan's batches as an Arrow C stream, opened afresh each time DuckDB scans it
+    (a query may scan a bound table twice: self-joins, subqueries); a RecordBatchReader
+    could be read only once."""
+
+    def __init__(self, plan: Plan, options: Options) -> None:
+        self.plan, self.options = plan, options
+
+    def __arrow_c_schema__(self):
+        return self.plan.schema.__arrow_c_schema__()
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        from ..scan.execute import iter_batches
+        reader = pa.RecordBatchReader.from_batches(self.plan.schema, iter_batches(self.plan, self.options))
+        return reader.__arrow_c_stream__(requested_schema)
 
 
 def _connect(node: SqlQuery, options: Options):
@@ -59,7 +75,8 @@ def translate(exc: Exception, node: SqlQuery) -> Exception:
     msg = str(exc)
     if isinstance(exc, duckdb.BinderException):
         m = re.search(r'column "?([^"\s]+)"? not found', msg, re.IGNORECASE) or \
-            re.search(r'Referenced column "([^"]+)"', msg)
+            re.search(r'Referenced column "([^"]+)"', msg) or \
+            re.search(r'does not have a column named "([^"]+)"', msg)
         if m:
             available = sorted({n for t in node.tables for n in t.schema.names})
             err = ColumnNotFoundError(m.group(1), available, "SQL query")
@@ -119,9 +136,33 @@ def _scalar_query(node: SqlQuery, query: str, options: Options):
 def result_schema(node: SqlQuery) -> pa.Schema:
     con = _connect(node, Options())
     try:
-        return con.sql(f"SELECT * FROM ({node.query}) AS q LIMIT 0").to_arrow_table().schema
+        schema = con.sql(f"SELECT * FROM ({node.query}) AS q LIMIT 0").to_arrow_table().schema
+        # the subquery renamed repeated names (``user_id_1``); the stream keeps DuckDB's own
+        names = con.sql(node.query).columns
+        if len(names) == len(schema):
+            schema = pa.schema([f.with_name(n) for f, n in zip(schema, names)], schema.metadata)
+        return schema
     except _errors() as exc:
         raise translate(exc, node) from None
+    finally:
+        con.close()
+
+
+def output_names(tree, schema: pa.Schema) -> list[str] | None:
+    """The names DuckDB gives the select list of a one-table ``tree`` over ``schema``
+    (``(price * 2)``, ``CAST("label" AS DOUBLE)`` ...), found by binding it over an empty
+    table; None where DuckDB cannot bind it."""
+    from sqlglot import exp
+
+    from ..plan.sqlexpr import DIALECT
+    table = tree.find(exp.Table)
+    duckdb = _duckdb()
+    con = duckdb.connect(":memory:")
+    try:
+        con.register(table.name, schema.empty_table())
+        return list(con.sql(tree.sql(DIALECT)).columns)
+    except _errors():
+        return None
     finally:
         con.close()
 
