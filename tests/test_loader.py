@@ -765,7 +765,9 @@ def test_torch_dataloader_gives_the_loaders_batches(lakes, shared_cache, workers
         100, shuffle=kind, seed=6, output="torch", cache_dir=shared_cache)
     loader.set_epoch(1)
     own = [b["id"].clone() for b in loader]
-    via = [b["id"] for b in DataLoader(loader.torch_dataset(), batch_size=None, num_workers=workers)]
+    # spawn, not fork: the test process has threads (and may have jax loaded); forking it can deadlock
+    extra = {"multiprocessing_context": "spawn"} if workers else {}
+    via = [b["id"] for b in DataLoader(loader.torch_dataset(), batch_size=None, num_workers=workers, **extra)]
     assert len(via) == len(own) == len(loader)
     assert all(torch.equal(a, b) for a, b in zip(own, via))
     ids = torch.cat(via)

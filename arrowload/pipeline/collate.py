@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from .._pickle import PicklableLock
 from ..convert.host import aligned_empty, to_host
 from ..convert.options import ConvertOptions
 from ..errors import ColumnNotFoundError, ConversionError
@@ -78,7 +79,7 @@ def _natural(names: list[str]) -> list[str]:
     return sorted(names, key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])
 
 
-class BufferPool:
+class BufferPool(PicklableLock):
     """Reusable host buffers keyed by (shape, dtype). Thread-safe.
 
     A view of a buffer (``buf[:n]``, a torch tensor over it) refers to the array that owns
@@ -92,6 +93,11 @@ class BufferPool:
         self._slots: dict[tuple, list[_Slot]] = {}
         self.allocated = 0
         self.reused = 0
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_slots"] = {}  # a copy starts empty: reference counts do not survive pickling
+        return state
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         key = (shape, np.dtype(dtype).str)

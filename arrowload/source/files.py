@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from .._pickle import PicklableLock
 from ..errors import ArrowloadError, CorruptFileError, PathNotFoundError
 from ..options import ScanOptions
 from .base import Source, Unit
@@ -92,7 +93,7 @@ def _top_level(path_in_schema: str) -> str:
     return path_in_schema.split(".", 1)[0]
 
 
-class _ColumnSizes:
+class _ColumnSizes(PicklableLock):
     """Compressed bytes per top-level column and row group of one Parquet file, read from
     its footer on first use (only ``explain()``, splits and the loader's budget need them)."""
 
@@ -145,7 +146,7 @@ class _LazySizes(Mapping):
         return key in self._d()
 
 
-class FileSource(Source):
+class FileSource(PicklableLock, Source):
     """Files of one format on one filesystem, sorted by path, with hive partitions.
 
     Listing happens at construction (a missing path fails fast); footers are fetched on

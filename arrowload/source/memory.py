@@ -9,12 +9,13 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from .._pickle import PicklableLock
 from .base import Source, Unit
 
 UNIT_ROWS = 65_536
 
 
-class MemorySource(Source):
+class MemorySource(PicklableLock, Source):
     """A table held in memory, cut into zero-copy slices of at most ``UNIT_ROWS`` rows
     (the units the planner and loader work over). A RecordBatchReader is drained once,
     on first use, since it cannot be read twice."""
