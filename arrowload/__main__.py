@@ -1,0 +1,7 @@
+"""``python -m arrowload``: the same as the ``arrowload`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

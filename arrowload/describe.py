@@ -1,0 +1,308 @@
+"""``Dataset.describe()``: per-column statistics, from Parquet footers unless asked to scan.
+
+Footers (the default) cost nothing beyond what ``ds.schema`` already read: min, max and
+null count come from the row-group statistics the writer stored, sizes from the column
+chunk metadata. ``exact=True`` runs one DuckDB scan over the selection instead (only the
+described columns are read) for exact rows, nulls, min and max and a HyperLogLog
+distinct estimate.
+
+>>> import pyarrow as pa, arrowload as al
+>>> al.dataset(pa.table({"x": [3, 1, None]})).describe(exact=True)["min", "max", "null_count"].row(0)
+('1', '3', 1)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import ColumnNotFoundError
+from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan
+
+#: The columns of the table ``describe()`` returns, in order.
+RESULT_COLUMNS = ("column", "type", "rows", "null_count", "min", "max", "approx_distinct",
+                  "compressed_bytes", "uncompressed_bytes", "source")
+
+SOURCE_FOOTER = "footer"
+SOURCE_FOOTER_BOUNDS = "footer, before filter"
+SOURCE_PARTITION = "partition folders"
+SOURCE_SCAN = "scan"
+SOURCE_NONE = "no statistics"
+
+
+def format_value(value: Any, type_: pa.DataType | None = None) -> str | None:
+    """A statistic as text, the same way whether it came from a footer or a scan:
+    float32 values with float32 precision, timestamps and dates in ISO format."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if type_ is not None and pa.types.is_float32(type_):
+            import numpy as np
+            return str(np.float32(value))
+        return repr(value)
+    if isinstance(value, dt.datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, (dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex() if len(value) <= 32 else value[:32].hex() + "..."
+    return str(value)
+
+
+def _nested(type_: pa.DataType) -> bool:
+    return pa.types.is_nested(type_) or pa.types.is_dictionary(type_) and pa.types.is_nested(type_.value_type)
+
+
+# ---------------------------------------------------------------------------
+# which scan columns the output columns are
+
+
+def lineage(plan: Plan) -> tuple[Scan | None, dict[str, str | None], bool]:
+    """Follow the output columns of ``plan`` down to one scan.
+
+    Returns ``(scan, {output column: source column or None}, filtered)``: the scan (None
+    when the columns do not come from a single scan, e.g. a DuckDB query), each output
+    column's source column (None when computed), and whether rows are filtered or
+    limited on the way (footer statistics then describe the rows *before* that)."""
+    names = list(plan.schema.names)
+    current: dict[str, str | None] = {n: n for n in names}
+    filtered = False
+    node = plan
+    while True:
+        if isinstance(node, Project):
+            items = node.mapping
+            current = {o: (items[c].column_name() if c is not None and c in items else None)
+                       for o, c in current.items()}
+            node = node.child
+        elif isinstance(node, (Filter, Limit)):
+            filtered = True
+            node = node.child
+        elif isinstance(node, Map):
+            current = {o: None for o in current}
+            node = node.child
+        elif isinstance(node, Scan):
+            if node.projection is not None:
+                proj = dict(node.projection)
+                current = {o: (proj[c].column_name() if c is not None and c in proj else None)
+                           for o, c in current.items()}
+            if node.predicate is not None or node.limit is not None:
+                filtered = True
+            return node, current, filtered
+        else:
+            return None, {o: None for o in current}, True
+
+
+# ---------------------------------------------------------------------------
+# footers
+
+
+@dataclass
+class _Acc:
+    """Statistics of one source column, folded over row groups; None = unknown."""
+
+    nulls: int | None = 0
+    lo: Any = None
+    hi: Any = None
+    minmax_known: bool = True
+    distinct: list = field(default_factory=list)
+    compressed: int | None = 0
+    uncompressed: int | None = 0
+
+    def no_minmax(self) -> None:
+        self.minmax_known = False
+
+    def add_minmax(self, lo: Any, hi: Any) -> None:
+        try:
+            self.lo = lo if self.lo is None or lo < self.lo else self.lo
+            self.hi = hi if self.hi is None or hi > self.hi else self.hi
+        except TypeError:  # values of types Python cannot order against each other
+            self.minmax_known = False
+
+    def add_nulls(self, n: int | None) -> None:
+        self.nulls = None if n is None or self.nulls is None else self.nulls + n
+
+    def add_bytes(self, compressed: int | None, uncompressed: int | None) -> None:
+        self.compressed = None if compressed is None or self.compressed is None else self.compressed + compressed
+        self.uncompressed = None if uncompressed is None or self.uncompressed is None \
+            else self.uncompressed + uncompressed
+
+
+def _leaf_index(meta) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    schema = meta.schema
+    for c in range(meta.num_columns):
+        path = schema.column(c).path
+        out.setdefault(path.split(".", 1)[0], []).append(c)
+    return out
+
+
+def _stat_value(stats, which: str) -> Any:
+    value = getattr(stats, which)
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError("NaN statistic")
+    return value
+
+
+def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None, dict[str, _Acc]]:
+    """Rows and per-column statistics of ``scan``'s kept units from footer metadata
+    already fetched (no I/O). Columns without statistics get unknown (None) fields."""
+    src = scan.source
+    units = scan.selected_units()
+    rows = sum(u.num_rows for u in units) if all(u.num_rows is not None for u in units) else None
+    accs = {c: _Acc() for c in source_columns}
+    part_names = set(src.partition_schema.names)
+    file_meta = getattr(src, "file_metadata", None)
+    parquet = src.kind == "parquet" and file_meta is not None
+    indexes: dict[int, dict[str, list[int]]] = {}
+    for u in units:
+        meta = file_meta(u.file) if parquet else None
+        if meta is not None and u.file not in indexes:
+            indexes[u.file] = _leaf_index(meta)
+        rg = meta.row_group(u.row_group) if meta is not None and u.row_group is not None else None
+        for c, acc in accs.items():
+            if c in part_names:
+                value = u.partition.get(c)
+                acc.add_bytes(0, 0)
+                if value is None:
+                    acc.add_nulls(u.num_rows)
+                else:
+                    acc.add_nulls(0)
+                    acc.add_minmax(value, value)
+                continue
+            if rg is None:
+                acc.nulls = None
+                acc.no_minmax()
+                acc.add_bytes(None, None)
+                continue
+            leaves = indexes[u.file].get(c, [])
+            chunks = [rg.column(i) for i in leaves]
+            acc.add_bytes(sum(ch.total_compressed_size for ch in chunks),
+                          sum(ch.total_uncompressed_size for ch in chunks))
+            if not chunks:  # the column is missing from this file: it reads as nulls
+                acc.add_nulls(rg.num_rows)
+                continue
+            if len(chunks) != 1 or chunks[0].path_in_schema != c:
+                acc.nulls = None  # nested: leaf statistics do not describe rows
+                acc.no_minmax()
+                continue
+            stats = chunks[0].statistics
+            if stats is None:
+                acc.nulls = None
+                acc.no_minmax()
+                continue
+            acc.add_nulls(stats.null_count if stats.has_null_count else None)
+            acc.distinct.append(stats.distinct_count if getattr(stats, "has_distinct_count", False) else None)
+            if stats.has_min_max:
+                try:
+                    acc.add_minmax(_stat_value(stats, "min"), _stat_value(stats, "max"))
+                except Exception:  # noqa: BLE001 - a statistic pyarrow cannot convert is unknown
+                    acc.no_minmax()
+            elif not (stats.has_null_count and stats.null_count == rg.num_rows):
+                acc.no_minmax()  # values but no min/max: unknown; all nulls: nothing to add
+    return rows, accs
+
+
+# ---------------------------------------------------------------------------
+# the public entry point
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _exact(dataset, names: Sequence[str], schema: pa.Schema) -> tuple[int, dict[str, tuple]]:
+    """One DuckDB scan: rows, and per column (non-null count, min, max, distinct estimate)."""
+    parts = ["count(*) AS __rows"]
+    for i, n in enumerate(names):
+        q = _quote(n)
+        parts.append(f"count({q}) AS __n{i}")
+        if not _nested(schema.field(n).type):
+            parts.append(f"min({q}) AS __lo{i}, max({q}) AS __hi{i}")
+        parts.append(f"approx_count_distinct({q}) AS __d{i}")
+    row = dataset.sql("SELECT " + ", ".join(parts) + " FROM self").to_arrow().to_pylist()[0]
+    out = {}
+    for i, n in enumerate(names):
+        out[n] = (row[f"__n{i}"], row.get(f"__lo{i}"), row.get(f"__hi{i}"), row[f"__d{i}"])
+    return row["__rows"], out
+
+
+def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool = False):
+    """Per-column statistics of ``dataset``'s output as a ``polars.DataFrame``, one row
+    per column: ``column, type, rows, null_count, min, max, approx_distinct,
+    compressed_bytes, uncompressed_bytes, source``. min / max are text (one column
+    holds every type), rendered the same way from footers and from scans.
+
+    ``exact=False`` (default): from Parquet footers only, no data page is read. ``source``
+    says ``"footer"`` when the statistics describe exactly the selected rows,
+    ``"footer, before filter"`` when the selection filters or limits rows (the values
+    then bound the selection: the kept row groups before the filter),
+    ``"partition folders"`` for hive partition columns (values from the folder names),
+    ``"no statistics"`` where the format or a computed column has none. min / max
+    leave NaN out (as Parquet writers do); ``approx_distinct`` is known from footers
+    only where the writer stored a distinct count and a single row group holds the column.
+    ``exact=True``: one scan (DuckDB) over the described columns of the selection; rows,
+    nulls, min and max are exact, ``approx_distinct`` is a HyperLogLog estimate.
+    Byte sizes always come from footers (the bytes the column takes on disk).
+    """
+    import polars as pl
+
+    schema = dataset.schema
+    if isinstance(columns, str):
+        columns = [columns]
+    names = list(schema.names) if columns is None else list(columns)
+    for n in names:
+        if n not in schema.names:
+            raise ColumnNotFoundError(n, schema.names, "describe()")
+    plan = dataset.optimized_plan()
+    scan, mapping, filtered = lineage(plan)
+    src_cols = sorted({mapping[n] for n in names if mapping.get(n) is not None})
+    rows: int | None = None
+    accs: dict[str, _Acc] = {}
+    has_stats = False
+    if scan is not None:
+        rows, accs = footer_stats(scan, src_cols)
+        has_stats = scan.source.has_statistics
+    scanned: dict[str, tuple] = {}
+    if exact:
+        sub = dataset.select(*names) if names != list(schema.names) else dataset
+        rows, scanned = _exact(sub, names, schema)
+    records = []
+    for n in names:
+        type_ = schema.field(n).type
+        acc = accs.get(mapping.get(n)) if mapping.get(n) is not None else None
+        rec: dict[str, Any] = {"column": n, "type": str(type_), "rows": rows, "null_count": None,
+                               "min": None, "max": None, "approx_distinct": None,
+                               "compressed_bytes": acc.compressed if acc else None,
+                               "uncompressed_bytes": acc.uncompressed if acc else None,
+                               "source": SOURCE_NONE}
+        if exact:
+            count, lo, hi, distinct = scanned[n]
+            rec.update(null_count=rows - count, min=format_value(lo, type_), max=format_value(hi, type_),
+                       approx_distinct=min(distinct, count) if distinct is not None else None,
+                       source=SOURCE_SCAN)
+        elif acc is not None and (has_stats or mapping[n] in scan.source.partition_schema.names):
+            partition = mapping[n] in scan.source.partition_schema.names
+            rec["null_count"] = acc.nulls
+            if acc.minmax_known:
+                rec["min"], rec["max"] = format_value(acc.lo, type_), format_value(acc.hi, type_)
+            if len(acc.distinct) == 1 and acc.distinct[0] is not None:
+                rec["approx_distinct"] = acc.distinct[0]
+            rec["source"] = SOURCE_PARTITION if partition else SOURCE_FOOTER
+            if filtered:
+                rec["source"] += ", before filter"
+        records.append(rec)
+    return pl.DataFrame(records, schema={
+        "column": pl.String, "type": pl.String, "rows": pl.Int64, "null_count": pl.Int64,
+        "min": pl.String, "max": pl.String, "approx_distinct": pl.Int64,
+        "compressed_bytes": pl.Int64, "uncompressed_bytes": pl.Int64, "source": pl.String,
+    })

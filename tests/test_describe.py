@@ -1,0 +1,151 @@
+"""``Dataset.describe()``: per-column statistics from footers, or from one scan.
+
+Truths: DuckDB's min / max / null counts over the same files, pyarrow's own reading of
+the footers for sizes, and the counting filesystem for "footers only".
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+from arrowload.describe import RESULT_COLUMNS, format_value
+from _support import CountingLocalFileSystem, footer_size
+from conftest import ROWS, duck, parquet_scan
+
+PLAIN = ["id", "ts", "day", "user_id", "country", "label", "f0", "f15", "price", "text", "score"]
+
+
+def _duck_stats(source_sql: str, columns, types) -> dict[str, tuple]:
+    parts = []
+    for c in columns:
+        parts.append(f'min("{c}") AS "lo_{c}", max("{c}") AS "hi_{c}", '
+                     f'count(*) - count("{c}") AS "nulls_{c}"')
+    row = duck(f"SELECT count(*) AS n, {', '.join(parts)} FROM {source_sql}").to_pylist()[0]
+    return {c: (format_value(row[f"lo_{c}"], types[c]), format_value(row[f"hi_{c}"], types[c]),
+                row[f"nulls_{c}"], row["n"]) for c in columns}
+
+
+def _by_column(frame) -> dict[str, dict]:
+    return {r["column"]: r for r in frame.to_dicts()}
+
+
+def test_footer_statistics_equal_duckdb(parquet_lake):
+    ds = al.dataset(parquet_lake)
+    desc = ds.describe()
+    assert tuple(desc.columns) == RESULT_COLUMNS
+    assert desc["column"].to_list() == ds.schema.names
+    rows = _by_column(desc)
+    types = {f.name: f.type for f in ds.schema}
+    truth = _duck_stats(parquet_scan(parquet_lake), PLAIN, types)
+    for c in PLAIN:
+        lo, hi, nulls, n = truth[c]
+        r = rows[c]
+        assert (r["min"], r["max"], r["null_count"], r["rows"]) == (lo, hi, nulls, n), c
+        assert r["source"] == "footer"
+    assert rows["country"]["null_count"] > 0 and rows["score"]["null_count"] > 0  # the lake has nulls
+    # a nested column: sizes yes, row-level min / max / nulls not from leaf statistics
+    assert rows["emb"]["min"] is None and rows["emb"]["null_count"] is None
+    assert rows["emb"]["compressed_bytes"] > 0
+
+
+def test_footer_sizes_equal_pyarrow_metadata(parquet_lake):
+    compressed: dict[str, int] = {}
+    uncompressed: dict[str, int] = {}
+    for path in glob.glob(os.path.join(parquet_lake, "*.parquet")):
+        meta = pq.ParquetFile(path).metadata
+        for rg in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                col = meta.row_group(rg).column(c)
+                top = col.path_in_schema.split(".")[0]
+                compressed[top] = compressed.get(top, 0) + col.total_compressed_size
+                uncompressed[top] = uncompressed.get(top, 0) + col.total_uncompressed_size
+    rows = _by_column(al.dataset(parquet_lake).describe())
+    for name in compressed:
+        assert rows[name]["compressed_bytes"] == compressed[name]
+        assert rows[name]["uncompressed_bytes"] == uncompressed[name]
+
+
+def test_footers_only_reads_nothing_but_footers(parquet_lake):
+    fs = CountingLocalFileSystem()
+    ds = al.dataset(parquet_lake, filesystem=fs)
+    ds.describe()
+    assert fs.stats.read_calls > 0
+    sizes = {p: os.path.getsize(p) for p in glob.glob(os.path.join(parquet_lake, "*.parquet"))}
+    for r in fs.stats.reads:  # every read lies in the file's tail (footer plus pyarrow's tail read)
+        size = sizes[os.path.normpath(r.path)]
+        tail = max(footer_size(os.path.normpath(r.path)), 64 << 10)
+        assert r.offset >= size - tail, r
+    fs.reset()
+    ds.describe()                      # footers are cached: nothing at all now
+    ds.describe(["f0", "label"])
+    assert fs.stats.bytes_read == 0
+    ds.describe(["label"], exact=True)  # a scan reads data pages
+    assert fs.stats.bytes_read > 0
+
+
+def test_exact_scan_equals_duckdb(parquet_lake):
+    ds = al.dataset(parquet_lake)
+    cols = ["id", "country", "label", "f0", "price", "score", "emb"]
+    rows = _by_column(ds.describe(cols, exact=True))
+    types = {f.name: f.type for f in ds.schema}
+    truth = _duck_stats(parquet_scan(parquet_lake), [c for c in cols if c != "emb"], types)
+    for c, (lo, hi, nulls, n) in truth.items():
+        assert (rows[c]["min"], rows[c]["max"], rows[c]["null_count"], rows[c]["rows"]) == (lo, hi, nulls, n)
+        assert rows[c]["source"] == "scan"
+    assert rows["emb"]["null_count"] == 0 and rows["emb"]["rows"] == ROWS
+    distinct = duck(f"SELECT count(DISTINCT country) AS c, count(DISTINCT label) AS l "
+                    f"FROM {parquet_scan(parquet_lake)}").to_pylist()[0]
+    assert rows["country"]["approx_distinct"] == distinct["c"]   # HyperLogLog is exact this small
+    assert rows["label"]["approx_distinct"] == distinct["l"]
+    assert abs(rows["id"]["approx_distinct"] - ROWS) <= 0.1 * ROWS
+
+
+def test_filtered_selection_footer_values_bound_the_rows(parquet_lake):
+    sel = al.dataset(parquet_lake).filter("id >= 7000 AND label = 1").select("id", "f0")
+    footer = _by_column(sel.describe())
+    exact = _by_column(sel.describe(exact=True))
+    truth = duck(f"SELECT count(*) AS n, min(id) AS lo, max(id) AS hi FROM {parquet_scan(parquet_lake)} "
+                 "WHERE id >= 7000 AND label = 1").to_pylist()[0]
+    assert exact["id"]["rows"] == truth["n"]
+    assert (exact["id"]["min"], exact["id"]["max"]) == (str(truth["lo"]), str(truth["hi"]))
+    assert footer["id"]["source"] == "footer, before filter"
+    assert int(footer["id"]["min"]) <= truth["lo"] and int(footer["id"]["max"]) >= truth["hi"]
+    assert footer["id"]["rows"] >= truth["n"]
+    assert float(footer["f0"]["min"]) <= float(exact["f0"]["min"])
+
+
+def test_partition_column_from_folder_names(hive_lake):
+    rows = _by_column(al.dataset(hive_lake).describe(["country", "id"]))
+    truth = duck(f"SELECT min(country) AS lo, max(country) AS hi, count(*) - count(country) AS nulls "
+                 f"FROM {parquet_scan(hive_lake, hive=True)}").to_pylist()[0]
+    assert (rows["country"]["min"], rows["country"]["max"]) == (truth["lo"], truth["hi"])
+    assert rows["country"]["null_count"] == truth["nulls"] > 0
+    assert rows["country"]["source"] == "partition folders" and rows["id"]["source"] == "footer"
+    assert (rows["id"]["min"], rows["id"]["max"]) == ("0", str(ROWS - 1))
+
+
+def test_no_statistics_and_computed_columns(ipc_lake, parquet_lake):
+    rows = _by_column(al.dataset(ipc_lake).describe(["id"]))
+    assert rows["id"]["rows"] == ROWS and rows["id"]["min"] is None
+    assert rows["id"]["source"] == "no statistics"
+    assert _by_column(al.dataset(ipc_lake).describe(["id"], exact=True))["id"]["max"] == str(ROWS - 1)
+    sel = al.dataset(parquet_lake).select("id", double="id * 2")
+    rows = _by_column(sel.describe())
+    assert rows["double"]["source"] == "no statistics" and rows["double"]["min"] is None
+    assert rows["id"]["source"] == "footer"
+    assert _by_column(sel.describe(exact=True))["double"]["max"] == str(2 * (ROWS - 1))
+    mem = _by_column(al.dataset(pa.table({"x": [3, 1, None]})).describe(exact=True))["x"]
+    assert (mem["min"], mem["max"], mem["null_count"], mem["rows"]) == ("1", "3", 1, 3)
+
+
+def test_unknown_column_is_a_key_error(parquet_lake):
+    with pytest.raises(KeyError, match="nope"):
+        al.dataset(parquet_lake).describe(["nope"])
+    with pytest.raises(al.ColumnNotFoundError):
+        al.dataset(parquet_lake).describe("nope")

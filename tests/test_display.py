@@ -1,0 +1,189 @@
+"""Rich display: the text repr and notebook HTML of Datasets, Loaders and profiles.
+
+The HTML must be well formed (every tag closed, in order), escape whatever comes from the
+data (column names, paths, filter text) and name every column of the schema. The numbers
+it shows are checked against pyarrow's own reading of the footers, and showing a Dataset
+must read no data: the counting filesystem sees nothing after the footers.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from html.parser import HTMLParser
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+from _support import CountingLocalFileSystem
+
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+class StrictHTML(HTMLParser):
+    """Collects text; fails on an end tag that does not close the innermost open tag, on
+    stray end tags, and (in ``check``) on tags left open."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.text: list[str] = []
+        self.tags: list[str] = []
+        self.errors: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag in VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes {self.stack[-1] if self.stack else 'nothing'}")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    @classmethod
+    def check(cls, markup: str) -> "StrictHTML":
+        p = cls()
+        p.feed(markup)
+        p.close()
+        assert not p.errors, p.errors
+        assert not p.stack, f"tags left open: {p.stack}"
+        assert "script" not in p.tags
+        return p
+
+    @property
+    def all_text(self) -> str:
+        return "".join(self.text)
+
+
+def test_strict_parser_catches_broken_markup():
+    with pytest.raises(AssertionError):
+        StrictHTML.check("<div><table></div></table>")
+    with pytest.raises(AssertionError):
+        StrictHTML.check("<div><span>open")
+    StrictHTML.check("<div><img src='x'/><br></div>")
+
+
+def _row_groups(lake: str) -> list[tuple[int, int, int]]:
+    """(file, row group, min id) of every row group, from pyarrow's own footer reading."""
+    out = []
+    for i, path in enumerate(sorted(glob.glob(os.path.join(lake, "*.parquet")))):
+        meta = pq.ParquetFile(path).metadata
+        id_col = meta.schema.names.index("id")
+        for rg in range(meta.num_row_groups):
+            out.append((i, rg, meta.row_group(rg).column(id_col).statistics.min))
+    return out
+
+
+def test_dataset_html_is_valid_and_names_every_column(parquet_lake):
+    ds = al.dataset(parquet_lake)
+    page = StrictHTML.check(ds._repr_html_())
+    text = page.all_text
+    for name in ds.schema.names:
+        assert name in text
+    groups = _row_groups(parquet_lake)
+    assert f"{len(groups)} row groups" in text
+    assert f"{len({f for f, _, _ in groups})} files" in text
+    assert "arrowload.Dataset" in text
+
+
+def test_repr_reports_what_pushdown_keeps(parquet_lake):
+    ds = al.dataset(parquet_lake)
+    sel = ds.filter("id < 4000").select("id", "f0", label="CAST(label AS INTEGER)")
+    groups = _row_groups(parquet_lake)
+    kept = sum(1 for _, _, lo in groups if lo < 4000)
+    text = repr(sel)
+    assert text.splitlines()[0] == f"arrowload.Dataset(parquet: {parquet_lake})"
+    assert "columns: id: int64, f0: float, label: int32" in text
+    assert f"{kept} of {len(groups)} row groups" in text
+    assert f"3 of {len(ds.schema)} columns" in text          # id, f0 and label are read
+    assert '"id" < 4000' in text                                # the pushed filter is named
+    html = StrictHTML.check(sel._repr_html_()).all_text
+    assert f"{kept} of {len(groups)} row groups" in html
+    for name in ("id", "f0", "label"):
+        assert name in html
+
+
+def test_html_escapes_names_paths_and_filters(tmp_path):
+    nasty = ['<b>bold</b>', 'a&b', 'quote"d', "<script>alert(1)</script>"]
+    table = pa.table({n: [1, 2, 3] for n in nasty})
+    path = tmp_path / "we<ird&dir"
+    path.mkdir()
+    pq.write_table(table, path / "part-0.parquet")
+    ds = al.dataset(str(path)).filter('"<b>bold</b>" > 1')
+    markup = ds._repr_html_()
+    page = StrictHTML.check(markup)          # would fail on a raw <b> or <script>
+    for n in nasty:
+        assert n in page.all_text            # shown as text, decoded back exactly
+    assert "we<ird&dir" in page.all_text
+    assert "<b>bold" not in markup and "<script>" not in markup
+
+
+def test_sql_and_memory_datasets_display(parquet_lake):
+    events = al.dataset(parquet_lake)
+    agg = al.sql("SELECT country, count(*) AS n FROM events GROUP BY country", events=events)
+    page = StrictHTML.check(agg._repr_html_()).all_text
+    assert "country" in page and "DuckDB" in page
+    mem = al.dataset(pa.table({"x": [1, 2, 3], "y": ["a", "b", "c"]}))
+    assert "x" in StrictHTML.check(mem._repr_html_()).all_text
+    assert "3 rows" in repr(mem)
+
+
+def test_display_never_raises(parquet_lake):
+    def broken(batch):
+        raise RuntimeError("boom")
+
+    ds = al.dataset(parquet_lake).map(broken, columns=["id"])
+    text = repr(ds)
+    assert "schema unavailable" in text and "boom" in text
+    page = StrictHTML.check(ds._repr_html_()).all_text
+    assert "unavailable" in page
+
+
+def test_showing_a_dataset_reads_no_data(parquet_lake):
+    fs = CountingLocalFileSystem()
+    ds = al.dataset(parquet_lake, filesystem=fs).filter("id < 4000 AND label = 1").select("f0", "label")
+    ds.schema                                    # footers (read synchronously, no readahead)
+    fs.reset()
+    repr(ds)
+    ds._repr_html_()
+    assert fs.stats.bytes_read == 0
+
+
+def test_loader_repr_and_html(parquet_lake, tmp_path):
+    sel = al.dataset(parquet_lake).filter("label = 1").select("f0", "f1", "label")
+    with sel.loader(64, shuffle="block", seed=3, cache_dir=str(tmp_path)) as loader:
+        text = repr(loader)
+        first = text.splitlines()[0]
+        assert first.startswith("arrowload.Loader(batch_size=64, shuffle='block'")
+        assert "shuffle   block" in text and "(seed 3)" in text
+        assert f"{loader.num_rows:,} selected" in text
+        page = StrictHTML.check(loader._repr_html_()).all_text
+        for name in ("f0", "f1", "label"):
+            assert name in page
+        assert "block" in page
+        for _ in zip(range(3), loader):
+            pass
+        assert "last run" in repr(loader)
+        StrictHTML.check(loader._repr_html_())
+
+
+def test_profile_html_is_valid(parquet_lake, tmp_path):
+    pytest.importorskip("matplotlib")
+    with al.dataset(parquet_lake).select("f0", "label").loader(256, cache_dir=str(tmp_path)) as loader:
+        prof = loader.profile(5)
+    page = StrictHTML.check(prof._repr_html_())
+    assert "img" in page.tags
+    for stage in prof.stages():
+        assert stage in page.all_text
