@@ -108,6 +108,38 @@ def _demo(args: argparse.Namespace) -> int:
     table = sel.to_arrow()
     print(f"\nto_arrow(): {table.num_rows:,} rows, {table.nbytes / 2**20:.1f} MiB "
           f"in {time.perf_counter() - t0:.3f}s")
+
+    # the main job: shuffled, sharded, resumable batches for training
+    feats = [f"f{i}" for i in range(16)]
+    train = ds.filter("label IS NOT NULL").select(*feats, "label")
+    cache = os.path.join(lake, ".arrowload-cache")
+    print("\nloader: 2 ranks x 2 epochs, batch 4096, global shuffle, f0..f15 stacked to x [4096, 16]")
+    seen = []
+    for rank in range(2):
+        with train.loader(4096, shuffle=True, seed=0, drop_last=True, rank=rank, world_size=2,
+                          stack={"x": feats}, cache_dir=cache) as loader:
+            if rank == 0:
+                print(f"  {loader!r}")
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                t0 = time.perf_counter()
+                rows = 0
+                for batch in loader:
+                    rows += len(batch["label"])
+                secs = time.perf_counter() - t0
+                print(f"  rank {rank} epoch {epoch}: {len(loader)} batches, {rows:,} rows in {secs:.2f}s "
+                      f"({rows / secs:,.0f} rows/s); consumer waited {loader.stats().wait_s:.2f}s")
+            loader.set_epoch(1)
+            it = iter(loader)
+            first = [next(it)["label"].copy() for _ in range(3)]
+            state = loader.state_dict()
+            seen.append(state)
+        with train.loader(4096, shuffle=True, seed=0, drop_last=True, rank=rank, world_size=2,
+                          stack={"x": feats}, cache_dir=cache) as resumed:
+            resumed.load_state_dict(state)
+            nxt = next(iter(resumed))
+            print(f"  rank {rank}: state_dict() after 3 batches -> {state['position']:,} rows in; "
+                  f"a fresh loader resumes at batch {state['batches'] + 1} ({len(nxt['label'])} rows)")
     return 0
 
 
