@@ -114,7 +114,6 @@ def _demo(args: argparse.Namespace) -> int:
     train = ds.filter("label IS NOT NULL").select(*feats, "label")
     cache = os.path.join(lake, ".arrowload-cache")
     print("\nloader: 2 ranks x 2 epochs, batch 4096, global shuffle, f0..f15 stacked to x [4096, 16]")
-    seen = []
     for rank in range(2):
         with train.loader(4096, shuffle=True, seed=0, drop_last=True, rank=rank, world_size=2,
                           stack={"x": feats}, cache_dir=cache) as loader:
@@ -131,15 +130,16 @@ def _demo(args: argparse.Namespace) -> int:
                       f"({rows / secs:,.0f} rows/s); consumer waited {loader.stats().wait_s:.2f}s")
             loader.set_epoch(1)
             it = iter(loader)
-            first = [next(it)["label"].copy() for _ in range(3)]
+            k = max(0, min(3, len(loader) - 1))  # stop mid-epoch, leaving at least one batch
+            for _ in range(k):
+                next(it)
             state = loader.state_dict()
-            seen.append(state)
         with train.loader(4096, shuffle=True, seed=0, drop_last=True, rank=rank, world_size=2,
                           stack={"x": feats}, cache_dir=cache) as resumed:
             resumed.load_state_dict(state)
-            nxt = next(iter(resumed))
-            print(f"  rank {rank}: state_dict() after 3 batches -> {state['position']:,} rows in; "
-                  f"a fresh loader resumes at batch {state['batches'] + 1} ({len(nxt['label'])} rows)")
+            rest = sum(1 for _ in resumed)
+            print(f"  rank {rank}: state_dict() after {k} batches -> {state['position']:,} rows in; "
+                  f"a fresh loader resumes there and yields the remaining {rest} of {len(resumed)} batches")
     return 0
 
 
