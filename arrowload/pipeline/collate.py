@@ -19,6 +19,7 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -31,13 +32,20 @@ from ..errors import ColumnNotFoundError, ConversionError
 
 @dataclass(frozen=True)
 class StackSpec:
-    """Resolved stacking: output name -> the input columns, in order."""
+    """Resolved stacking: output name -> the input columns, in order, and the dtype of
+    each stacked array (numpy's promotion of its columns' types)."""
 
     groups: tuple[tuple[str, tuple[str, ...]], ...]
+    dtypes: tuple[np.dtype, ...] = ()
 
-    @property
+    @cached_property
     def stacked(self) -> frozenset[str]:
         return frozenset(c for _, cols in self.groups for c in cols)
+
+    @cached_property
+    def first(self) -> dict[str, int]:
+        """Index of the group each group's first column opens."""
+        return {cols[0]: i for i, (_, cols) in enumerate(self.groups)}
 
 
 def resolve_stack(stack: Mapping[str, str | Sequence[str]] | None, schema: pa.Schema) -> StackSpec | None:
@@ -70,7 +78,9 @@ def resolve_stack(stack: Mapping[str, str | Sequence[str]] | None, schema: pa.Sc
         if out in schema.names and out not in cols:
             raise ValueError(f"stack output {out!r} would shadow the column of the same name")
         groups.append((out, tuple(cols)))
-    return StackSpec(tuple(groups))
+    dtypes = tuple(np.result_type(*[schema.field(c).type.to_pandas_dtype() for c in cols])
+                   for _, cols in groups)
+    return StackSpec(tuple(groups), dtypes)
 
 
 def _natural(names: list[str]) -> list[str]:
@@ -145,27 +155,38 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
     """Host arrays for ``batch`` with ``spec``'s columns stacked into pooled buffers;
     the other columns converted by ``to_host`` (zero-copy where possible)."""
     n = batch.num_rows
-    rest = batch.drop_columns(list(spec.stacked))
-    host_rest = to_host(rest, opts)
-    stacked = {}
-    for out, cols in spec.groups:
-        dtype = np.result_type(*[batch.schema.field(c).type.to_pandas_dtype() for c in cols])
+    stacked_names = spec.stacked
+    rest_names = [name for name in batch.schema.names if name not in stacked_names]
+    host_rest = to_host(batch.select(rest_names), opts) if rest_names else {}
+    stacked = []
+    for (out, cols), dtype in zip(spec.groups, spec.dtypes):
         buf = pool.take((n, len(cols)), dtype)
-        parts = to_host(batch.select(list(cols)), opts)  # views (or one copy for bools / filled nulls)
+        slow = []
         for j, c in enumerate(cols):
-            buf[:, j] = parts[c]
+            col = batch.column(c)
+            if col.null_count == 0 and not pa.types.is_boolean(col.type):
+                buf[:, j] = col.to_numpy(zero_copy_only=True)  # a view of Arrow's buffer
+            else:
+                slow.append((j, c))
+        if slow:  # nulls (filled or refused) and bit-packed booleans go through to_host
+            parts = to_host(batch.select([c for _, c in slow]), opts)
+            for j, c in slow:
+                buf[:, j] = parts[c]
         view = buf[:n]
         if opts.output == "numpy":
             view.flags.writeable = False
-        stacked[out] = view
-    # place each stacked array where its first column was
-    out: dict = {}
-    first = {cols[0]: name for name, cols in spec.groups}
+        stacked.append((out, view))
+    # each stacked array takes the place of its first column
+    result: dict = {}
+    first = spec.first
     for name in batch.schema.names:
-        if name in first:
-            out[first[name]] = stacked[first[name]]
-        elif name not in spec.stacked:
-            for key in (name, f"{name}_lengths"):
-                if key in host_rest:
-                    out[key] = host_rest[key]
-    return out
+        g = first.get(name)
+        if g is not None:
+            out, view = stacked[g]
+            result[out] = view
+        elif name not in stacked_names:
+            result[name] = host_rest[name]
+            lengths = f"{name}_lengths"
+            if lengths in host_rest:
+                result[lengths] = host_rest[lengths]
+    return result
