@@ -379,9 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traceback", action="store_true", help="show the traceback of an unexpected error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="generate a small lake and run a selection over it",
-                          description="Write a synthetic events lake (once) and run the README's "
-                                      "selection over it: count, explain, head, to_arrow.")
+    demo = sub.add_parser("demo", help="generate a small lake, select from it and train-load it",
+                          description="Write a synthetic events lake (once), run the README's "
+                                      "selection over it (count, explain, head, to_arrow), then the "
+                                      "main job: two ranks of a shuffled, stacked loader for two "
+                                      "epochs, with a mid-epoch state_dict and resume.")
     demo.add_argument("--dir", default="demo-lake", help="where to write the lake (default: ./demo-lake)")
     demo.add_argument("--rows", type=_positive_int, default=200_000, help="rows to generate (default 200,000)")
     demo.set_defaults(func=_demo)
