@@ -278,7 +278,15 @@ class Loader:
             return table.slice(task.lo, task.hi - task.lo)
         if task.kind == "window":
             def load_window():
-                return pa.concat_tables([src.read_unit(int(u)) for u in order.windows[task.window]])
+                units = [int(u) for u in order.windows[task.window]]
+                workers = min(len(units), self.options.io_threads)
+                if workers > 1:  # a window is many units: read them side by side
+                    with ThreadPoolExecutor(workers, thread_name_prefix="arrowload-window") as pool:
+                        parts = list(pool.map(src.read_unit, units))
+                else:
+                    parts = [src.read_unit(u) for u in units]
+                # one contiguous chunk: Arrow's take over many chunks concatenates per call
+                return pa.concat_tables(parts).combine_chunks()
             table = cache.get(("window", task.window), load_window)
             return table.take(pa.array(order.window_local(task.window, task.lo, task.hi), pa.int64()))
         return src.gather(order.rows(task.lo, task.hi))
