@@ -168,6 +168,13 @@ class Loader:
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world}")
         self.rank, self.world_size = int(rank), int(world)
+        # import the framework now (seconds for torch / jax), not inside the first batch's timing
+        if options.output == "torch":
+            from ..convert.torch_out import import_torch
+            import_torch()
+        elif options.output == "jax":
+            from ..convert.jax_out import import_jax
+            import_jax()
         # CUDA copies go through the pinned, stream-ordered device stage, not convert's .to()
         self._device_stage = None
         if wants_cuda(options.output, options.device, options.devices):
