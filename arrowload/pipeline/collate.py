@@ -155,16 +155,18 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
     """Host arrays for ``batch`` with ``spec``'s columns stacked into pooled buffers;
     the other columns converted by ``to_host`` (zero-copy where possible)."""
     n = batch.num_rows
+    names = batch.schema.names  # looked up once: name lookups on a batch cost microseconds each
+    arrays = dict(zip(names, batch.columns))
     stacked_names = spec.stacked
-    rest_names = [name for name in batch.schema.names if name not in stacked_names]
+    rest_names = [name for name in names if name not in stacked_names]
     host_rest = to_host(batch.select(rest_names), opts) if rest_names else {}
     stacked = []
     for (out, cols), dtype in zip(spec.groups, spec.dtypes):
         buf = pool.take((n, len(cols)), dtype)
         slow = []
         for j, c in enumerate(cols):
-            col = batch.column(c)
-            if col.null_count == 0 and not pa.types.is_boolean(col.type):
+            col = arrays[c]
+            if col.null_count == 0 and dtype != np.bool_ and col.type.id != _BOOL_ID:
                 buf[:, j] = col.to_numpy(zero_copy_only=True)  # a view of Arrow's buffer
             else:
                 slow.append((j, c))
@@ -179,7 +181,7 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
     # each stacked array takes the place of its first column
     result: dict = {}
     first = spec.first
-    for name in batch.schema.names:
+    for name in names:
         g = first.get(name)
         if g is not None:
             out, view = stacked[g]
@@ -190,3 +192,6 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
             if lengths in host_rest:
                 result[lengths] = host_rest[lengths]
     return result
+
+
+_BOOL_ID = pa.bool_().id
