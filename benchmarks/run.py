@@ -413,6 +413,8 @@ def limit_of(cells, wk: str, rows: int) -> tuple[float | None, str]:
 def workload_table(cells, wk: str, rows: int) -> list[str]:
     w = WORKLOADS[wk]
     mine = [c for c in cells if c.workload.key == wk and not c.verify_only]
+    if not mine:
+        return []
     if wk == "W3":
         mine += [c for c in cells if c.workload.key == "W1" and c.peer.role == "decode"
                  and not c.verify_only and c.lake_rows == rows]
