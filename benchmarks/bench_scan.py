@@ -609,7 +609,12 @@ def report(workloads, lake: Path, args, reps: int, phase: dict, command: str,
 
 def write_results(section_key: str, title: str, body: str) -> None:
     begin, end = f"<!-- bench_scan:{section_key}:begin -->", f"<!-- bench_scan:{section_key}:end -->"
-    block = f"{begin}\n## {title}\n\n{body}\n{end}\n"
+    replace_section(begin, end, f"{begin}\n## {title}\n\n{body}\n{end}\n")
+
+
+def replace_section(begin: str, end: str, block: str) -> None:
+    """Put ``block`` (which starts with ``begin`` and ends with ``end``) into RESULTS.md,
+    replacing the section between those markers if there is one, appending it otherwise."""
     text = RESULTS.read_text() if RESULTS.exists() else ""
     if not text.startswith(RESULTS_HEADER.splitlines()[0]):
         text = RESULTS_HEADER + "\n" + text.lstrip("\n")

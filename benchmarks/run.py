@@ -692,16 +692,8 @@ def write_results(rows: int, body: str, with_chart: bool) -> None:
     begin, end = f"<!-- run:rows={rows}:begin -->", f"<!-- run:rows={rows}:end -->"
     title = f"## Feeding a model: arrowload vs peers (`run.py`), {rows:,} rows ({size})"
     pic = f"\n![rows/s per workload]({CHART.name})\n" if with_chart else ""
-    block = f"{begin}\n{title}\n{pic}\n{body}\n{end}\n"
-    import re
-    from bench_scan import RESULTS_HEADER
-    text = RESULTS.read_text() if RESULTS.exists() else RESULTS_HEADER
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    RESULTS.write_text(text)
+    from bench_scan import replace_section
+    replace_section(begin, end, f"{begin}\n{title}\n{pic}\n{body}\n{end}\n")
 
 
 # -- archive -----------------------------------------------------------------------------------

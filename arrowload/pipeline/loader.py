@@ -28,6 +28,7 @@ import pyarrow as pa
 from ..errors import ArrowloadError, StateMismatchError
 from ..order import EpochOrder, num_batches, rank_range
 from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans
+from ..scan.execute import as_record_batch
 from .budget import ByteBudget
 from .collate import BufferPool, resolve_stack, stack_batch
 from .device import DeviceBatch, TorchDeviceStage, jax_place, wants_cuda
@@ -578,7 +579,7 @@ class _Pipeline:
         fn = loader.options.transform
         if fn is not None:
             t0 = time.perf_counter()
-            batch = _as_batch(fn(batch), "transform")
+            batch = as_record_batch(fn(batch), "transform")
             self.stats.transform_s += time.perf_counter() - t0
         t0 = time.perf_counter()
         out = loader._collate(batch)
@@ -633,24 +634,10 @@ def _host_to_arrow(host: dict) -> pa.RecordBatch:
     for name, value in host.items():
         if isinstance(value, np.ndarray) and value.ndim == 2:
             arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(value.reshape(-1)), value.shape[1]))
-        elif isinstance(value, np.ndarray):
-            arrays.append(pa.array(value))
         else:
             arrays.append(pa.array(value))
         names.append(name)
     return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
-def _as_batch(out, what: str) -> pa.RecordBatch:
-    if isinstance(out, pa.RecordBatch):
-        return out
-    if isinstance(out, pa.Table):
-        return out.combine_chunks().to_batches()[0] if out.num_rows else \
-            pa.RecordBatch.from_pylist([], schema=out.schema)
-    if type(out).__module__.split(".")[0] == "polars":
-        return _as_batch(out.to_arrow(), what)
-    raise TypeError(f"{what} must return a pyarrow RecordBatch, Table or polars DataFrame; "
-                    f"got {type(out).__name__}")
 
 
 def _take_rows(pending: deque, n: int) -> pa.RecordBatch:

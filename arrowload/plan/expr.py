@@ -199,9 +199,8 @@ class PolarsExpr(Expr):
 
 
 def _to_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
-    table = table.cast(schema) if not table.schema.equals(schema) else table
-    batches = table.combine_chunks().to_batches()
-    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
+    from ..scan.execute import as_record_batch
+    return as_record_batch(table.cast(schema) if not table.schema.equals(schema) else table, "polars")
 
 
 class AndExpr(Expr):

@@ -118,25 +118,24 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
         raise _read_error(scan, exc) from exc
 
 
-def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
-    if node.columns is not None:
-        batch = batch.select(list(node.columns))
-    out = node.fn(batch)
+def as_record_batch(out, what: str) -> pa.RecordBatch:
+    """What a user function returned (a RecordBatch, Table or polars DataFrame) as one
+    RecordBatch; a Table of several chunks is concatenated (one copy)."""
+    if type(out).__module__.split(".")[0] == "polars":
+        out = out.to_arrow()
     if isinstance(out, pa.Table):
-        out = out.combine_chunks()
-        out = out.to_batches()[0] if out.num_rows else pa.RecordBatch.from_pylist([], schema=out.schema)
-    elif type(out).__module__.split(".")[0] == "polars":
-        return apply_map_polars(out)
+        return out.combine_chunks().to_batches()[0] if out.num_rows else \
+            pa.RecordBatch.from_pylist([], schema=out.schema)
     if not isinstance(out, pa.RecordBatch):
-        raise TypeError(f"map function {node.name or node.fn!r} must return a pyarrow RecordBatch "
-                        f"(or Table / polars DataFrame), got {type(out).__name__}")
+        raise TypeError(f"{what} must return a pyarrow RecordBatch (or Table / polars DataFrame), "
+                        f"got {type(out).__name__}")
     return out
 
 
-def apply_map_polars(frame) -> pa.RecordBatch:
-    table = frame.to_arrow()
-    return pa.Table.from_batches(table.to_batches(), schema=table.schema).combine_chunks().to_batches()[0] \
-        if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
+    if node.columns is not None:
+        batch = batch.select(list(node.columns))
+    return as_record_batch(node.fn(batch), f"map function {node.name or node.fn!r}")
 
 
 def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
