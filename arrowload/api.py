@@ -15,7 +15,7 @@ from .options import OptimizerOptions, Options, ScanOptions
 from .optimize import optimize, optimize_steps
 from .plan import explain as _explain
 from .plan.expr import SqlExpr, make_expr
-from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, scans
+from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, scans, walk
 from .scan import execute
 from .scan.splits import Split, plan_splits
 from .source import open_source
@@ -182,7 +182,7 @@ class Dataset:
         for i, s in enumerate(scans(final)):
             lines += ["", f"== scan {i} ({s.source.kind}: {s.source.display}) =="]
             lines += _explain.render_scan_stats(s)
-        for node in _explain.walk(final):
+        for node in walk(final):
             if isinstance(node, SqlQuery):
                 from .sql.duck import explain as duck_explain
                 lines += ["", "== duckdb physical plan (filters / projections pushed into each scan) =="]

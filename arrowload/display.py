@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .plan.explain import _fmt_bytes, render_tree, scan_stats, walk
-from .plan.nodes import Plan, Scan, SqlQuery, scans
+from .plan.explain import _fmt_bytes, render_tree, scan_stats
+from .plan.nodes import Plan, Scan, SqlQuery, scans, walk
 
 MAX_SCHEMA_ROWS = 64
 

@@ -27,12 +27,12 @@ import pyarrow as pa
 
 from ..errors import ArrowloadError, StateMismatchError
 from ..order import EpochOrder, num_batches, rank_range
-from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans
+from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, walk
 from ..scan.execute import as_record_batch
 from .budget import ByteBudget
 from .collate import BufferPool, resolve_stack, stack_batch
 from .device import DeviceBatch, TorchDeviceStage, jax_place, wants_cuda
-from .rowsource import (ScanRowSource, TableRowSource, _walk, default_cache_dir, materialize,
+from .rowsource import (ScanRowSource, TableRowSource, default_cache_dir, materialize,
                         plan_key)
 
 STATE_FORMAT = "arrowload.loader_state"
@@ -206,7 +206,7 @@ class Loader:
     # -- random-access layer -------------------------------------------------
     def _needs_table(self) -> bool:
         return any(isinstance(n, (Limit, SqlQuery)) or (isinstance(n, Scan) and n.limit is not None)
-                   for n in _walk(self._plan)) or len(scans(self._plan)) != 1
+                   for n in walk(self._plan)) or len(scans(self._plan)) != 1
 
     def _build_source(self):
         opts = self.options
@@ -218,7 +218,7 @@ class Loader:
             kind = "global" if (local or needs_table) else "block"
         kind = SHUFFLE_KINDS[kind]
         budget = opts.memory_budget if opts.memory_budget is not None else _total_memory() // 4
-        reuse = all(isinstance(n, Map) is False or bool(n.name) for n in _walk(self._plan))
+        reuse = all(not isinstance(n, Map) or bool(n.name) for n in walk(self._plan))
         if kind == "global" or needs_table:
             src = materialize(self._plan, self._dataset.options, memory_budget=budget,
                               cache_dir=self._cache_dir, reuse=reuse)

@@ -27,7 +27,7 @@ from ..errors import ArrowloadError, SnapshotChangedError
 from ..options import Options
 from ..optimize import optimize
 from ..plan.explain import render_tree
-from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up
+from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up, walk
 from ..scan import execute
 
 SELECTION_FORMAT = "arrowload.selection_index"
@@ -95,7 +95,7 @@ class ScanRowSource:
     def _needs_counting(self) -> bool:
         if self.scan.predicate is not None:
             return True
-        if any(not isinstance(n, (Scan, Project, Map)) for n in _walk(self.plan)):
+        if any(not isinstance(n, (Scan, Project, Map)) for n in walk(self.plan)):
             return True  # a residual filter above the scan
         return any(self._meta[u].num_rows is None for u in self.units)
 
@@ -327,12 +327,6 @@ def _valid_counts(counts, n: int) -> bool:
     """A selection index's counts: ``n`` non-negative integers (else the document is damaged)."""
     return isinstance(counts, list) and len(counts) == n and \
         all(type(c) is int and c >= 0 for c in counts)
-
-
-def _walk(plan: Plan):
-    yield plan
-    for c in plan.children:
-        yield from _walk(c)
 
 
 def _strip_maps(plan: Plan) -> Plan:

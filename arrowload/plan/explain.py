@@ -94,8 +94,3 @@ def render_scan_stats(scan: Scan) -> list[str]:
         lines.append(f"  {rule:<18} {what}")
     return lines
 
-
-def walk(plan: Plan):
-    yield plan
-    for c in plan.children:
-        yield from walk(c)

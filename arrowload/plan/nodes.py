@@ -229,6 +229,13 @@ def transform_up(plan: Plan, fn: Callable[[Plan], Plan]) -> Plan:
     return fn(plan)
 
 
+def walk(plan: Plan):
+    """Every node of the tree, parents before children."""
+    yield plan
+    for c in plan.children:
+        yield from walk(c)
+
+
 def scans(plan: Plan) -> list[Scan]:
     if isinstance(plan, Scan):
         return [plan]
