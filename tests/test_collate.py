@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 import arrowload as al
+from arrowload.errors import ConversionError
 from arrowload.pipeline.collate import BufferPool, resolve_stack
 
 
@@ -85,14 +86,18 @@ def test_held_batches_are_never_overwritten(table, tmp_path):
 
 
 def test_buffers_are_reused_once_released(table, tmp_path):
+    """The stacked buffer of a read is one pooled [rows, 12] array; once the batches cut
+    from it are gone, the next epoch writes into the same buffer."""
     loader = al.dataset(table).loader(512, stack={"x": FEATS}, cache_dir=str(tmp_path))
     total = 0
-    for b in loader:
-        total += b["x"].shape[0]
-        del b
-    assert total == 10_000
-    assert loader._pool.reused > 0
-    assert loader._pool.allocated < 20  # 20 batches: most came from the pool
+    for epoch in range(4):
+        loader.set_epoch(epoch)
+        for b in loader:
+            total += b["x"].shape[0]
+            del b
+    assert total == 40_000
+    assert loader._pool.reused >= 3
+    assert loader._pool.allocated <= 1  # 80 batches, one buffer
 
 
 def test_pool_respects_views_and_tensors():
@@ -114,3 +119,125 @@ def test_pool_respects_views_and_tensors():
     del t, d
     e = pool.take((8, 4), np.float32)
     assert pool.reused >= 2 and e.shape == (8, 4)
+
+
+# ---------------------------------------------------------------------------
+# reads converted whole, gathers into pooled buffers
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """Every array-valued kind the fast paths handle: numbers, bool, date32, fixed-size list."""
+    rng = np.random.default_rng(1)
+    n = 20_011
+    return pa.table({
+        "id": pa.array(np.arange(n, dtype=np.int64)),
+        "f0": pa.array(rng.standard_normal(n, dtype=np.float32)),
+        "f1": pa.array(rng.standard_normal(n).astype(np.float32)),
+        "small": pa.array(rng.integers(-100, 100, n, dtype=np.int8)),
+        "flag": pa.array(rng.integers(0, 2, n).astype(bool)),
+        "day": pa.array(rng.integers(0, 20_000, n).astype(np.int32), pa.int32()).cast(pa.date32()),
+        "emb": pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(n * 3, dtype=np.float32)), 3),
+    })
+
+
+def rows_of(table: pa.Table, name: str) -> np.ndarray:
+    col = table.column(name).combine_chunks()
+    if pa.types.is_fixed_size_list(col.type):
+        return col.flatten().to_numpy().reshape(len(col), -1)
+    if pa.types.is_date32(col.type):
+        return col.to_numpy(zero_copy_only=False).astype("datetime64[D]")
+    return col.to_numpy(zero_copy_only=False)
+
+
+@pytest.mark.parametrize("where", ["memory", "disk"])
+@pytest.mark.parametrize("stack", [None, {"x": ["f0", "f1", "small"]}])
+def test_shuffled_batches_keep_rows_whole_and_are_never_overwritten(mixed, tmp_path, where, stack):
+    """Global shuffle gathers every column straight into pooled buffers (from the in-memory
+    table, or chunk by chunk from the memory-mapped cache). Each row of every batch must be
+    one row of the table across all columns, and batches held over two epochs must keep
+    their values while later batches are gathered."""
+    budget = 1 if where == "disk" else None
+    loader = al.dataset(mixed).loader(1000, shuffle="global", seed=3, stack=stack, memory_budget=budget,
+                                      cache_dir=str(tmp_path))
+    assert loader.source_kind.startswith("table (memory" if where == "memory" else "table (/")
+    held = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen = []
+        for b in loader:
+            held.append(b)
+            seen.append(b["id"])
+        assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(mixed.num_rows))
+    for b in held:
+        ids = b["id"]
+        assert not b["id"].flags.writeable
+        for name in ("emb", "flag", "day"):
+            np.testing.assert_array_equal(b[name], rows_of(mixed, name)[ids])
+        if stack:
+            assert list(b) == ["id", "x", "flag", "day", "emb"]
+            expect = np.stack([rows_of(mixed, c)[ids].astype(np.float32) for c in stack["x"]], axis=1)
+            np.testing.assert_array_equal(b["x"], expect)
+        else:
+            assert list(b) == mixed.schema.names
+            for name in ("f0", "f1", "small"):
+                np.testing.assert_array_equal(b[name], rows_of(mixed, name)[ids])
+                assert b[name].dtype == rows_of(mixed, name).dtype
+
+
+def test_gathers_reuse_pooled_buffers(mixed, tmp_path):
+    loader = al.dataset(mixed).select("id", "f0").loader(1000, shuffle="global", cache_dir=str(tmp_path))
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for b in loader:
+            del b
+    assert loader._pool.reused >= 2 * 2  # two columns, reused in epochs 2 and 3
+    assert loader._pool.allocated <= 2 * 2  # two columns, at most one spare each
+
+
+@pytest.mark.parametrize("bs", [999, 4096])
+def test_batches_straddling_reads_are_concatenated_once_and_kept(mixed, tmp_path, bs):
+    """Units of 1,000 rows (a memory table's slices) and batches that cross them: the rows
+    of two reads are concatenated into a pooled buffer; held batches keep their rows."""
+    ds = al.dataset(pa.Table.from_batches(mixed.to_batches(max_chunksize=1000)))
+    loader = ds.loader(bs, stack={"x": ["f0", "f1"]}, cache_dir=str(tmp_path))
+    held = [b for epoch in range(2) for b in (loader.set_epoch(epoch), list(loader))[1]]
+    got = np.concatenate([b["id"] for b in held])
+    assert np.array_equal(got, np.tile(np.arange(mixed.num_rows), 2))
+    x = np.concatenate([b["x"] for b in held])
+    expect = np.stack([rows_of(mixed, "f0"), rows_of(mixed, "f1")], axis=1)
+    np.testing.assert_array_equal(x, np.concatenate([expect, expect]))
+
+
+def test_padded_lists_go_into_pooled_buffers(tmp_path):
+    lists = [[float(j) for j in range(i % 7)] for i in range(5000)]
+    table = pa.table({"id": np.arange(5000), "tok": pa.array(lists, pa.list_(pa.float32()))})
+    loader = al.dataset(table).loader(500, pad_lists=True, pad_value=-1, cache_dir=str(tmp_path))
+    held = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for i, b in enumerate(loader):
+            if epoch == 0 and i < 3:
+                held.append(b)  # kept: never overwritten by the later batches
+            del b
+    for b in held:
+        for row, i in enumerate(b["id"]):
+            n = int(i) % 7
+            assert b["tok_lengths"][row] == n
+            np.testing.assert_array_equal(b["tok"][row, :n], np.arange(n, dtype=np.float32))
+            assert (b["tok"][row, n:] == -1).all()
+    assert loader._pool.reused >= 10  # 30 batches: most reuse a released buffer
+    assert loader._pool.pooled_bytes <= loader._pool.max_bytes
+
+
+def test_a_bad_value_fails_the_batch_that_holds_it(tmp_path):
+    """A chunk that cannot convert whole is converted batch by batch: the batches before
+    the null arrive, then the error names its column."""
+    vals = np.arange(10_000, dtype=np.float64)
+    f = pa.array(vals, mask=np.arange(10_000) == 7_777)
+    loader = al.dataset(pa.table({"id": np.arange(10_000), "f": f})).loader(1000, cache_dir=str(tmp_path))
+    got = []
+    with pytest.raises(ConversionError, match="'f'"):
+        for b in loader:
+            got.append(b["id"])
+    assert len(got) == 7  # rows 0..6999; the batch of row 7,777 fails

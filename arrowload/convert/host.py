@@ -11,6 +11,7 @@ Nothing here knows about torch or jax; ``torch_out`` / ``jax_out`` take these ar
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -40,10 +41,13 @@ class Host:
 # the batch
 
 
-def to_host(batch: pa.RecordBatch | pa.Table, opts: ConvertOptions) -> dict[str, np.ndarray | list]:
+def to_host(batch: pa.RecordBatch | pa.Table, opts: ConvertOptions,
+            alloc: Callable[[tuple, np.dtype], np.ndarray] = None) -> dict[str, np.ndarray | list]:
     """Every column of ``batch`` as a numpy array (array-valued types) or a Python list (the rest).
 
-    A padded list column ``x`` adds ``x_lengths`` right after ``x``.
+    A padded list column ``x`` adds ``x_lengths`` right after ``x``. ``alloc(shape, dtype)``
+    gives the buffer a padded list is written into (the loader passes its buffer pool's
+    ``take``); by default a fresh aligned allocation.
     """
     names = batch.schema.names
     _check_names(opts, names)
@@ -54,7 +58,7 @@ def to_host(batch: pa.RecordBatch | pa.Table, opts: ConvertOptions) -> dict[str,
         if not array_valued(arr.type):
             out[name] = _objects(name, arr, fill)
             continue
-        host = _host(name, arr, opts, fill, nested=False)
+        host = _host(name, arr, opts, fill, nested=False, alloc=alloc)
         out[name] = _fill(name, arr.type, host, fill, opts)
         if host.lengths is not None:
             key = f"{name}_lengths"
@@ -188,14 +192,14 @@ def _null_mask(arr: pa.Array) -> np.ndarray | None:
 # columns
 
 
-def _host(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: bool) -> Host:
+def _host(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: bool, alloc=None) -> Host:
     t = arr.type
     decoded = False
     if pa.types.is_dictionary(t):
         arr, decoded = arr.dictionary_decode(), True  # a gather: the one copy
         t = arr.type
     if isinstance(t, pa.BaseExtensionType):
-        return _extension(name, arr, opts, fill, nested)
+        return _extension(name, arr, opts, fill, nested, alloc)
     if pa.types.is_boolean(t):
         # Arrow packs booleans into bits; numpy / torch / jax want a byte each: one copy.
         as_bytes = pc.cast(arr, pa.uint8())
@@ -214,16 +218,16 @@ def _host(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: boo
             raise UnsupportedError(f"column {name!r} ({arr.type}) nests a variable-length list inside "
                                    "another list; only the outermost list can be padded. Flatten or "
                                    "select the inner values in the plan")
-        return _padded_list(name, arr, opts, fill)
+        return _padded_list(name, arr, opts, fill, alloc)
     if pa.types.is_list_view(t) or pa.types.is_large_list_view(t):
         raise UnsupportedError(f"column {name!r} is a {t}; list views are not converted yet. "
                                "Cast it to a list type in the plan")
     raise UnsupportedError(f"column {name!r} has type {t}, which has no array form")  # pragma: no cover
 
 
-def _extension(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: bool) -> Host:
+def _extension(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: bool, alloc=None) -> Host:
     t = arr.type
-    host = _host(name, arr.storage, opts, fill, nested)
+    host = _host(name, arr.storage, opts, fill, nested, alloc)
     if isinstance(t, pa.FixedShapeTensorType):
         perm = t.permutation
         if perm is not None and list(perm) != sorted(perm):
@@ -250,7 +254,7 @@ def _fixed_size_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any) 
     return Host(data, owned=child.owned, nulls=nulls)
 
 
-def _padded_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any) -> Host:
+def _padded_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, alloc=None) -> Host:
     t = arr.type
     if not opts.pads(name):
         raise ConversionError(
@@ -285,7 +289,7 @@ def _padded_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any) -> H
                               f"pad_to={opts.pad_to}; raise pad_to or truncate the lists in the plan",
                               column=name)
     pad = host_scalar(name, opts.pad_value, leaf_type(arr.type), "pad_value")
-    out = aligned_empty((n, width, *values.shape[1:]), values.dtype)
+    out = (alloc or aligned_empty)((n, width, *values.shape[1:]), values.dtype)
     out[...] = pad
     inside = np.arange(width) < lengths[:, None]
     out[inside] = values  # row-major order of ``inside`` is the order of the flattened values: one copy

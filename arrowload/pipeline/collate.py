@@ -90,15 +90,26 @@ def _natural(names: list[str]) -> list[str]:
 
 
 class BufferPool(PicklableLock):
-    """Reusable host buffers keyed by (shape, dtype). Thread-safe.
+    """Reusable host buffers for collation. Thread-safe.
+
+    ``take(shape, dtype)`` hands out a C-contiguous view of a flat, 64-byte aligned buffer
+    whose size is ``shape``'s element count rounded up to one of eight steps per power of
+    two (at most 12.5% slack). Buffers are keyed by (size, dtype), so batches whose shapes
+    vary a little -- padded lists of different widths, a short last batch -- share them.
 
     A view of a buffer (``buf[:n]``, a torch tensor over it) refers to the array that owns
     the memory -- numpy collapses view chains to that owner -- so reuse is decided on the
     owner's reference count, measured against its count when only the pool held it.
+    The pool keeps at most ``capacity`` buffers per key and ``max_bytes`` in all (the
+    loader passes its prefetch budget: idle buffers never outweigh the batches in flight);
+    past that, ``take`` allocates a buffer the pool forgets. ``allocated`` counts fresh
+    buffers, ``reused`` the takes served from the pool.
     """
 
-    def __init__(self, capacity: int = 8) -> None:
+    def __init__(self, capacity: int = 64, max_bytes: int = 256 << 20) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.pooled_bytes = 0
         self._lock = threading.Lock()
         self._slots: dict[tuple, list[_Slot]] = {}
         self.allocated = 0
@@ -110,19 +121,32 @@ class BufferPool(PicklableLock):
         return state
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        key = (shape, np.dtype(dtype).str)
-        with self._lock:
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        size = _bucket(count)
+        key = (size, dtype.str)
+        with self._lock:  # the view is made under the lock: no other thread sees the slot idle
             slots = self._slots.setdefault(key, [])
             for slot in slots:
                 if slot.idle():
                     self.reused += 1
-                    return slot.buf
+                    return slot.buf[:count].reshape(shape)
             self.allocated += 1
-            if len(slots) >= self.capacity:
-                return aligned_empty(shape, np.dtype(dtype))
-            slot = _Slot(aligned_empty(shape, np.dtype(dtype)))
+            nbytes = size * dtype.itemsize
+            if len(slots) >= self.capacity or self.pooled_bytes + nbytes > self.max_bytes:
+                return aligned_empty((size,), dtype)[:count].reshape(shape)
+            slot = _Slot(aligned_empty((size,), dtype))
             slots.append(slot)
-            return slot.buf
+            self.pooled_bytes += nbytes
+            return slot.buf[:count].reshape(shape)
+
+
+def _bucket(count: int) -> int:
+    """``count`` rounded up to a multiple of 1/8 of the next power of two (>= 64)."""
+    if count <= 64:
+        return 64
+    step = (1 << (count - 1).bit_length()) // 8
+    return -(-count // step) * step
 
 
 class _Slot:
@@ -159,7 +183,7 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
     arrays = dict(zip(names, batch.columns))
     stacked_names = spec.stacked
     rest_names = [name for name in names if name not in stacked_names]
-    host_rest = to_host(batch.select(rest_names), opts) if rest_names else {}
+    host_rest = to_host(batch.select(rest_names), opts, pool.take) if rest_names else {}
     stacked = []
     for (out, cols), dtype in zip(spec.groups, spec.dtypes):
         buf = pool.take((n, len(cols)), dtype)

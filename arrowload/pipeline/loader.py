@@ -30,6 +30,7 @@ from ..order import EpochOrder, num_batches, rank_range
 from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, walk
 from ..scan.execute import as_record_batch
 from .budget import ByteBudget
+from .chunks import ChunkConverter, HostChunk
 from .collate import BufferPool, resolve_stack, stack_batch
 from .device import DeviceBatch, TorchDeviceStage, jax_place, wants_cuda
 from .rowsource import (ScanRowSource, TableRowSource, default_cache_dir, materialize,
@@ -200,8 +201,11 @@ class Loader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._stats = LoaderStats()
-        self._pool = BufferPool()
+        self._pool = BufferPool(max_bytes=max(options.prefetch, 64 << 20))
         self._stack_spec = None
+        # reads are converted whole on the reader threads unless batches must stay Arrow
+        self._chunks = (ChunkConverter(self._convert, options.stack, self._pool)
+                        if options.output != "arrow" and options.transform is None else None)
 
     # -- random-access layer -------------------------------------------------
     def _needs_table(self) -> bool:
@@ -279,12 +283,15 @@ class Loader:
                     yield _Task("gather", q - p, (q - p) * max(1, src.est_bytes(0) // max(1, src.counts[0])),
                                 lo=p, hi=q)
 
-    def _run_task(self, task: _Task, order: EpochOrder, cache: "_SharedCache") -> pa.Table:
+    def _run_task(self, task: _Task, order: EpochOrder, cache: "_SharedCache") -> tuple[list, float]:
+        """Read one task: its rows as a list of HostChunks (converted here, on the reader
+        thread) or Arrow batches (converted per batch later), and the seconds spent converting."""
         src = self._source
+        conv = self._chunks
         if task.kind == "unit":
             table = cache.get(("unit", task.unit), lambda: src.read_unit(task.unit))
-            return table.slice(task.lo, task.hi - task.lo)
-        if task.kind == "window":
+            table = table.slice(task.lo, task.hi - task.lo)
+        elif task.kind == "window":
             def load_window():
                 units = [int(u) for u in order.windows[task.window]]
                 workers = min(len(units), self.options.io_threads)
@@ -295,9 +302,26 @@ class Loader:
                     parts = [src.read_unit(u) for u in units]
                 # one contiguous chunk: Arrow's take over many chunks concatenates per call
                 return pa.concat_tables(parts).combine_chunks()
-            table = cache.get(("window", task.window), load_window)
-            return table.take(pa.array(order.window_local(task.window, task.lo, task.hi), pa.int64()))
-        return src.gather(order.rows(task.lo, task.hi))
+            window = cache.get(("window", task.window), load_window)
+            local = np.asarray(order.window_local(task.window, task.lo, task.hi), dtype=np.int64)
+            t0 = time.perf_counter()
+            chunk = conv.gather(window, local, keep=False) if conv is not None else None
+            if chunk is not None:
+                return [chunk], time.perf_counter() - t0
+            table = window.take(pa.array(local, pa.int64()))
+        else:
+            rows = order.rows(task.lo, task.hi)
+            t0 = time.perf_counter()
+            chunk = conv.gather(src.table, rows) if conv is not None else None
+            if chunk is not None:  # gathered straight into pooled buffers
+                return [chunk], time.perf_counter() - t0
+            table = src.gather(rows)
+        batches = [b for b in table.to_batches() if b.num_rows]
+        if conv is None:
+            return batches, 0.0
+        t0 = time.perf_counter()
+        items = [conv.chunk(b) for b in batches]
+        return items, time.perf_counter() - t0
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> "_EpochIterator":
@@ -330,9 +354,9 @@ class Loader:
         self._batches_done += 1
 
     def _collate(self, batch: pa.RecordBatch):
-        """Convert one batch; with ``stack=``, the stacked columns are written once into
-        pooled buffers (see ``collate``); with a CUDA device, copies start here (see ``device``)."""
-        from ..convert import convert_host
+        """Convert one Arrow batch (the per-batch path: ``transform=``, ``output="arrow"``, padded
+        lists, a chunk that did not convert whole); with ``stack=``, the stacked columns are
+        written once into pooled buffers (see ``collate``), padded lists too."""
         from ..convert.host import to_host
         if self.options.output == "arrow" and not self.options.stack:
             from ..convert import convert_batch
@@ -343,9 +367,15 @@ class Loader:
                 spec = self._stack_spec = resolve_stack(self.options.stack, batch.schema)
             host = stack_batch(batch, spec, self._pool, self._convert)
         else:
-            host = to_host(batch, self._convert)
+            host = to_host(batch, self._convert, self._pool.take)
         if self.options.output == "arrow":
             return _host_to_arrow(host)
+        return self._finish(host)
+
+    def _finish(self, host: dict):
+        """Host arrays of one batch -> what the user gets; with a CUDA device the copies start
+        here (see ``device``), with ``sharding=`` the jax placement."""
+        from ..convert import convert_host
         if self._device_stage is not None:
             return self._device_stage.to_device(host)
         out = convert_host(host, self._convert)
@@ -509,10 +539,10 @@ class _Pipeline:
         self.thread.start()
 
     # producer ------------------------------------------------------------------
-    def _read(self, task: _Task, cache: "_SharedCache") -> tuple[pa.Table, float]:
+    def _read(self, task: _Task, cache: "_SharedCache") -> tuple[list, float, float]:
         t0 = time.perf_counter()
-        table = self.loader._run_task(task, self.order, cache)
-        return table, time.perf_counter() - t0
+        items, convert_s = self.loader._run_task(task, self.order, cache)
+        return items, time.perf_counter() - t0, convert_s
 
     def _run(self) -> None:
         try:
@@ -529,7 +559,9 @@ class _Pipeline:
         cache = _SharedCache(loader.options.io_threads + 1 if len(self.ranges) > 1 else 0)
         inflight: deque[tuple[Future, _Task]] = deque()
         max_inflight = loader.options.io_threads * 2
-        pending: deque[pa.RecordBatch] = deque()
+        pending: deque = deque()  # HostChunks / Arrow batches, in order
+        conv = loader._chunks
+        combine = conv.combine if conv is not None else _concat_batches
         pending_rows = 0
         next_task: _Task | None = None
         while True:
@@ -547,24 +579,24 @@ class _Pipeline:
             if not inflight or self.stop.is_set():
                 break
             fut, task = inflight.popleft()
-            table, secs = fut.result()
-            self.stats.read_s += secs
+            items, secs, convert_s = fut.result()
+            self.stats.read_s += secs - convert_s
+            self.stats.convert_s += convert_s
             self.stats.units_read += 1
             self.stats.bytes_read += task.est_bytes // 3 if task.kind != "gather" else 0
-            self.stats.bytes_decoded += table.nbytes
             t0 = time.perf_counter()
-            for b in table.to_batches():
-                if b.num_rows:
-                    pending.append(b)
-                    pending_rows += b.num_rows
-            del table
+            for b in items:
+                pending.append(b)
+                pending_rows += b.num_rows
+                self.stats.bytes_decoded += b.nbytes
+            del items
             # The task's rows now live in the batches emitted below (zero-copy slices), each
             # counted when emitted; release its reservation first so that emitting never
             # waits on bytes only this thread could free (a task larger than the budget).
             self.budget.release(task.est_bytes)
             reserved = sum(t.est_bytes for _, t in inflight)
             while pending_rows >= bsize:
-                batch = _take_rows(pending, bsize)
+                batch = combine(_take_rows(pending, bsize))
                 pending_rows -= bsize
                 self.stats.collate_s += time.perf_counter() - t0
                 if not self._emit(batch, reserved):
@@ -572,17 +604,21 @@ class _Pipeline:
                 t0 = time.perf_counter()
             self.stats.collate_s += time.perf_counter() - t0
         if pending_rows and not self.stop.is_set():
-            self._emit(_take_rows(pending, pending_rows))
+            self._emit(combine(_take_rows(pending, pending_rows)))
 
-    def _emit(self, batch: pa.RecordBatch, reserved: int = 0) -> bool:
+    def _emit(self, batch: "HostChunk | pa.RecordBatch", reserved: int = 0) -> bool:
         loader = self.loader
-        fn = loader.options.transform
-        if fn is not None:
+        if isinstance(batch, HostChunk):
             t0 = time.perf_counter()
-            batch = as_record_batch(fn(batch), "transform")
-            self.stats.transform_s += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        out = loader._collate(batch)
+            out = loader._finish(batch.columns)
+        else:
+            fn = loader.options.transform
+            if fn is not None:
+                t0 = time.perf_counter()
+                batch = as_record_batch(fn(batch), "transform")
+                self.stats.transform_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            out = loader._collate(batch)
         self.stats.convert_s += time.perf_counter() - t0
         nbytes = batch.nbytes
         # Wait only while the consumer holds batches (it will release them), never on the
@@ -640,9 +676,9 @@ def _host_to_arrow(host: dict) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def _take_rows(pending: deque, n: int) -> pa.RecordBatch:
-    """Pop the first ``n`` rows of ``pending`` as one batch: a zero-copy slice when they lie
-    in one batch, one concatenation (the one planned copy) when they straddle batches."""
+def _take_rows(pending: deque, n: int) -> list:
+    """Pop the first ``n`` rows of ``pending`` (HostChunks or Arrow batches): the parts of one
+    batch, zero-copy slices; a combine step makes them one (a copy only when there are several)."""
     parts, got = [], 0
     while got < n:
         b = pending.popleft()
@@ -651,6 +687,10 @@ def _take_rows(pending: deque, n: int) -> pa.RecordBatch:
         got += take
         if take < b.num_rows:
             pending.appendleft(b.slice(take))
+    return parts
+
+
+def _concat_batches(parts: list) -> pa.RecordBatch:
     return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
 
 

@@ -1,0 +1,230 @@
+"""Host chunks: the rows of one read converted to host arrays once, on a reader thread.
+
+The loader reads in units (a row group, a 64 Ki-row slice of the random-access table, a
+gathered run of shuffled rows). Converting every batch on its own costs microseconds per
+column per batch of Python work (wrapping Arrow arrays, making views) on the one thread
+that orders batches. Instead, the reader thread that made a read converts it whole:
+
+- a read from the scan (or a slice of the random-access table) becomes zero-copy views
+  of its Arrow buffers, and ``stack=`` columns are written once into a pooled
+  ``[rows, k]`` buffer;
+- a shuffled gather goes straight into pooled buffers: ``np.take`` from host views of the
+  random-access table (made once per table) into a buffer from the pool, a stacked column
+  into its column of the ``[rows, k]`` buffer. No Arrow ``take``, no second copy.
+
+A batch is then a set of views ``arr[lo:hi]`` of one chunk; a batch that straddles two
+chunks is concatenated into a pooled buffer (the one planned copy).
+
+What has to be decided per batch stays on the per-batch Arrow path (``Loader._collate``):
+a padded variable-length list (padded to the longest list of its batch), a ``transform=``
+(it sees Arrow batches), ``output="arrow"``. A chunk that cannot convert (a null without
+``fill_null``) is kept as Arrow and converted when its batches are cut, so the error is
+raised for the batch that holds the bad value, after the batches before it.
+
+Lifetime: a chunk's arrays are pooled buffers or views of Arrow memory; each batch view
+keeps its buffer's owner referenced, and the pool (``collate.BufferPool``) reuses a buffer
+only when nothing outside it refers to the owner. A batch the user holds keeps the whole
+chunk buffer it came from (at most one read's rows) alive, never overwritten.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .._pickle import PicklableLock
+from ..convert.host import array_valued, to_host
+from ..convert.options import ConvertOptions
+from ..errors import ConversionError
+from .collate import BufferPool, StackSpec, resolve_stack, stack_batch
+
+
+class HostChunk:
+    """Host arrays (first axis = rows) or Python lists of ``num_rows`` rows, keyed in output order."""
+
+    __slots__ = ("columns", "num_rows", "row_bytes")
+
+    def __init__(self, columns: dict, num_rows: int, row_bytes: float) -> None:
+        self.columns = columns
+        self.num_rows = num_rows
+        self.row_bytes = row_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.row_bytes * self.num_rows)
+
+    def slice(self, offset: int, length: int | None = None) -> "HostChunk":
+        """Rows ``offset .. offset + length``: views of the same arrays (lists are sliced)."""
+        if length is None:
+            length = self.num_rows - offset
+        stop = offset + length
+        return HostChunk({k: v[offset:stop] for k, v in self.columns.items()}, length, self.row_bytes)
+
+
+def _varlist(t: pa.DataType) -> bool:
+    """A column whose array form depends on the batch (padded to the batch's longest list)."""
+    while True:
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        elif isinstance(t, pa.BaseExtensionType):
+            t = t.storage_type
+        else:
+            break
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t)
+            or pa.types.is_large_list_view(t))
+
+
+class ChunkConverter(PicklableLock):
+    """Converts one loader's reads into :class:`HostChunk` (thread-safe)."""
+
+    def __init__(self, opts: ConvertOptions, stack: Mapping[str, Any] | None, pool: BufferPool) -> None:
+        self.opts = opts
+        self.stack = stack
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._specs: dict[pa.Schema, tuple[bool, StackSpec | None]] = {}
+        self._views: tuple[Any, ...] | None = None  # (table, offsets, per-chunk views) or None
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_views"] = None  # never pickle a table; rebuilt on first use
+        state["_specs"] = {}
+        return state
+
+    # -- layout ------------------------------------------------------------------
+    def _layout(self, schema: pa.Schema) -> tuple[bool, StackSpec | None]:
+        """(whether reads of this schema convert whole, the stacking to apply)."""
+        found = self._specs.get(schema)
+        if found is None:
+            whole = not any(_varlist(f.type) for f in schema)
+            spec = resolve_stack(self.stack, schema) if self.stack else None
+            found = self._specs[schema] = (whole, spec)
+        return found
+
+    def host(self, batch: pa.RecordBatch) -> dict:
+        """``batch`` as host arrays, stacked as asked; raises ``ConversionError``."""
+        _, spec = self._layout(batch.schema)
+        if spec is not None:
+            host = stack_batch(batch, spec, self.pool, self.opts)
+        else:
+            host = to_host(batch, self.opts, self.pool.take)
+        return self._finish(host)
+
+    def _finish(self, host: dict) -> dict:
+        """numpy output: read-only arrays (torch / jax wrap each batch's views as they leave:
+        a torch tensor per chunk sliced per batch was measured slower -- every torch call
+        releases and retakes the GIL, contended by the reader threads)."""
+        if self.opts.output == "numpy":
+            for value in host.values():
+                if isinstance(value, np.ndarray):
+                    value.flags.writeable = False
+        return host
+
+    def chunk(self, batch: pa.RecordBatch) -> "HostChunk | pa.RecordBatch":
+        """``batch`` converted whole, or the batch itself where its batches must convert one by one."""
+        if not self._layout(batch.schema)[0]:
+            return batch
+        try:
+            columns = self.host(batch)
+        except ConversionError:
+            return batch  # converted when its batches are cut: the error names that batch
+        return HostChunk(columns, batch.num_rows, batch.nbytes / max(1, batch.num_rows))
+
+    # -- cutting batches -------------------------------------------------------------
+    def combine(self, parts: Sequence["HostChunk | pa.RecordBatch"]) -> "HostChunk | pa.RecordBatch":
+        """One batch from consecutive parts: a part itself when there is one, else the parts'
+        arrays concatenated into pooled buffers. Arrow parts between host chunks are
+        converted here (raising for this batch if they cannot be)."""
+        if all(isinstance(p, pa.RecordBatch) for p in parts):
+            return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+        chunks = [p if isinstance(p, HostChunk) else
+                  HostChunk(self.host(p), p.num_rows, p.nbytes / max(1, p.num_rows)) for p in parts]
+        if len(chunks) == 1:
+            return chunks[0]
+        n = sum(c.num_rows for c in chunks)
+        columns = {}
+        for name, first in chunks[0].columns.items():
+            values = [c.columns[name] for c in chunks]
+            if isinstance(first, np.ndarray):
+                out = self.pool.take((n, *first.shape[1:]), first.dtype)
+                np.concatenate(values, out=out)
+                if self.opts.output == "numpy":
+                    out.flags.writeable = False
+                columns[name] = out
+            else:
+                columns[name] = [x for v in values for x in v]
+        return HostChunk(columns, n, sum(c.nbytes for c in chunks) / n)
+
+    # -- gathers ------------------------------------------------------------------------
+    def _table_views(self, table: pa.Table, keep: bool):
+        """(chunk start offsets, host views of each chunk's columns) of ``table``, or ``None``
+        when a column has no array form (strings ...) or does not convert (nulls)."""
+        with self._lock:
+            if self._views is not None and self._views[0] is table:
+                return self._views[1]
+            views = None
+            if all(array_valued(f.type) and not _varlist(f.type) for f in table.schema):
+                try:
+                    batches = table.to_batches()
+                    parts = [to_host(b, self.opts) for b in batches]
+                    lengths = [b.num_rows for b in batches]
+                    views = (np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), parts)
+                except ConversionError:
+                    views = None
+            if keep:
+                self._views = (table, views)
+            return views
+
+    def gather(self, table: pa.Table, rows: np.ndarray, keep: bool = True) -> HostChunk | None:
+        """Rows ``rows`` of ``table``, in that order, gathered into pooled buffers; ``None`` when
+        the table's columns have no host views (the caller then gathers with Arrow).
+        ``keep``: cache the table's views for the next gather (the random-access table)."""
+        found = self._table_views(table, keep)
+        if found is None:
+            return None
+        offsets, parts = found
+        n = len(rows)
+        if n and (rows.min() < 0 or rows.max() >= offsets[-1]):
+            raise IndexError(f"gather rows out of range 0..{offsets[-1]}")
+        if len(parts) == 1:
+            groups = [(None, rows)]
+        else:  # rows of each chunk: (positions in the output, rows within the chunk)
+            which = np.searchsorted(offsets, rows, side="right") - 1
+            order = np.argsort(which, kind="stable")
+            bounds = np.searchsorted(which[order], np.arange(len(parts) + 1))
+            groups = [(order[bounds[c]:bounds[c + 1]], rows[order[bounds[c]:bounds[c + 1]]] - offsets[c])
+                      for c in range(len(parts))]
+        _, spec = self._layout(table.schema)
+        stacked = spec.stacked if spec is not None else frozenset()
+        first = spec.first if spec is not None else {}
+        columns = {}
+        for name in table.schema.names:
+            g = first.get(name)
+            if g is not None:
+                out_name, cols = spec.groups[g]
+                buf = self.pool.take((n, len(cols)), spec.dtypes[g])
+                for j, c in enumerate(cols):
+                    _take_into(buf[:, j], [p[c] for p in parts], groups)
+                columns[out_name] = buf
+            elif name not in stacked:
+                sample = parts[0][name]
+                buf = self.pool.take((n, *sample.shape[1:]), sample.dtype)
+                _take_into(buf, [p[name] for p in parts], groups)
+                columns[name] = buf
+        return HostChunk(self._finish(columns), n, table.nbytes / max(1, table.num_rows))
+
+
+def _take_into(out: np.ndarray, views: list[np.ndarray], groups) -> None:
+    """``out[i] = concat(views)[row i]`` per group of (output positions, rows of one view)."""
+    for (pos, local), view in zip(groups, views):
+        if pos is None:
+            if view.dtype == out.dtype:
+                np.take(view, local, axis=0, out=out, mode="clip")  # rows checked by the caller
+            else:
+                out[...] = np.take(view, local, axis=0, mode="clip")
+        elif len(pos):
+            out[pos] = np.take(view, local, axis=0, mode="clip")
