@@ -123,6 +123,7 @@ class Dataset:
                io_threads: int = 4, shuffle_window: int = 8,
                transform: Callable[[pa.RecordBatch], Any] | None = None,
                pad_lists: bool | tuple[str, ...] = False, pad_value: Any = 0,
+               pad_to: int | None = None,
                fill_null: dict | None = None, cache_dir: str | None = None,
                memory_budget: int | None = None, stack: dict | None = None,
                devices: list | None = None, sharding: Any = None):
@@ -138,6 +139,13 @@ class Dataset:
         0 / 1; every rank gets the same number of rows. ``output``: "numpy", "torch", "jax"
         or "arrow". ``prefetch`` bounds the bytes held in flight; ``io_threads`` readers
         run ahead. ``transform(batch) -> batch`` runs on every batch, in order.
+        ``pad_lists`` pads variable-length list columns to the batch's longest list (or to
+        ``pad_to``) with ``pad_value`` and adds ``<name>_lengths``; ``fill_null`` fills nulls
+        per column (``"*"``: every numeric one); ``stack={"x": ["f0", "f1"]}`` (or a glob,
+        ``"f*"``) gives one ``[batch, k]`` array. Stacked, padded and shuffled batches are
+        written into pooled buffers, reused only once nothing refers to them. ``device`` /
+        ``devices`` (torch: pinned staging, copies on a CUDA stream) and ``sharding`` (jax)
+        place batches on accelerators.
         Building the loader counts the selected rows exactly (reading only the filter's
         columns, cached on disk by snapshot) and, for global shuffle, builds the
         random-access table.
@@ -147,7 +155,7 @@ class Dataset:
                              rank=rank, world_size=world_size, output=output, device=device,
                              prefetch=prefetch, io_threads=io_threads, shuffle_window=shuffle_window,
                              transform=transform, pad_lists=pad_lists, pad_value=pad_value,
-                             fill_null=fill_null, cache_dir=cache_dir, memory_budget=memory_budget,
+                             pad_to=pad_to, fill_null=fill_null, cache_dir=cache_dir, memory_budget=memory_budget,
                              stack=stack, devices=tuple(devices) if devices else None,
                              sharding=sharding)
         return Loader(self, opts)

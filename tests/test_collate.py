@@ -241,3 +241,27 @@ def test_a_bad_value_fails_the_batch_that_holds_it(tmp_path):
         for b in loader:
             got.append(b["id"])
     assert len(got) == 7  # rows 0..6999; the batch of row 7,777 fails
+
+
+def test_fixed_width_padding_converts_per_read_and_fails_the_right_batch(tmp_path):
+    """With pad_to the padded shape no longer depends on the batch: reads are padded whole.
+    The values match per-batch padding; a list longer than pad_to fails its own batch."""
+    lists = [[float(i)] * (i % 5) for i in range(3000)]
+    table = pa.table({"id": np.arange(3000), "tok": pa.array(lists, pa.list_(pa.float32()))})
+    got = list(al.dataset(table).loader(256, pad_lists=True, pad_to=6, cache_dir=str(tmp_path)))
+    tok = np.concatenate([b["tok"] for b in got])
+    assert all(b["tok"].shape[1:] == (6,) for b in got)
+    lengths = np.concatenate([b["tok_lengths"] for b in got])
+    np.testing.assert_array_equal(lengths, np.arange(3000) % 5)
+    expect = np.zeros((3000, 6), np.float32)
+    for i in range(3000):
+        expect[i, :i % 5] = i
+    np.testing.assert_array_equal(tok, expect)
+
+    lists[2000] = [1.0] * 7
+    table = pa.table({"id": np.arange(3000), "tok": pa.array(lists, pa.list_(pa.float32()))})
+    seen = []
+    with pytest.raises(ConversionError, match="pad_to=6"):
+        for b in al.dataset(table).loader(256, pad_lists=True, pad_to=6, cache_dir=str(tmp_path)):
+            seen.append(b)
+    assert len(seen) == 2000 // 256  # the batches before the one holding row 2000

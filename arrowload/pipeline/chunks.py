@@ -16,7 +16,8 @@ A batch is then a set of views ``arr[lo:hi]`` of one chunk; a batch that straddl
 chunks is concatenated into a pooled buffer (the one planned copy).
 
 What has to be decided per batch stays on the per-batch Arrow path (``Loader._collate``):
-a padded variable-length list (padded to the longest list of its batch), a ``transform=``
+a variable-length list padded to the longest list of its batch (with ``pad_to`` its
+width is fixed and it is padded per read, into a pooled buffer), a ``transform=``
 (it sees Arrow batches), ``output="arrow"``. A chunk that cannot convert (a null without
 ``fill_null``) is kept as Arrow and converted when its batches are cut, so the error is
 raised for the batch that holds the bad value, after the batches before it.
@@ -100,7 +101,10 @@ class ChunkConverter(PicklableLock):
         """(whether reads of this schema convert whole, the stacking to apply)."""
         found = self._specs.get(schema)
         if found is None:
-            whole = not any(_varlist(f.type) for f in schema)
+            # a padded list converts whole only at a fixed width (pad_to): padded to the longest
+            # list of its batch, its shape depends on the batch
+            fixed = self.opts.pad_to is not None
+            whole = all(not _varlist(f.type) or (fixed and self.opts.pads(f.name)) for f in schema)
             spec = resolve_stack(self.stack, schema) if self.stack else None
             found = self._specs[schema] = (whole, spec)
         return found
