@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scan import DATA, FULL_ROWS, QUICK_ROWS, ensure_lake  # noqa: E402
+from bench_scan import DATA, FULL_ROWS, QUICK_ROWS, ensure_lake, replace_section  # noqa: E402
 
 import arrowload as al  # noqa: E402
 
@@ -270,8 +270,8 @@ def main(argv=None) -> int:
                   f"Command: `{' '.join(shlex.quote(a) for a in ['python', 'benchmarks/bench_loader.py'] + (argv or sys.argv[1:]))}`  \n"
                   f"Machine: {os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
                   f"pyarrow {pa.__version__}, polars {pl.__version__}, numpy {np.__version__}; {rows:,} rows.\n")
-        with open(RESULTS, "a") as f:
-            f.write(header + "\n".join(lines) + "\n")
+        begin, end = f"<!-- bench_loader rows={rows} -->", f"<!-- /bench_loader rows={rows} -->"
+        replace_section(begin, end, begin + "\n" + header.lstrip("\n") + "\n".join(lines) + "\n" + end + "\n")
     return 0
 
 

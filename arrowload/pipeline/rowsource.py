@@ -253,8 +253,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
             else:
                 writer.write(batch)
         if writer is None:
-            table = pa.Table.from_batches(held, schema=schema).combine_chunks()
-            return TableRowSource(table, where="memory", snapshot=snapshot)
+            return TableRowSource(_combine(held, schema), where="memory", snapshot=snapshot)
         writer.close()
         os.replace(tmp_path, base + ".arrow")
         tmp_path = None
@@ -270,6 +269,20 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
             writer.close()
         if tmp_path is not None and os.path.exists(tmp_path):
             os.remove(tmp_path)
+
+
+def _combine(held: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
+    """One chunk per column, built column by column, each column's pieces released as soon
+    as they are copied (``held`` is emptied): the peak is the table plus one column, where
+    ``Table.combine_chunks`` holds the pieces and the copy of every column at once."""
+    pieces = [[b.column(i) for b in held] for i in range(len(schema))]
+    held.clear()
+    columns = []
+    for i, field in enumerate(schema):
+        parts, pieces[i] = pieces[i], None
+        columns.append(pa.concat_arrays(parts) if parts else pa.array([], field.type))
+        del parts
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 class _ChunkWriter:
