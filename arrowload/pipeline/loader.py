@@ -19,7 +19,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,14 +27,13 @@ import pyarrow as pa
 
 from ..errors import ArrowloadError, StateMismatchError
 from ..order import EpochOrder, num_batches, rank_range
-from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, walk
+from ..plan.nodes import Limit, Map, Scan, SqlQuery, scans, walk
 from ..scan.execute import as_record_batch
 from .budget import ByteBudget
 from .chunks import ChunkConverter, HostChunk
 from .collate import BufferPool, resolve_stack, stack_batch
 from .device import DeviceBatch, TorchDeviceStage, jax_place, wants_cuda
-from .rowsource import (ScanRowSource, TableRowSource, default_cache_dir, materialize,
-                        plan_key)
+from .rowsource import ScanRowSource, default_cache_dir, materialize, plan_key
 
 STATE_FORMAT = "arrowload.loader_state"
 STATE_VERSION = 1
