@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._pickle import PicklableLock
+from ..convert import convert_host
 from ..convert.host import array_valued, to_host
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError
@@ -88,7 +89,7 @@ class ChunkConverter(PicklableLock):
         self.pool = pool
         self._lock = threading.Lock()
         self._specs: dict[pa.Schema, tuple[bool, StackSpec | None]] = {}
-        self._views: tuple[Any, ...] | None = None  # (table, offsets, per-chunk views) or None
+        self._views: tuple[Any, ...] | None = None  # (table, its views or None): the last table gathered from
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -119,24 +120,22 @@ class ChunkConverter(PicklableLock):
         return self._finish(host)
 
     def _finish(self, host: dict) -> dict:
-        """numpy output: read-only arrays (torch / jax wrap each batch's views as they leave:
-        a torch tensor per chunk sliced per batch was measured slower -- every torch call
-        releases and retakes the GIL, contended by the reader threads)."""
-        if self.opts.output == "numpy":
-            for value in host.values():
-                if isinstance(value, np.ndarray):
-                    value.flags.writeable = False
-        return host
+        """numpy output: read-only arrays, as ``convert_host`` makes them (torch / jax wrap each
+        batch's views as they leave: a torch tensor per chunk sliced per batch was measured
+        slower -- every torch call releases and retakes the GIL, contended by the readers)."""
+        return convert_host(host, self.opts) if self.opts.output == "numpy" else host
+
+    def _host_chunk(self, batch: pa.RecordBatch) -> HostChunk:
+        return HostChunk(self.host(batch), batch.num_rows, batch.nbytes / max(1, batch.num_rows))
 
     def chunk(self, batch: pa.RecordBatch) -> "HostChunk | pa.RecordBatch":
         """``batch`` converted whole, or the batch itself where its batches must convert one by one."""
         if not self._layout(batch.schema)[0]:
             return batch
         try:
-            columns = self.host(batch)
+            return self._host_chunk(batch)
         except ConversionError:
             return batch  # converted when its batches are cut: the error names that batch
-        return HostChunk(columns, batch.num_rows, batch.nbytes / max(1, batch.num_rows))
 
     # -- cutting batches -------------------------------------------------------------
     def combine(self, parts: Sequence["HostChunk | pa.RecordBatch"]) -> "HostChunk | pa.RecordBatch":
@@ -145,8 +144,7 @@ class ChunkConverter(PicklableLock):
         converted here (raising for this batch if they cannot be)."""
         if all(isinstance(p, pa.RecordBatch) for p in parts):
             return parts[0] if len(parts) == 1 else pa.concat_batches(parts)
-        chunks = [p if isinstance(p, HostChunk) else
-                  HostChunk(self.host(p), p.num_rows, p.nbytes / max(1, p.num_rows)) for p in parts]
+        chunks = [p if isinstance(p, HostChunk) else self._host_chunk(p) for p in parts]
         if len(chunks) == 1:
             return chunks[0]
         n = sum(c.num_rows for c in chunks)
@@ -156,12 +154,10 @@ class ChunkConverter(PicklableLock):
             if isinstance(first, np.ndarray):
                 out = self.pool.take((n, *first.shape[1:]), first.dtype)
                 np.concatenate(values, out=out)
-                if self.opts.output == "numpy":
-                    out.flags.writeable = False
                 columns[name] = out
             else:
                 columns[name] = [x for v in values for x in v]
-        return HostChunk(columns, n, sum(c.nbytes for c in chunks) / n)
+        return HostChunk(self._finish(columns), n, sum(c.nbytes for c in chunks) / n)
 
     # -- gathers ------------------------------------------------------------------------
     def _table_views(self, table: pa.Table, keep: bool):
