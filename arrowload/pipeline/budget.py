@@ -31,7 +31,46 @@ class ByteBudget:
             self.peak = max(self.peak, self.used)
             return True
 
+    def charge(self, n: int) -> int:
+        """Count ``n`` bytes that are already held (never waits); returns ``n``."""
+        with self._cond:
+            self.used += n
+            self.peak = max(self.peak, self.used)
+        return n
+
     def release(self, n: int) -> None:
         with self._cond:
             self.used = max(0, self.used - n)
             self._cond.notify_all()
+
+
+# -- read units sized in bytes ---------------------------------------------------------
+
+#: Most rows one gather (or one slice of the random-access table) takes: past this a
+#: read gains nothing (its fixed costs are already amortized); narrow rows reach it.
+MAX_READ_ROWS = 65_536
+#: A gather may use this share of the prefetch budget, so that several reads overlap
+#: with the batches already queued (io_threads read side by side).
+READ_SHARE = 4
+#: Bytes per record batch of the random-access cache file: what its writer holds (plus
+#: one incoming scan batch) while streaming the selection to disk. Between these bounds,
+#: the memory budget / 4 (a budget of 1 byte still writes 1 MiB batches, not one row each).
+CACHE_CHUNK_BYTES = (1 << 20, 16 << 20)
+
+
+def read_rows(prefetch: int, row_bytes: float, batch_size: int) -> int:
+    """Rows per read of a random-access table (a shuffled gather, a slice in source order):
+    a whole number of batches whose bytes fit ``prefetch / READ_SHARE``, at most
+    ``MAX_READ_ROWS`` rows, and never less than one batch -- a batch larger than the
+    whole prefetch budget is read alone, the one unit that cannot be split."""
+    per_row = max(1.0, float(row_bytes))
+    fit = int(prefetch // (READ_SHARE * per_row))
+    return max(batch_size, min(fit, MAX_READ_ROWS) // batch_size * batch_size)
+
+
+def cache_chunk_rows(memory_budget: int, row_bytes: float) -> int:
+    """Rows per record batch of the random-access cache (see ``CACHE_CHUNK_BYTES``):
+    at least one row, at most ``MAX_READ_ROWS``."""
+    lo, hi = CACHE_CHUNK_BYTES
+    target = min(hi, max(lo, int(memory_budget) // 4))
+    return max(1, min(MAX_READ_ROWS, int(target // max(1.0, float(row_bytes)))))

@@ -29,11 +29,11 @@ from ..errors import ArrowloadError, StateMismatchError
 from ..order import EpochOrder, num_batches, rank_range
 from ..plan.nodes import Limit, Map, Scan, SqlQuery, scans, walk
 from ..scan.execute import as_record_batch
-from .budget import ByteBudget
+from .budget import ByteBudget, read_rows
 from .chunks import ChunkConverter, HostChunk
 from .collate import BufferPool, resolve_stack, stack_batch
 from .device import DeviceBatch, TorchDeviceStage, jax_place, wants_cuda
-from .rowsource import ScanRowSource, default_cache_dir, materialize, plan_key
+from .rowsource import ScanRowSource, TableRowSource, default_cache_dir, materialize, plan_key
 
 STATE_FORMAT = "arrowload.loader_state"
 STATE_VERSION = 1
@@ -267,24 +267,38 @@ class Loader:
 
     # -- tasks -------------------------------------------------------------------
     def _tasks(self, order: EpochOrder, ranges: list[tuple[int, int]]) -> Iterator[_Task]:
+        """The reads of positions ``ranges``, in order, each with the bytes it will hold.
+
+        A random-access table is read in pieces sized in bytes (``budget.read_rows``: a
+        whole number of batches within a share of ``prefetch``, at least one batch):
+        slices in source order, gathers for both shuffles (a block shuffle's rows are
+        ``order.rows``, the same sequence its windows give). A scan is read per unit (a
+        row group) or per window of units, the smallest reads it allows."""
         src = self._source
-        gather_rows = max(self.options.batch_size, 65_536 // self.options.batch_size * self.options.batch_size)
+        table = isinstance(src, TableRowSource)
+        if table:
+            row_bytes = src.row_bytes
+            step = read_rows(self.options.prefetch, row_bytes, self.options.batch_size)
         for a, b in ranges:
             if order.kind == "none":
                 for u, lo, hi in order.unit_pieces(a, b):
+                    if table:
+                        for p in range(lo, hi, step):
+                            q = min(hi, p + step)
+                            yield _Task("unit", q - p, max(1, int((q - p) * row_bytes)), unit=u, lo=p, hi=q)
+                        continue
                     est = src.est_bytes(u) * (hi - lo) // max(1, src.counts[u])
                     yield _Task("unit", hi - lo, est, unit=u, lo=lo, hi=hi)
-            elif order.kind == "block":
+            elif order.kind == "block" and not table:
                 # one task per window: splitting it into gathers shared through the task
                 # cache was measured slower (they wait on the window's read)
                 for w, lo, hi in order.window_pieces(a, b):
                     est = sum(src.est_bytes(int(u)) for u in order.windows[w])
                     yield _Task("window", hi - lo, est, window=w, lo=lo, hi=hi)
             else:
-                for p in range(a, b, gather_rows):
-                    q = min(b, p + gather_rows)
-                    yield _Task("gather", q - p, (q - p) * max(1, src.est_bytes(0) // max(1, src.counts[0])),
-                                lo=p, hi=q)
+                for p in range(a, b, step):
+                    q = min(b, p + step)
+                    yield _Task("gather", q - p, max(1, int((q - p) * row_bytes)), lo=p, hi=q)
 
     def _run_task(self, task: _Task, order: EpochOrder, cache: "_SharedCache") -> tuple[list, float]:
         """Read one task: its rows as a list of HostChunks (converted here, on the reader
@@ -566,6 +580,7 @@ class _Pipeline:
         conv = loader._chunks
         combine = conv.combine if conv is not None else _concat_batches
         pending_rows = 0
+        carried = 0  # bytes of read rows still in `pending`, counted in the budget (see below)
         next_task: _Task | None = None
         while True:
             while len(inflight) < max_inflight:
@@ -573,7 +588,7 @@ class _Pipeline:
                     next_task = next(tasks, None)
                     if next_task is None:
                         break
-                if not self.budget.acquire(next_task.est_bytes, block=not inflight):
+                if not self.budget.acquire(next_task.est_bytes, block=not inflight, own=carried):
                     if self.stop.is_set():
                         return
                     break  # over budget: let in-flight work drain first
@@ -588,26 +603,40 @@ class _Pipeline:
             self.stats.units_read += 1
             self.stats.bytes_read += task.est_bytes // 3 if task.kind != "gather" else 0
             t0 = time.perf_counter()
+            added = 0
             for b in items:
                 pending.append(b)
                 pending_rows += b.num_rows
-                self.stats.bytes_decoded += b.nbytes
+                added += b.nbytes
+            self.stats.bytes_decoded += added
             del items
-            # The task's rows now live in the batches emitted below (zero-copy slices), each
-            # counted when emitted; release its reservation first so that emitting never
-            # waits on bytes only this thread could free (a task larger than the budget).
+            # The task's rows now wait in ``pending`` until cut into batches: its estimate
+            # is replaced by the bytes it actually holds ("carried"), which pass to each
+            # batch as it is emitted; the budget counts every byte read and not yet
+            # consumed. Waits are only on the consumer, never on bytes this thread holds
+            # itself (``own``), so a read larger than the whole budget still flows.
             self.budget.release(task.est_bytes)
+            carried += self.budget.charge(added)
             reserved = sum(t.est_bytes for _, t in inflight)
             while pending_rows >= bsize:
                 batch = combine(_take_rows(pending, bsize))
                 pending_rows -= bsize
                 self.stats.collate_s += time.perf_counter() - t0
-                if not self._emit(batch, reserved):
+                give = min(carried, batch.nbytes)
+                self.budget.release(give)
+                carried -= give
+                if not self._emit(batch, reserved + carried):
                     return
                 t0 = time.perf_counter()
+            held = sum(b.nbytes for b in pending)
+            if carried > held:  # estimates of slices drift: never carry more than is held
+                self.budget.release(carried - held)
+                carried = held
             self.stats.collate_s += time.perf_counter() - t0
         if pending_rows and not self.stop.is_set():
-            self._emit(combine(_take_rows(pending, pending_rows)))
+            batch = combine(_take_rows(pending, pending_rows))
+            self.budget.release(carried)
+            self._emit(batch)
 
     def _emit(self, batch: "HostChunk | pa.RecordBatch", reserved: int = 0) -> bool:
         loader = self.loader

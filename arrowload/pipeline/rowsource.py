@@ -8,6 +8,12 @@ Two kinds, one interface (``counts``, ``read_unit``, and for tables ``gather``):
   (``formats/selection_index``); the second run pays nothing.
 - :class:`TableRowSource` holds the selected rows in memory or in a memory-mapped Arrow
   IPC cache (``formats/ra_cache``) and gathers any rows: what global shuffle needs.
+
+Memory: the cache is written streaming from the scan, in record batches of a bounded
+number of bytes (``budget.cache_chunk_rows``), never holding the selection; it is read
+memory-mapped, so its pages are file-backed (the kernel drops and re-reads them), not
+anonymous memory. Its units (``counts``) stay ``UNIT_ROWS`` rows whatever the file's
+record batches, so the epoch order never depends on where the table lives.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from ..optimize import optimize
 from ..plan.explain import render_tree
 from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up, walk
 from ..scan import execute
+from .budget import cache_chunk_rows
 
 SELECTION_FORMAT = "arrowload.selection_index"
 RA_FORMAT = "arrowload.ra_cache"
@@ -161,8 +168,10 @@ class ScanRowSource:
 class TableRowSource:
     """Selected rows held in one table (memory or a memory-mapped IPC cache).
 
-    Units are ``unit_rows``-row slices (zero-copy). ``gather`` takes arbitrary rows in the
-    order given: one copy, into a fresh contiguous batch.
+    Units are ``unit_rows``-row slices (zero-copy); they define the order of a block
+    shuffle, not how much is read at once (the loader reads slices and gathers sized in
+    bytes, see ``budget.read_rows``). ``gather`` takes arbitrary rows in the order given:
+    one copy, into a fresh contiguous batch.
     """
 
     kind = "table"
@@ -183,11 +192,20 @@ class TableRowSource:
             self._chunk_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
             self._batches = table.to_batches()
 
+    @property
+    def row_bytes(self) -> float:
+        """Average bytes per row (what a read of ``n`` rows holds once copied)."""
+        return self.table.nbytes / max(1, self.table.num_rows)
+
     def est_bytes(self, i: int) -> int:
-        return max(1, self.table.nbytes // max(1, self.table.num_rows)) * self.counts[i]
+        return max(1, int(self.row_bytes * self.counts[i]))
 
     def read_unit(self, i: int) -> pa.Table:
         return self.table.slice(i * self.unit_rows, self.counts[i])
+
+    def read_rows(self, start: int, stop: int) -> pa.Table:
+        """Rows ``[start, stop)`` in source order (zero-copy)."""
+        return self.table.slice(start, stop - start)
 
     def gather(self, rows: np.ndarray) -> pa.Table:
         """Rows ``rows`` (source-order numbers) in that order."""
@@ -246,7 +264,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
                     fd, tmp_path = tempfile.mkstemp(dir=os.path.dirname(base), prefix=".tmp-ra-",
                                                     suffix=".arrow")
                     os.close(fd)
-                    writer = _ChunkWriter(tmp_path, schema)
+                    writer = _ChunkWriter(tmp_path, schema, memory_budget)
                     for b in held:
                         writer.write(b)
                     held = []
@@ -259,7 +277,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
         tmp_path = None
         _atomic_write_json(base + ".json", {"format": RA_FORMAT, "version": FORMAT_VERSION,
                                             "snapshot": snapshot, "plan": what,
-                                            "num_rows": writer.rows, "chunk_rows": UNIT_ROWS,
+                                            "num_rows": writer.rows, "chunk_rows": writer.chunk_rows,
                                             "schema": schema.to_string(), "reusable": reuse})
         opened = _open_cache(base, snapshot, what, reuse=False)
         assert opened is not None
@@ -286,32 +304,48 @@ def _combine(held: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:
 
 
 class _ChunkWriter:
-    """Writes batches re-cut to exactly ``UNIT_ROWS`` rows (the last may be shorter)."""
+    """Writes batches re-cut to exactly ``chunk_rows`` rows (the last may be shorter), where
+    ``chunk_rows`` comes from the first batch's row width and the memory budget
+    (``budget.cache_chunk_rows``). Holds at most one chunk's rows besides the batch being
+    written; a chunk is written from zero-copy slices of the pending batches (one copy
+    only where a chunk spans several of them)."""
 
-    def __init__(self, path: str, schema: pa.Schema) -> None:
+    def __init__(self, path: str, schema: pa.Schema, memory_budget: int) -> None:
         self._writer = pa.ipc.new_file(path, schema)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
+        self._budget = memory_budget
+        self.chunk_rows = 0
         self.rows = 0
         self.closed = False
         self.schema = schema
 
     def write(self, batch: pa.RecordBatch) -> None:
+        if not batch.num_rows:
+            return
+        if not self.chunk_rows:
+            self.chunk_rows = cache_chunk_rows(self._budget, batch.nbytes / batch.num_rows)
         self._pending.append(batch)
         self._pending_rows += batch.num_rows
-        while self._pending_rows >= UNIT_ROWS:
-            table = pa.Table.from_batches(self._pending, schema=self.schema)
-            head, rest = table.slice(0, UNIT_ROWS), table.slice(UNIT_ROWS)
-            self._writer.write_batch(head.combine_chunks().to_batches()[0])
-            self.rows += UNIT_ROWS
-            self._pending = rest.combine_chunks().to_batches() if rest.num_rows else []
-            self._pending_rows = rest.num_rows
+        while self._pending_rows >= self.chunk_rows:
+            self._write_rows(self.chunk_rows)
+
+    def _write_rows(self, n: int) -> None:
+        parts, got = [], 0
+        while got < n:
+            b = self._pending.pop(0)
+            take = min(b.num_rows, n - got)
+            parts.append(b.slice(0, take) if take < b.num_rows else b)
+            if take < b.num_rows:
+                self._pending.insert(0, b.slice(take))
+            got += take
+        self._writer.write_batch(parts[0] if len(parts) == 1 else pa.concat_batches(parts))
+        self._pending_rows -= n
+        self.rows += n
 
     def close(self) -> None:
         if self._pending_rows:
-            table = pa.Table.from_batches(self._pending, schema=self.schema).combine_chunks()
-            self._writer.write_batch(table.to_batches()[0])
-            self.rows += self._pending_rows
+            self._write_rows(self._pending_rows)
         self._writer.close()
         self.closed = True
 
@@ -330,8 +364,9 @@ def _open_cache(base: str, snapshot: str, what: str, reuse: bool = True) -> Tabl
         table = pa.ipc.open_file(source).read_all()
         if table.num_rows != doc["num_rows"]:
             return None
-        return TableRowSource(table, unit_rows=int(doc["chunk_rows"]), where=base + ".arrow",
-                              snapshot=snapshot)
+        if not isinstance(doc["chunk_rows"], int) or doc["chunk_rows"] < 1:
+            return None
+        return TableRowSource(table, where=base + ".arrow", snapshot=snapshot)
     except (OSError, ValueError, KeyError, pa.ArrowInvalid):
         return None
 
