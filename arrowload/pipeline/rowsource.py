@@ -18,6 +18,7 @@ record batches, so the epoch order never depends on where the table lives.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -243,6 +244,8 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
         cached = _open_cache(base, snapshot, what)
         if cached is not None:
             return cached
+    if _surely_spills(found, memory_budget):
+        options = _streaming(options, local=all(s.source.is_local for s in found))
     held: list[pa.RecordBatch] = []
     size = 0
     writer = None
@@ -287,6 +290,30 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
             writer.close()
         if tmp_path is not None and os.path.exists(tmp_path):
             os.remove(tmp_path)
+
+
+def _surely_spills(found: Sequence[Scan], memory_budget: int) -> bool:
+    """Whether the selection cannot fit ``memory_budget``: the compressed bytes of the columns
+    read already exceed it (footers know; a filter can only be sure to spill if it keeps
+    enough rows, so only the scan's own bytes decide)."""
+    total = 0
+    for scan in found:
+        for unit in scan.selected_units():
+            b = unit.bytes_for(scan.read_columns)
+            if b is None:
+                return False
+            total += b
+    return bool(found) and total > memory_budget
+
+
+def _streaming(options: Options, local: bool) -> Options:
+    """``options`` with the scan reading one batch and one file ahead, and (local files) no
+    pre-buffering of a file's column chunks: building the disk cache then holds a few
+    batches, where the defaults (tuned for speed while the table is kept in memory anyway)
+    hold several files' worth. Object storage keeps pre-buffering (one request per range)."""
+    scan = dataclasses.replace(options.scan, batch_readahead=1, fragment_readahead=1,
+                               pre_buffer=options.scan.pre_buffer and not local)
+    return dataclasses.replace(options, scan=scan)
 
 
 def _combine(held: list[pa.RecordBatch], schema: pa.Schema) -> pa.Table:

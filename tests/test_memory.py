@@ -1,0 +1,205 @@
+"""Memory bounded in bytes, measured from outside the loader.
+
+Each measurement runs the loader in a fresh Python process on a lake of wide rows
+(``fixed_size_list<float32>[1024]``, 4 KiB a row) and reads the kernel's own figures from
+``/proc/self/status``: the high-water mark of resident memory (``VmHWM``, reset through
+``/proc/self/clear_refs`` once the loader is built, so it covers the epoch alone) and
+``RssAnon`` sampled every millisecond (anonymous memory: what the process holds, as
+opposed to file-backed pages of a memory-mapped cache). The loader's own account
+(``LoaderStats.peak_prefetch_bytes``) is checked against them. Every epoch is also checked
+for exactness against pyarrow's read of the same files.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+from arrowload.order import EpochOrder
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
+                                reason="needs Linux /proc (VmHWM, RssAnon, clear_refs)")
+
+DIM = 1024
+ROWS = 16_384          # 64 MiB of embeddings
+ROW_BYTES = 8 + 4 * DIM
+MIB = 1 << 20
+
+CHILD = r"""
+import ctypes, gc, json, sys, threading, time
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+import arrowload as al
+
+lake, cache, mode, prefetch, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+
+def status():
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            if k in ("VmHWM", "VmRSS", "RssAnon"):
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+def reset_hwm():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+peak_anon = [0]
+stop = threading.Event()
+def sample():
+    while not stop.is_set():
+        peak_anon[0] = max(peak_anon[0], status()["RssAnon"])
+        time.sleep(0.001)
+
+truth = pq.read_table(lake, columns=["id"]).column("id").to_numpy()
+kw = {"memory": {}, "disk": {"memory_budget": 1}}[mode]
+for b in al.dataset(lake).limit(100).loader(10, shuffle="global", cache_dir=cache + "-warm", **kw):
+    pass  # imports and one-time setup, outside the measure
+b = None
+
+def trim():  # hand freed memory back to the OS, so that reusing it cannot hide an allocation
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+trim()
+base = status()
+reset_hwm()
+peak_anon[0] = base["RssAnon"]
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
+loader = al.dataset(lake).loader(batch, shuffle="global", seed=3, prefetch=prefetch,
+                                 cache_dir=cache, output="numpy", **kw)
+build_hwm = status()["VmHWM"]  # exact peak of the build: no file is mapped yet, all anonymous
+trim()
+built = status()
+reset_hwm()
+ids = []
+for b in loader:
+    ids.append(b["id"].copy())
+    assert np.array_equal(b["emb"][:, 0], b["id"].astype(np.float32))  # each row whole
+    b = None
+epoch_hwm = status()["VmHWM"]
+stop.set()
+sampler.join()
+anon = max(peak_anon[0], status()["RssAnon"])
+ids = np.concatenate(ids)
+print(json.dumps({
+    "exact": bool(np.array_equal(np.sort(ids), np.sort(truth))) and len(ids) == len(truth),
+    "order": ids[:50].tolist(),
+    "epoch_growth": epoch_hwm - built["VmRSS"],
+    "peak_anon": max(anon - base["RssAnon"], build_hwm - base["VmRSS"]),
+    "accounted": loader.stats().peak_prefetch_bytes,
+    "source": loader.source_kind,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def wide_lake(tmp_path_factory) -> str:
+    """16,384 rows of id + emb (emb[:, 0] == id), 4 files of 512-row groups (2 MiB)."""
+    path = tmp_path_factory.mktemp("wide")
+    rng = np.random.default_rng(0)
+    per = ROWS // 4
+    for i in range(4):
+        ids = np.arange(i * per, (i + 1) * per, dtype=np.int64)
+        emb = rng.standard_normal((per, DIM), dtype=np.float32)
+        emb[:, 0] = ids
+        table = pa.table({"id": ids, "emb": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), DIM)})
+        pq.write_table(table, path / f"part-{i}.parquet", row_group_size=512, compression="none")
+    return str(path)
+
+
+def run_child(lake: str, cache: str, mode: str, prefetch: int, batch: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, lake, cache, mode, str(prefetch), str(batch)],
+                         check=True, capture_output=True, text=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("prefetch", [1, 2 * MIB])
+def test_global_shuffle_bytes_in_flight_respect_prefetch(wide_lake, tmp_path, prefetch):
+    """In flight: at most max(prefetch, one batch) by the loader's account, and the process's
+    resident memory grows by no more than that (plus a small constant) during the epoch.
+    Before byte-sized gathers a gather was 65,536 rows (here the whole 64 MiB table)."""
+    batch = 64
+    batch_bytes = batch * ROW_BYTES  # 256 KiB
+    got = run_child(wide_lake, str(tmp_path / "cache"), "memory", prefetch, batch)
+    assert got["exact"] and got["source"] == "table (memory)"
+    bound = max(prefetch, batch_bytes)
+    assert 0 < got["accounted"] <= bound, (got["accounted"], bound)
+    # independent: the kernel's high-water mark over the epoch (the table was built before)
+    assert got["epoch_growth"] <= bound + 16 * MIB, (got["epoch_growth"] / MIB, bound / MIB)
+
+
+def test_disk_cache_holds_less_anonymous_memory_than_memory(wide_lake, tmp_path):
+    """The disk cache is written streaming in bounded chunks and read memory-mapped: its
+    peak anonymous memory (build and epoch) is below the in-memory table's, and below the
+    table itself. Before: 65,536-row write units held the whole table (and a copy)."""
+    table_bytes = ROWS * ROW_BYTES
+    memory = run_child(wide_lake, str(tmp_path / "m"), "memory", 2 * MIB, 64)
+    disk = run_child(wide_lake, str(tmp_path / "d"), "disk", 2 * MIB, 64)
+    assert memory["exact"] and disk["exact"]
+    assert memory["source"] == "table (memory)" and disk["source"].endswith(".arrow)")
+    assert memory["order"] == disk["order"]  # where the table lives never changes the order
+    assert memory["peak_anon"] >= table_bytes  # the measure sees the table when it is held
+    # the disk path saves at least the table itself
+    assert disk["peak_anon"] < memory["peak_anon"] - table_bytes, (disk["peak_anon"] / MIB,
+                                                                    memory["peak_anon"] / MIB)
+
+
+def test_disk_cache_record_batches_are_bounded_in_bytes(wide_lake, tmp_path):
+    """The cache file is written in record batches of a bounded size: at ``memory_budget=1``
+    the 1 MiB floor (a 4 KiB row: about 250 rows, where a fixed 65,536 rows made one 64 MiB
+    batch here), all of ``chunk_rows`` but the last; the file holds exactly pyarrow's rows,
+    in source order."""
+    cache = str(tmp_path / "cache")
+    loader = al.dataset(wide_lake).loader(64, shuffle="global", memory_budget=1, cache_dir=cache)
+    (arrow,) = glob.glob(os.path.join(cache, "ra-*.arrow"))
+    (manifest,) = glob.glob(os.path.join(cache, "ra-*.json"))
+    with open(manifest) as f:
+        doc = json.load(f)
+    with pa.memory_map(arrow) as src:
+        reader = pa.ipc.open_file(src)
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        assert max(b.nbytes for b in batches) <= MIB
+        assert {b.num_rows for b in batches[:-1]} == {doc["chunk_rows"]} and batches[-1].num_rows <= doc["chunk_rows"]
+        assert MIB // (2 * ROW_BYTES) <= doc["chunk_rows"] <= MIB // ROW_BYTES
+        stored = pa.Table.from_batches(batches)
+        assert stored.equals(pq.read_table(wide_lake))
+    # the units (and so any order) are the table's 65,536-row units, not the file's batches
+    assert loader._source.counts == (ROWS,)
+    loader.close()
+
+
+@pytest.mark.parametrize("prefetch", [1, 64 << 10, 256 << 20])
+@pytest.mark.parametrize("kind", ["global", "block"])
+def test_table_orders_are_independent_of_read_sizes(tmp_path, kind, prefetch):
+    """Over a random-access table (here forced by a limit), both shuffles follow the order
+    layer exactly, whatever prefetch makes the reads: gathers are a grouping of the same
+    order. Truth: the order layer's rows over pyarrow's table, units of 65,536 rows."""
+    n = 140_000
+    table = pa.table({"id": np.arange(n, dtype=np.int64) * 7, "x": np.arange(n, dtype=np.float32)})
+    ds = al.dataset(table).limit(n - 1_000)
+    loader = ds.loader(1_000, shuffle=kind, seed=5, shuffle_window=2, prefetch=prefetch,
+                       cache_dir=str(tmp_path), io_threads=3)
+    loader.set_epoch(2)
+    got = np.concatenate([b["id"] for b in loader])
+    rows = n - 1_000
+    counts = (65_536, 65_536, rows - 2 * 65_536)
+    assert loader._source.counts == counts
+    order = EpochOrder(counts, kind, seed=5, epoch=2, window=2)
+    expect = table.column("id").to_numpy()[:rows][order.rows(0, rows)]
+    np.testing.assert_array_equal(got, expect)
