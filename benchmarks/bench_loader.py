@@ -28,6 +28,7 @@ resuming at 90% of the epoch.
 
     python benchmarks/bench_loader.py --quick          # 1M rows
     python benchmarks/bench_loader.py --write          # 4M rows, recorded in RESULTS.md
+    python benchmarks/bench_loader.py --memory         # peak memory per mode (bench_memory.py)
 """
 
 from __future__ import annotations
@@ -201,7 +202,15 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--only", nargs="*", choices=list(WORKLOADS))
     p.add_argument("--write", action="store_true", help="record the tables in benchmarks/RESULTS.md")
-    args = p.parse_args(argv)
+    p.add_argument("--memory", action="store_true",
+                   help="instead: peak memory per mode on wide rows, each mode a fresh process "
+                        "(bench_memory.py; pass its options after --)")
+    args, rest = p.parse_known_args(argv)
+    if args.memory:
+        import bench_memory
+        return bench_memory.main([a for a in rest if a != "--"])
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
     rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
     lakes = {"events": ensure_lake(rows)}
     scratch = Path(tempfile.mkdtemp(prefix="arrowload-bench-"))

@@ -1,5 +1,12 @@
-"""The Load stage on a machine without CUDA: the CUDA path is never entered, asking for it
-is a clear error, and jax placement works on the CPU device."""
+"""The Load stage (``pipeline/device.py``).
+
+Everywhere: the CUDA path is never entered for ``device=None`` / ``"cpu"``, asking for an
+unavailable CUDA device is a clear ``DeviceUnavailableError``, and jax placement works on
+the CPU device. Where CUDA is present (skipped without it, the one permitted skip): batches
+land on the device with the CPU loader's exact dtypes, shapes and values, pinned staging
+buffers are reused, held batches are never overwritten, ``devices=[...]`` splits rows, and
+jax ``sharding=`` places them on GPUs.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +17,52 @@ import torch
 
 import arrowload as al
 
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+no_cuda_here = pytest.mark.skipif(CUDA, reason="asserts what happens without CUDA")
+
 
 @pytest.fixture()
 def ds():
     return al.dataset(pa.table({"f0": np.arange(1000, dtype=np.float32),
                                 "f1": np.arange(1000, dtype=np.float32) * 2,
                                 "label": np.arange(1000, dtype=np.int64) % 2}))
+
+
+def typed_dataset(n: int = 2000):
+    """Every dtype the device stage stages: two float32 columns of one shape (they must not
+    share a staging buffer), float64, int32, uint8, bool, int64, a timestamp (int64 counts
+    in torch), a fixed-size list (2-D) and strings (stay Python lists)."""
+    rng = np.random.default_rng(7)
+    emb = rng.standard_normal((n, 8), dtype=np.float32)
+    return al.dataset(pa.table({
+        "id": np.arange(n, dtype=np.int64),
+        "f32": rng.standard_normal(n, dtype=np.float32),
+        "f32b": rng.standard_normal(n, dtype=np.float32),
+        "f64": rng.standard_normal(n),
+        "i32": rng.integers(-1000, 1000, n, dtype=np.int32),
+        "u8": rng.integers(0, 255, n, dtype=np.uint8),
+        "flag": rng.random(n) < 0.5,
+        "ts": pa.array(np.arange(n, dtype=np.int64) * 1_000_003, pa.timestamp("us")),
+        "emb": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), 8),
+        "name": [f"row{i}" for i in range(n)],
+    }))
+
+
+def assert_same_batch(gpu: dict, cpu: dict, device_type: str = "cuda") -> None:
+    assert list(gpu) == list(cpu)
+    for name, want in cpu.items():
+        got = gpu[name]
+        if isinstance(want, torch.Tensor):
+            assert got.device.type == device_type, name
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            assert torch.equal(got.cpu(), want), name
+        else:
+            assert got == want, name
+
+
+# ---------------------------------------------------------------------------
+# without CUDA (and anywhere: the CPU path)
 
 
 @pytest.fixture()
@@ -37,11 +84,41 @@ def test_cpu_paths_never_touch_cuda(ds, tmp_path, no_cuda, device):
     np.testing.assert_array_equal(got, np.stack([np.arange(1000), np.arange(1000) * 2], 1))
 
 
+@pytest.mark.parametrize("output", ["numpy", "arrow", "jax"])
+def test_other_outputs_never_touch_cuda(ds, tmp_path, no_cuda, output):
+    """``device="cuda"`` means the torch device stage only with ``output="torch"``."""
+    loader = ds.loader(500, output=output, cache_dir=str(tmp_path))
+    assert loader._device_stage is None
+    assert sum(len(b["label"]) if output != "arrow" else b.num_rows for b in loader) == 1000
+
+
+@no_cuda_here
 @pytest.mark.parametrize("kwargs", [{"device": "cuda"}, {"device": "cuda:1"}, {"devices": ["cuda:0", "cuda:1"]}])
 def test_cuda_without_cuda_is_a_clear_error(ds, tmp_path, kwargs):
-    assert not torch.cuda.is_available()
-    with pytest.raises(al.ArrowloadError, match="CUDA"):
+    with pytest.raises(al.DeviceUnavailableError, match="CUDA") as info:
         ds.loader(256, output="torch", cache_dir=str(tmp_path), **kwargs)
+    assert isinstance(info.value, RuntimeError)
+    assert "device=None" in str(info.value)  # says what to do
+
+
+@pytest.mark.parametrize("kwargs", [{"device": "cuda"}, {"devices": ["cuda:0", "cuda:0"]}])
+def test_cuda_reported_unavailable_is_a_clear_error(ds, tmp_path, monkeypatch, kwargs):
+    """The same on any machine: a process where torch reports no CUDA (CUDA_VISIBLE_DEVICES
+    empty, a driver missing) never creates streams and says what to do."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pytest.fail("a stream was created"))
+    with pytest.raises(al.DeviceUnavailableError, match="torch.cuda.is_available"):
+        ds.loader(256, output="torch", cache_dir=str(tmp_path), **kwargs)
+
+
+def test_cuda_index_past_the_visible_devices_is_a_clear_error(ds, tmp_path, monkeypatch):
+    """Asking for cuda:3 where the process sees one device: DeviceUnavailableError naming the
+    device and the visible range, before any stream is made (before: torch's own error)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pytest.fail("a stream was created"))
+    with pytest.raises(al.DeviceUnavailableError, match=r"'cuda:3'.*1 CUDA device.*cuda:0 \.\. cuda:0"):
+        ds.loader(256, output="torch", devices=["cuda:0", "cuda:3"], cache_dir=str(tmp_path))
 
 
 def test_devices_and_sharding_need_their_outputs(ds, tmp_path):
@@ -62,3 +139,119 @@ def test_jax_sharding_places_batches(ds, tmp_path):
         assert b["x"].sharding == sharding and b["x"].shape == (250, 2)
     np.testing.assert_array_equal(np.concatenate([np.asarray(b["label"]) for b in batches]),
                                   np.arange(1000) % 2)
+
+
+# ---------------------------------------------------------------------------
+# with CUDA
+
+
+@needs_cuda
+@pytest.mark.parametrize("shuffle", [False, "global"])
+@pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}])
+def test_cuda_batches_equal_the_cpu_loader(tmp_path, shuffle, stack):
+    """Every batch, held until the end of the epoch (so a reused buffer would show), equals
+    the CPU loader's batch exactly: device, dtype, shape and values."""
+    ds = typed_dataset()
+    kw = dict(shuffle=shuffle, seed=4, stack=stack, cache_dir=str(tmp_path))
+    cpu = list(ds.loader(96, output="torch", **kw))
+    gpu = list(ds.loader(96, output="torch", device="cuda", **kw))
+    assert len(gpu) == len(cpu) == -(-2000 // 96)
+    for g, c in zip(gpu, cpu):
+        assert_same_batch(g, c)
+        assert all(t.device == torch.device("cuda", torch.cuda.current_device())
+                   for t in g.values() if isinstance(t, torch.Tensor))
+
+
+@needs_cuda
+def test_cuda_held_batch_is_not_overwritten_by_later_ones(tmp_path):
+    """A batch the consumer keeps stays intact while later batches reuse the staging buffers
+    and the device allocator, with work queued on the consumer's stream in between."""
+    ds = typed_dataset()
+    cpu = list(ds.loader(64, output="torch", shuffle="global", seed=1, cache_dir=str(tmp_path)))
+    it = iter(ds.loader(64, output="torch", device="cuda", shuffle="global", seed=1, cache_dir=str(tmp_path)))
+    first = next(it)
+    kept = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in first.items()}
+    for i, b in enumerate(it, start=1):
+        assert_same_batch(b, cpu[i])
+        _ = (b["f32"] * 2 + b["f64"]).sum()  # the consumer's own work on its stream
+        del b
+    assert_same_batch(first, cpu[0])
+    for k, v in kept.items():
+        assert torch.equal(first[k], v) if isinstance(v, torch.Tensor) else first[k] == v
+
+
+@needs_cuda
+def test_cuda_pinned_staging_is_reused(tmp_path, monkeypatch):
+    """Host arrays go through page-locked staging buffers taken from a pool: far fewer
+    pinned allocations than arrays copied, every pooled buffer pinned."""
+    calls = []
+    original = torch.Tensor.pin_memory
+
+    def counting(self, *a, **k):
+        calls.append(tuple(self.shape))
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", counting)
+    ds = typed_dataset()
+    loader = ds.loader(32, output="torch", device="cuda", drop_last=True, prefetch=1, cache_dir=str(tmp_path))
+    n = 0
+    for b in loader:
+        n += 1
+        assert b["id"].device.type == "cuda"
+    stage = loader._device_stage
+    arrays_copied = n * 9  # nine numeric columns per batch
+    assert n == 62
+    assert 0 < len(calls) <= len(stage._pinned) * stage.capacity
+    assert len(calls) < arrays_copied // 4, (len(calls), arrays_copied)
+    for slots in stage._pinned.values():
+        assert all(slot[0].is_pinned() for slot in slots)
+
+
+@needs_cuda
+def test_cuda_devices_split_rows(tmp_path):
+    """``devices=[...]``: each batch is split into contiguous row ranges, one per device, in
+    order; together they are the CPU batch. One GPU: the same device twice still splits."""
+    count = torch.cuda.device_count()
+    devices = [f"cuda:{i}" for i in range(count)] if count > 1 else ["cuda:0", "cuda:0"]
+    ds = typed_dataset()
+    kw = dict(shuffle="global", seed=2, cache_dir=str(tmp_path))
+    cpu = list(ds.loader(100, output="torch", **kw))
+    gpu = list(ds.loader(100, output="torch", devices=devices, **kw))
+    assert len(gpu) == len(cpu) == 20
+    k = len(devices)
+    for parts, want in zip(gpu, cpu):
+        assert isinstance(parts, list) and len(parts) == k
+        bounds = [(i * 100) // k for i in range(k + 1)]
+        for i, (part, dev) in enumerate(zip(parts, devices)):
+            sliced = {n: v[bounds[i]:bounds[i + 1]] for n, v in want.items()}
+            assert_same_batch(part, sliced)
+            assert all(t.device == torch.device(dev) for t in part.values() if isinstance(t, torch.Tensor))
+
+
+def _jax_gpus() -> list:
+    try:
+        import jax
+        return list(jax.devices("gpu"))
+    except Exception:  # noqa: BLE001 - no GPU backend in this jax
+        return []
+
+
+@needs_cuda
+def test_jax_sharding_places_batches_on_gpus(tmp_path):
+    gpus = _jax_gpus()
+    if not gpus:
+        pytest.skip("jax has no GPU backend in this environment")
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    sharding = NamedSharding(Mesh(np.array(gpus), ("batch",)), PartitionSpec("batch"))
+    size = 40 * len(gpus)
+    ds = typed_dataset()
+    kw = dict(shuffle="global", seed=3, drop_last=True, stack={"x": ["f32", "f32b"]}, cache_dir=str(tmp_path))
+    cpu = list(ds.loader(size, output="numpy", **kw))
+    out = list(ds.loader(size, output="jax", sharding=sharding, **kw))
+    assert len(out) == len(cpu) > 0
+    for got, want in zip(out, cpu):
+        for name in ("x", "id", "emb"):
+            assert got[name].sharding == sharding
+            assert {d.platform for d in got[name].devices()} == {gpus[0].platform}
+            np.testing.assert_array_equal(np.asarray(jax.device_get(got[name])), want[name])

@@ -5,7 +5,9 @@ pinned (page-locked) staging buffer taken from a small pool, then copied to the 
 with ``non_blocking=True`` on a dedicated CUDA stream, and an event is recorded. The
 consumer's current stream waits on that event and each tensor is ``record_stream``-ed on
 it, so the tensors are safe to use there while the copy of the next batch overlaps the
-step on this one. A staging buffer is reused only after its copy's event completed.
+step on this one. A staging buffer is reused only after its copy's event completed
+(never by another column of the same batch, nor by another thread, while its copy may
+still be running).
 With ``devices=[...]`` each batch is split into contiguous row slices (views, no host
 copy), one per device.
 
@@ -26,6 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DeviceUnavailableError
+
+_BUSY = object()  # a staging slot handed out whose copy is not recorded yet
+
 
 @dataclass
 class DeviceBatch:
@@ -45,6 +51,12 @@ class TorchDeviceStage:
         self.devices = [target_device(d) for d in devices]  # raises clearly without CUDA
         if any(d is None or d.type != "cuda" for d in self.devices):
             raise ValueError("TorchDeviceStage is for CUDA devices")
+        count = torch.cuda.device_count()
+        for asked, d in zip(devices, self.devices):
+            if d.index is not None and d.index >= count:
+                raise DeviceUnavailableError(
+                    f"device {asked!r}: this process sees {count} CUDA device(s) (cuda:0 .. "
+                    f"cuda:{count - 1}); pass one of those, or check CUDA_VISIBLE_DEVICES")
         self.streams = [torch.cuda.Stream(device=d) for d in self.devices]
         self._lock = threading.Lock()
         self._pinned: dict[tuple, list[list]] = {}  # key -> [[tensor, event | None], ...]
@@ -56,18 +68,22 @@ class TorchDeviceStage:
         with self._lock:
             slots = self._pinned.setdefault(key, [])
             for slot in slots:
-                tensor, event = slot
-                if event is None or event.query():
-                    slot[1] = None
+                # a slot is free once its copy finished; one handed out (to this batch's other
+                # columns of the same shape, or to another producer thread) is not
+                event = slot[1]
+                if event is None or (event is not _BUSY and event.query()):
+                    slot[1] = _BUSY
                     return slot
             tensor = torch.from_numpy(np.empty(shape, dtype=dtype)).pin_memory()
-            slot = [tensor, None]
+            slot = [tensor, _BUSY]
             if len(slots) < self.capacity:
                 slots.append(slot)
             return slot
 
     def to_device(self, host: dict) -> DeviceBatch:
-        """Start copying ``host`` (numpy arrays / lists) to the device(s); returns at once."""
+        """Start copying ``host`` (numpy arrays / lists) to the device(s); returns at once.
+        Thread-safe (DataLoader-style workers share the stage): each column of each batch
+        has its own staging buffer until its copy's event completes."""
         torch = self.torch
         n = next((len(v) for v in host.values()), 0)
         k = len(self.devices)
@@ -77,25 +93,40 @@ class TorchDeviceStage:
             lo, hi = bounds[i], bounds[i + 1]
             used = []
             out = {}
-            with torch.cuda.stream(stream):
-                for name, value in host.items():
-                    if not isinstance(value, np.ndarray):
-                        out[name] = value[lo:hi]
-                        continue
-                    arr = value[lo:hi]
-                    if arr.dtype.kind in "mM":
-                        arr = arr.view(np.int64)
-                    slot = self._staging(arr.shape, arr.dtype)
-                    np.copyto(slot[0].numpy(), arr)  # the one host copy, into pinned memory
-                    out[name] = slot[0].to(dev, non_blocking=True)
-                    used.append(slot)
-                event = torch.cuda.Event()
-                event.record(stream)
+            try:
+                with torch.cuda.stream(stream):
+                    for name, value in host.items():
+                        if not isinstance(value, np.ndarray):
+                            out[name] = value[lo:hi]
+                            continue
+                        arr = value[lo:hi]
+                        if arr.dtype.kind in "mM":
+                            arr = arr.view(np.int64)
+                        slot = self._staging(arr.shape, arr.dtype)
+                        used.append(slot)
+                        np.copyto(slot[0].numpy(), arr)  # the one host copy, into pinned memory
+                        out[name] = slot[0].to(dev, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+            except BaseException:
+                self._free_after(stream, used)
+                raise
             for slot in used:
                 slot[1] = event  # reusable once this copy has finished
             parts.append(out)
             events.append(event)
         return DeviceBatch(parts, events, self)
+
+    @staticmethod
+    def _free_after(stream, slots: list) -> None:
+        """A batch failed: free its staging slots once ``stream`` has finished with them
+        (left busy, never reused, if even that fails)."""
+        try:
+            stream.synchronize()
+        except Exception:  # noqa: BLE001 - the error that failed the batch is the one raised
+            return
+        for slot in slots:
+            slot[1] = None
 
     def ready(self, batch: DeviceBatch):
         """On the consumer's thread: make its current stream wait for the copies and mark
