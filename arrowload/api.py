@@ -137,8 +137,9 @@ class Dataset:
         True (global where the source is local or in memory, block otherwise).
         ``rank`` / ``world_size`` default to torch.distributed, then RANK / WORLD_SIZE, then
         0 / 1; every rank gets the same number of rows. ``output``: "numpy", "torch", "jax"
-        or "arrow". ``prefetch`` bounds the bytes held in flight; ``io_threads`` readers
-        run ahead. ``transform(batch) -> batch`` runs on every batch, in order.
+        or "arrow". ``prefetch`` bounds the bytes read and not yet consumed (a batch larger
+        than it is read alone); reads of the random-access table are sized from it, in
+        whole batches. ``io_threads`` readers run ahead. ``transform(batch) -> batch`` runs on every batch, in order.
         ``pad_lists`` pads variable-length list columns to the batch's longest list (or to
         ``pad_to``) with ``pad_value`` and adds ``<name>_lengths``; ``fill_null`` fills nulls
         per column (``"*"``: every numeric one); ``stack={"x": ["f0", "f1"]}`` (or a glob,

@@ -204,10 +204,6 @@ class TableRowSource:
     def read_unit(self, i: int) -> pa.Table:
         return self.table.slice(i * self.unit_rows, self.counts[i])
 
-    def read_rows(self, start: int, stop: int) -> pa.Table:
-        """Rows ``[start, stop)`` in source order (zero-copy)."""
-        return self.table.slice(start, stop - start)
-
     def gather(self, rows: np.ndarray) -> pa.Table:
         """Rows ``rows`` (source-order numbers) in that order."""
         if self._single:
