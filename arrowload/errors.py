@@ -121,3 +121,55 @@ class SnapshotChangedError(ArrowloadError, RuntimeError):
 
 class StateMismatchError(ArrowloadError, ValueError):
     """A loader state was taken on a different dataset, plan or loader configuration."""
+
+
+class StorageAccessError(ArrowloadError, PermissionError):
+    """An object store refused the request: no credentials found, credentials it rejects,
+    or access denied by a policy. Never retried; the message names the URL and what to set."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class StorageEndpointError(ArrowloadError, ConnectionError):
+    """An object store's endpoint cannot be reached at all (connection refused, unknown host):
+    a configuration error, failed after at most one quick retry. The message names the
+    endpoint and how to set it (``storage_options={"endpoint_url": ...}``, ``AWS_ENDPOINT_URL``)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PathEncodingError(ArrowloadError, UnicodeError):
+    """A path or file name is not valid UTF-8 (pyarrow reads UTF-8 paths only); rename the file."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidArgumentError(ArrowloadError, ValueError):
+    """An argument has a value arrowload cannot use; the message says which values are accepted."""
+
+
+class ArgumentTypeError(ArrowloadError, TypeError):
+    """An argument has a type arrowload cannot use; the message says which types are accepted."""
+
+
+class ExternalAccessError(ArrowloadError, PermissionError):
+    """SQL run with ``external_access=False`` tried to reach outside the bound tables (a file,
+    the network, an extension, a setting or the environment); DuckDB's sandbox refused it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
