@@ -274,3 +274,120 @@ def test_garbage_ipc_file_is_named(tmp_path):
     with pytest.raises(al.CorruptFileError) as info:
         al.dataset(str(tmp_path)).count()
     assert str(bad) in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# every error class is public, one root, and a builtin
+
+
+def _error_classes() -> list[type]:
+    import inspect
+
+    import arrowload.errors as errors
+    return [obj for name, obj in vars(errors).items()
+            if inspect.isclass(obj) and issubclass(obj, BaseException)
+            and obj.__module__ == errors.__name__ and not name.startswith("_")]
+
+
+def test_every_error_class_is_exported_and_a_builtin():
+    classes = _error_classes()
+    assert len(classes) >= 17
+    for cls in classes:
+        assert getattr(al, cls.__name__, None) is cls, f"al.{cls.__name__} is not exported"
+        assert cls.__name__ in al.__all__
+        assert issubclass(cls, al.ArrowloadError)
+        if cls is not al.ArrowloadError:
+            builtins_ = [b for b in cls.__mro__ if b.__module__ == "builtins"
+                         and b not in (Exception, BaseException, object)]
+            assert builtins_, f"{cls.__name__} subclasses no builtin exception besides Exception"
+    assert al.__all__ == sorted(al.__all__)
+
+
+# ---------------------------------------------------------------------------
+# missing packages, unusable paths, bad arguments
+
+
+@pytest.mark.parametrize("uri,package", [("gs://bucket/lake/", "gcsfs"), ("az://container/lake/", "adlfs"),
+                                         ("abfs://container/lake/", "adlfs")])
+def test_missing_cloud_package_is_an_import_error(uri, package):
+    import importlib.util
+    assert importlib.util.find_spec(package) is None, f"{package} is installed here: the test needs it absent"
+    with pytest.raises(al.MissingDependencyError) as info:
+        al.dataset(uri)
+    err = info.value
+    assert isinstance(err, ImportError) and isinstance(err, al.ArrowloadError)
+    assert 'pip install "arrowload[cloud]"' in str(err) and package in str(err) and uri in str(err)
+
+
+def test_unknown_uri_scheme():
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset("nosuchscheme://x/y")
+    assert isinstance(info.value, ValueError) and "nosuchscheme://" in str(info.value)
+
+
+def _non_utf8_lake(tmp_path) -> bytes:
+    folder = os.fsencode(tmp_path / "lake")
+    os.mkdir(folder)
+    pq.write_table(pa.table({"a": [1, 2]}), os.fsdecode(os.path.join(folder, b"ok.parquet")))
+    shutil.copy(os.path.join(folder, b"ok.parquet"), os.path.join(folder, b"caf\xe9.parquet"))
+    return folder
+
+
+@pytest.mark.parametrize("how", ["folder", "glob", "bytes-name", "surrogate-name", "bytes-list"])
+def test_non_utf8_paths_are_a_typed_error(tmp_path, how):
+    folder = _non_utf8_lake(tmp_path)
+    bad = os.path.join(folder, b"caf\xe9.parquet")
+    source = {"folder": os.fsdecode(folder), "glob": os.fsdecode(folder) + "/*.parquet",
+              "bytes-name": bad, "surrogate-name": os.fsdecode(bad), "bytes-list": [bad]}[how]
+    with pytest.raises(al.PathEncodingError) as info:
+        al.dataset(source)
+    err = info.value
+    assert isinstance(err, UnicodeError) and isinstance(err, ValueError)
+    assert "caf\\xe9" in str(err) and "rename" in str(err)
+
+
+def test_bytes_paths_that_decode_are_read(tmp_path):
+    folder = os.fsencode(tmp_path / "lake")
+    os.mkdir(folder)
+    pq.write_table(pa.table({"a": [1, 2, 3]}), os.fsdecode(os.path.join(folder, b"ok.parquet")))
+    assert al.dataset(folder).to_arrow().equals(pq.read_table(os.fsdecode(folder)))
+    assert al.dataset([os.path.join(folder, b"ok.parquet")]).count() == 3
+
+
+def test_format_errors_are_typed(tmp_path, parquet_lake):
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset(parquet_lake, format="orc")
+    assert isinstance(info.value, ValueError) and "'orc'" in str(info.value) and "parquet" in str(info.value)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    pq.write_table(pa.table({"a": [1]}), mixed / "a.parquet")
+    feather.write_feather(pa.table({"a": [1]}), mixed / "b.arrow")
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset(str(mixed))
+    assert "several formats" in str(info.value) and "format=" in str(info.value)
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "data.bin").write_bytes(b"x")
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset(str(odd))
+    assert "data.bin" in str(info.value) and "format=" in str(info.value)
+
+
+def test_dataset_argument_errors_are_typed(tmp_path, parquet_lake):
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset([])
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(al.ArgumentTypeError) as info:
+        al.dataset(42)
+    assert isinstance(info.value, TypeError) and "int" in str(info.value)
+    with pytest.raises(al.ArgumentTypeError) as info:
+        al.dataset(parquet_lake, filesystem=object())
+    assert isinstance(info.value, TypeError) and "fsspec" in str(info.value)
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset(parquet_lake, storage_options={"anon": True})
+    assert isinstance(info.value, ValueError) and "storage_options" in str(info.value)
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset([parquet_lake, "memory://x/y"])
+    assert "several filesystems" in str(info.value)
+    with pytest.raises(al.InvalidArgumentError):
+        al.set_progress("sometimes")

@@ -263,6 +263,8 @@ def _list_dir(fs: pafs.FileSystem, base: str, retries: int, backoff: float,
     selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
     try:
         infos = retry(lambda: fs.get_file_info(selector), retries=retries, backoff_s=backoff)
+        for i in infos:
+            _ = i.path  # pyarrow decodes names here: a non-UTF-8 one fails now, not later
     except Exception as exc:  # noqa: BLE001 - translated where we can say more
         typed = storage_error(exc, original)
         if isinstance(typed, PathEncodingError):
