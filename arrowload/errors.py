@@ -29,7 +29,7 @@ class PathNotFoundError(ArrowloadError, FileNotFoundError):
 class ColumnNotFoundError(ArrowloadError, KeyError):
     """A column named by the user does not exist; the message lists the closest names."""
 
-    def __init__(self, column: str, available: Iterable[str], where: str = "") -> None:
+    def __init__(self, column: str, available: Iterable[str], where: str = "", hint: str = "") -> None:
         self.column = column
         self.available = tuple(available)
         close = difflib.get_close_matches(column, self.available, n=3, cutoff=0.5)
@@ -39,10 +39,11 @@ class ColumnNotFoundError(ArrowloadError, KeyError):
         if not close:
             lowered = {name.lower(): name for name in self.available}
             close = [lowered[column.lower()]] if column.lower() in lowered else []
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        suggest = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         listing = ", ".join(self.available[:20]) + (" ..." if len(self.available) > 20 else "")
         place = f" in {where}" if where else ""
-        super().__init__(f"column {column!r} not found{place}{hint} (columns: {listing})")
+        extra = f" ({hint})" if hint else ""
+        super().__init__(f"column {column!r} not found{place}{suggest}{extra} (columns: {listing})")
 
     def __str__(self) -> str:  # KeyError's str() would repr() the message
         return str(self.args[0])
@@ -73,7 +74,7 @@ class ExpressionError(ArrowloadError, ValueError):
         self.text, self.line, self.col = text, line, column
         if text is not None and line is not None and column is not None:
             src = text.splitlines()[line - 1] if text.splitlines() else text
-            message = f"{message} at line {line}, column {column}:\n  {src}\n  {' ' * max(column - 1, 0)}^"
+            message = f"{message}, at line {line}, column {column}:\n  {src}\n  {' ' * max(column - 1, 0)}^"
         super().__init__(message)
 
 

@@ -130,7 +130,7 @@ def test_unknown_column_in_memory_source():
 @pytest.mark.parametrize("text,line,column", [
     ("label = = 1", 1, 9),
     ("id >", 1, 4),
-    ("label = 1 label", 1, 15),
+    ("label = 1 label", 1, 11),
     ("label +", 1, 7),
     ("label = 1 AND\n  (country = 'US' OR)", 2, 21),
     ("country = 'US", 1, 11),                 # unterminated string
@@ -391,3 +391,80 @@ def test_dataset_argument_errors_are_typed(tmp_path, parquet_lake):
     assert "several filesystems" in str(info.value)
     with pytest.raises(al.InvalidArgumentError):
         al.set_progress("sometimes")
+
+
+# ---------------------------------------------------------------------------
+# parse errors speak SQL: what is wrong, where, never the parser's internals
+
+_PARSER_WORDS = ("sqlglot", "<class", "Required keyword", "expressions.core", "Condition")
+
+MISTAKES = [
+    # text, what the message says, (line, column) of the caret
+    ("label = 1 AND", "AND needs an operand on its right", (1, 11)),
+    ("AND label = 1", "AND needs an operand on its left", (1, 1)),
+    ("label = 1 OR\n", "OR needs an operand on its right", (1, 11)),
+    ("label = 1 AND AND f0 > 0", "AND needs an operand on its right", (1, 15)),
+    ("f0 >", "> needs an operand on its right", (1, 4)),
+    ("NOT", "NOT needs an operand", (1, 1)),
+    ("(label = 1 AND (f0 > 0)", "'(' is never closed", (1, 1)),
+    ("label = 1)", "')' closes nothing", (1, 10)),
+    ("country IN ('US', 'DE'", "'(' is never closed", (1, 12)),
+    ("country = 'US", "unterminated string", (1, 11)),
+    ("label = 1,", "trailing comma", (1, 10)),
+    ("country IN 'US', 'DE'", "list outside parentheses", (1, 16)),
+    ("label = WHERE", "a keyword where a value is expected: WHERE after =", (1, 9)),
+    ("label = SELECT", "a keyword where a value is expected: SELECT after =", (1, 9)),
+    ("label = 1 f0 > 0", "two values without an operator", (1, 11)),
+    ("f0 BETWEEN 1", "BETWEEN low AND high", None),
+    ("CAST(f0 AS )", "CAST needs a type", (1, 12)),
+    ("label IS", "unexpected keyword IS", (1, 7)),
+    ('country = "US', "unterminated quoted name", (1, 11)),
+    ("label = 1 /* note", "unterminated comment", (1, 11)),
+    ("emb = [1, 2", "'[' is never closed", None),
+]
+
+
+@pytest.mark.parametrize("text,says,where", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_parse_errors_speak_sql(parquet_lake, text, says, where):
+    with pytest.raises(al.ExpressionError) as info:
+        al.dataset(parquet_lake).filter(text)
+    msg = str(info.value)
+    assert says in msg, msg
+    assert msg.startswith("cannot parse filter: ")
+    assert not any(w in msg for w in _PARSER_WORDS), msg
+    if where is not None:
+        assert (info.value.line, info.value.col) == where, msg
+        assert f"at line {where[0]}, column {where[1]}:" in msg
+        assert msg.splitlines()[-1] == " " * (2 + where[1] - 1) + "^"
+
+
+_IN_SQL = [m for m in MISTAKES[:14] if "," not in m[0]]  # a comma after WHERE ... is SQL's FROM list
+
+
+@pytest.mark.parametrize("text,says,where", _IN_SQL, ids=[m[0] for m in _IN_SQL])
+def test_sql_parse_errors_speak_sql(parquet_lake, text, says, where):
+    query = f"SELECT id FROM t WHERE {text}"
+    with pytest.raises(al.ExpressionError) as info:
+        al.sql(query, t=al.dataset(parquet_lake))
+    msg = str(info.value)
+    assert says in msg and msg.startswith("cannot parse SQL: "), msg
+    assert not any(w in msg for w in _PARSER_WORDS), msg
+    if where is not None:
+        assert (info.value.line, info.value.col) == (where[0], where[1] + len("SELECT id FROM t WHERE ")), msg
+
+
+def test_double_quoted_string_is_explained(parquet_lake):
+    """Double quotes name a column in SQL (DuckDB says the same: column "US" not found)."""
+    with pytest.raises(al.ColumnNotFoundError) as info:
+        al.dataset(parquet_lake).filter('country = "US"')
+    assert "for the string write 'US'" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["label == 1", "label IN (0, 1,)"])
+def test_duckdb_spellings_that_parse(parquet_lake, text):
+    """DuckDB accepts ``==`` and a trailing comma inside IN (...): so does the filter, with
+    DuckDB's answer."""
+    import duckdb
+    files = os.path.join(parquet_lake, "*.parquet")
+    expected = duckdb.sql(f"SELECT count(*) FROM read_parquet('{files}') WHERE {text}").fetchall()[0][0]
+    assert al.dataset(parquet_lake).filter(text).count() == expected
