@@ -56,8 +56,12 @@ class TableNotFoundError(ArrowloadError, KeyError):
         self.table = table
         self.bound = tuple(bound)
         names = ", ".join(self.bound) or "none"
-        super().__init__(f"table {table!r} is not bound; bound tables: {names}. Bind it by keyword: "
-                         f"al.sql(query, {table}=al.dataset(...))")
+        if table.isidentifier():
+            fix = f"Bind it by keyword: al.sql(query, {table}=al.dataset(...))"
+        else:  # a path written in FROM
+            fix = (f"Bind the file as a table and name it in FROM: al.sql(\"... FROM t\", "
+                   f"t=al.dataset({table!r}))")
+        super().__init__(f"table {table!r} is not bound; bound tables: {names}. {fix}")
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -136,8 +136,14 @@ def _resolve(name: str, schema) -> str:
     return resolve_column(name, schema)
 
 
-def build(query: str, tables: dict[str, Any]) -> tuple[Plan, Any]:
-    """The plan for ``query`` over ``tables`` (name -> Dataset), and the options to run it with."""
+def build(query: str, tables: dict[str, Any], *, external_access: bool = True) -> tuple[Plan, Any]:
+    """The plan for ``query`` over ``tables`` (name -> Dataset), and the options to run it with.
+
+    ``external_access=False``: what DuckDB runs is sandboxed (see :mod:`arrowload.sql.duck`);
+    a select-project-filter query lowered to the lazy plan reads only its bound table."""
+    if not isinstance(external_access, bool):
+        from ..errors import ArgumentTypeError
+        raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
     from ..api import Dataset, dataset
     tree = parse_query(query)
     bound = {}
@@ -165,7 +171,7 @@ def build(query: str, tables: dict[str, Any]) -> tuple[Plan, Any]:
     for t in _table_names(tree):
         written.setdefault(lookup[t.lower()], t)
     names = tuple(written[n] for n in used)
-    node = SqlQuery(tree.sql(DIALECT), names, tuple(bound[n].plan for n in used))
+    node = SqlQuery(tree.sql(DIALECT), names, tuple(bound[n].plan for n in used), external_access)
     _ = node.schema  # binds now: unknown columns / types fail at the call that wrote them
     return node, options
 
