@@ -112,10 +112,11 @@ class Dataset:
         """At most the first ``n`` rows in source order. Lazy."""
         return self._with(Limit(self._plan, n))
 
-    def sql(self, query: str, **tables: Any) -> "Dataset":
+    def sql(self, query: str, *, external_access: bool = True, **tables: Any) -> "Dataset":
         """Run SQL over this dataset, bound as ``self`` (plus any ``tables``):
-        ``ds.sql("SELECT country, avg(f0) FROM self GROUP BY country")``. Lazy."""
-        return sql(query, self=self, **tables)
+        ``ds.sql("SELECT country, avg(f0) FROM self GROUP BY country")``. Lazy.
+        ``external_access``: as in :func:`sql`."""
+        return sql(query, external_access=external_access, self=self, **tables)
 
     def loader(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
                drop_last: bool = False, rank: int | None = None, world_size: int | None = None,
@@ -251,7 +252,7 @@ class Dataset:
         return dataset_html(self)
 
 
-def sql(query: str, **tables: Any) -> Dataset:
+def sql(query: str, *, external_access: bool = True, **tables: Any) -> Dataset:
     """A lazy Dataset defined by SQL (DuckDB dialect) over tables bound by keyword
     (arrowload Datasets, paths / URIs, pyarrow tables, polars or pandas frames).
 
@@ -260,13 +261,21 @@ def sql(query: str, **tables: Any) -> Dataset:
     rest run in DuckDB over arrowload's scans, with projections and filters pushed into
     them, and stream back as Arrow.
 
+    ``external_access=True`` (the default) gives the query DuckDB's full reach, as when
+    you run DuckDB yourself: table functions such as ``read_csv('...')`` / ``read_text``
+    read any file this process can, ``getenv()`` reads the environment. Services that pass
+    someone else's SQL through must pass ``external_access=False``: DuckDB then runs with
+    ``enable_external_access`` off and its configuration locked, so the query sees only
+    the bound tables (no file, network, extension install / load or environment access;
+    a refusal is an :class:`~arrowload.errors.ExternalAccessError`).
+
     >>> import pyarrow as pa, arrowload as al
     >>> t = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})
     >>> al.sql("SELECT k, max(v) AS m FROM t GROUP BY k ORDER BY k", t=t).to_arrow().to_pylist()
     [{'k': 'a', 'm': 3}, {'k': 'b', 'm': 2}]
     """
     from .sql import build
-    plan, options = build(query, tables)
+    plan, options = build(query, tables, external_access=external_access)
     return Dataset(plan, options)
 
 

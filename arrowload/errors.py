@@ -29,7 +29,7 @@ class PathNotFoundError(ArrowloadError, FileNotFoundError):
 class ColumnNotFoundError(ArrowloadError, KeyError):
     """A column named by the user does not exist; the message lists the closest names."""
 
-    def __init__(self, column: str, available: Iterable[str], where: str = "") -> None:
+    def __init__(self, column: str, available: Iterable[str], where: str = "", hint: str = "") -> None:
         self.column = column
         self.available = tuple(available)
         close = difflib.get_close_matches(column, self.available, n=3, cutoff=0.5)
@@ -39,10 +39,11 @@ class ColumnNotFoundError(ArrowloadError, KeyError):
         if not close:
             lowered = {name.lower(): name for name in self.available}
             close = [lowered[column.lower()]] if column.lower() in lowered else []
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        suggest = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         listing = ", ".join(self.available[:20]) + (" ..." if len(self.available) > 20 else "")
         place = f" in {where}" if where else ""
-        super().__init__(f"column {column!r} not found{place}{hint} (columns: {listing})")
+        extra = f" ({hint})" if hint else ""
+        super().__init__(f"column {column!r} not found{place}{suggest}{extra} (columns: {listing})")
 
     def __str__(self) -> str:  # KeyError's str() would repr() the message
         return str(self.args[0])
@@ -55,8 +56,12 @@ class TableNotFoundError(ArrowloadError, KeyError):
         self.table = table
         self.bound = tuple(bound)
         names = ", ".join(self.bound) or "none"
-        super().__init__(f"table {table!r} is not bound; bound tables: {names}. Bind it by keyword: "
-                         f"al.sql(query, {table}=al.dataset(...))")
+        if table.isidentifier():
+            fix = f"Bind it by keyword: al.sql(query, {table}=al.dataset(...))"
+        else:  # a path written in FROM
+            fix = (f"Bind the file as a table and name it in FROM: al.sql(\"... FROM t\", "
+                   f"t=al.dataset({table!r}))")
+        super().__init__(f"table {table!r} is not bound; bound tables: {names}. {fix}")
 
     def __str__(self) -> str:
         return str(self.args[0])
@@ -73,7 +78,7 @@ class ExpressionError(ArrowloadError, ValueError):
         self.text, self.line, self.col = text, line, column
         if text is not None and line is not None and column is not None:
             src = text.splitlines()[line - 1] if text.splitlines() else text
-            message = f"{message} at line {line}, column {column}:\n  {src}\n  {' ' * max(column - 1, 0)}^"
+            message = f"{message}, at line {line}, column {column}:\n  {src}\n  {' ' * max(column - 1, 0)}^"
         super().__init__(message)
 
 
@@ -121,3 +126,55 @@ class SnapshotChangedError(ArrowloadError, RuntimeError):
 
 class StateMismatchError(ArrowloadError, ValueError):
     """A loader state was taken on a different dataset, plan or loader configuration."""
+
+
+class StorageAccessError(ArrowloadError, PermissionError):
+    """An object store refused the request: no credentials found, credentials it rejects,
+    or access denied by a policy. Never retried; the message names the URL and what to set."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class StorageEndpointError(ArrowloadError, ConnectionError):
+    """An object store's endpoint cannot be reached at all (connection refused, unknown host):
+    a configuration error, failed after at most one quick retry. The message names the
+    endpoint and how to set it (``storage_options={"endpoint_url": ...}``, ``AWS_ENDPOINT_URL``)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PathEncodingError(ArrowloadError, UnicodeError):
+    """A path or file name is not valid UTF-8 (pyarrow reads UTF-8 paths only); rename the file."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidArgumentError(ArrowloadError, ValueError):
+    """An argument has a value arrowload cannot use; the message says which values are accepted."""
+
+
+class ArgumentTypeError(ArrowloadError, TypeError):
+    """An argument has a type arrowload cannot use; the message says which types are accepted."""
+
+
+class ExternalAccessError(ArrowloadError, PermissionError):
+    """SQL run with ``external_access=False`` tried to reach outside the bound tables (a file,
+    the network, an extension, a setting or the environment); DuckDB's sandbox refused it."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -41,7 +41,8 @@ def set_progress(enabled: bool | str = "auto") -> None:
     overrides this."""
     global _setting
     if enabled not in (True, False, "auto"):
-        raise ValueError(f"set_progress() takes True, False or 'auto'; got {enabled!r}")
+        from .errors import InvalidArgumentError
+        raise InvalidArgumentError(f"set_progress() takes True, False or 'auto'; got {enabled!r}")
     with _lock:
         _setting = enabled
 

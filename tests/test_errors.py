@@ -130,7 +130,7 @@ def test_unknown_column_in_memory_source():
 @pytest.mark.parametrize("text,line,column", [
     ("label = = 1", 1, 9),
     ("id >", 1, 4),
-    ("label = 1 label", 1, 15),
+    ("label = 1 label", 1, 11),
     ("label +", 1, 7),
     ("label = 1 AND\n  (country = 'US' OR)", 2, 21),
     ("country = 'US", 1, 11),                 # unterminated string
@@ -274,3 +274,197 @@ def test_garbage_ipc_file_is_named(tmp_path):
     with pytest.raises(al.CorruptFileError) as info:
         al.dataset(str(tmp_path)).count()
     assert str(bad) in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# every error class is public, one root, and a builtin
+
+
+def _error_classes() -> list[type]:
+    import inspect
+
+    import arrowload.errors as errors
+    return [obj for name, obj in vars(errors).items()
+            if inspect.isclass(obj) and issubclass(obj, BaseException)
+            and obj.__module__ == errors.__name__ and not name.startswith("_")]
+
+
+def test_every_error_class_is_exported_and_a_builtin():
+    classes = _error_classes()
+    assert len(classes) >= 17
+    for cls in classes:
+        assert getattr(al, cls.__name__, None) is cls, f"al.{cls.__name__} is not exported"
+        assert cls.__name__ in al.__all__
+        assert issubclass(cls, al.ArrowloadError)
+        if cls is not al.ArrowloadError:
+            builtins_ = [b for b in cls.__mro__ if b.__module__ == "builtins"
+                         and b not in (Exception, BaseException, object)]
+            assert builtins_, f"{cls.__name__} subclasses no builtin exception besides Exception"
+    assert al.__all__ == sorted(al.__all__)
+
+
+# ---------------------------------------------------------------------------
+# missing packages, unusable paths, bad arguments
+
+
+@pytest.mark.parametrize("uri,package", [("gs://bucket/lake/", "gcsfs"), ("az://container/lake/", "adlfs"),
+                                         ("abfs://container/lake/", "adlfs")])
+def test_missing_cloud_package_is_an_import_error(uri, package):
+    import importlib.util
+    assert importlib.util.find_spec(package) is None, f"{package} is installed here: the test needs it absent"
+    with pytest.raises(al.MissingDependencyError) as info:
+        al.dataset(uri)
+    err = info.value
+    assert isinstance(err, ImportError) and isinstance(err, al.ArrowloadError)
+    assert 'pip install "arrowload[cloud]"' in str(err) and package in str(err) and uri in str(err)
+
+
+def test_unknown_uri_scheme():
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset("nosuchscheme://x/y")
+    assert isinstance(info.value, ValueError) and "nosuchscheme://" in str(info.value)
+
+
+def _non_utf8_lake(tmp_path) -> bytes:
+    folder = os.fsencode(tmp_path / "lake")
+    os.mkdir(folder)
+    pq.write_table(pa.table({"a": [1, 2]}), os.fsdecode(os.path.join(folder, b"ok.parquet")))
+    shutil.copy(os.path.join(folder, b"ok.parquet"), os.path.join(folder, b"caf\xe9.parquet"))
+    return folder
+
+
+@pytest.mark.parametrize("how", ["folder", "glob", "bytes-name", "surrogate-name", "bytes-list"])
+def test_non_utf8_paths_are_a_typed_error(tmp_path, how):
+    folder = _non_utf8_lake(tmp_path)
+    bad = os.path.join(folder, b"caf\xe9.parquet")
+    source = {"folder": os.fsdecode(folder), "glob": os.fsdecode(folder) + "/*.parquet",
+              "bytes-name": bad, "surrogate-name": os.fsdecode(bad), "bytes-list": [bad]}[how]
+    with pytest.raises(al.PathEncodingError) as info:
+        al.dataset(source)
+    err = info.value
+    assert isinstance(err, UnicodeError) and isinstance(err, ValueError)
+    assert "caf\\xe9" in str(err) and "rename" in str(err)
+
+
+def test_bytes_paths_that_decode_are_read(tmp_path):
+    folder = os.fsencode(tmp_path / "lake")
+    os.mkdir(folder)
+    pq.write_table(pa.table({"a": [1, 2, 3]}), os.fsdecode(os.path.join(folder, b"ok.parquet")))
+    assert al.dataset(folder).to_arrow().equals(pq.read_table(os.fsdecode(folder)))
+    assert al.dataset([os.path.join(folder, b"ok.parquet")]).count() == 3
+
+
+def test_format_errors_are_typed(tmp_path, parquet_lake):
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset(parquet_lake, format="orc")
+    assert isinstance(info.value, ValueError) and "'orc'" in str(info.value) and "parquet" in str(info.value)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    pq.write_table(pa.table({"a": [1]}), mixed / "a.parquet")
+    feather.write_feather(pa.table({"a": [1]}), mixed / "b.arrow")
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset(str(mixed))
+    assert "several formats" in str(info.value) and "format=" in str(info.value)
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "data.bin").write_bytes(b"x")
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset(str(odd))
+    assert "data.bin" in str(info.value) and "format=" in str(info.value)
+
+
+def test_dataset_argument_errors_are_typed(tmp_path, parquet_lake):
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset([])
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(al.ArgumentTypeError) as info:
+        al.dataset(42)
+    assert isinstance(info.value, TypeError) and "int" in str(info.value)
+    with pytest.raises(al.ArgumentTypeError) as info:
+        al.dataset(parquet_lake, filesystem=object())
+    assert isinstance(info.value, TypeError) and "fsspec" in str(info.value)
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset(parquet_lake, storage_options={"anon": True})
+    assert isinstance(info.value, ValueError) and "storage_options" in str(info.value)
+    with pytest.raises(al.InvalidArgumentError) as info:
+        al.dataset([parquet_lake, "memory://x/y"])
+    assert "several filesystems" in str(info.value)
+    with pytest.raises(al.InvalidArgumentError):
+        al.set_progress("sometimes")
+
+
+# ---------------------------------------------------------------------------
+# parse errors speak SQL: what is wrong, where, never the parser's internals
+
+_PARSER_WORDS = ("sqlglot", "<class", "Required keyword", "expressions.core", "Condition")
+
+MISTAKES = [
+    # text, what the message says, (line, column) of the caret
+    ("label = 1 AND", "AND needs an operand on its right", (1, 11)),
+    ("AND label = 1", "AND needs an operand on its left", (1, 1)),
+    ("label = 1 OR\n", "OR needs an operand on its right", (1, 11)),
+    ("label = 1 AND AND f0 > 0", "AND needs an operand on its right", (1, 15)),
+    ("f0 >", "> needs an operand on its right", (1, 4)),
+    ("NOT", "NOT needs an operand", (1, 1)),
+    ("(label = 1 AND (f0 > 0)", "'(' is never closed", (1, 1)),
+    ("label = 1)", "')' closes nothing", (1, 10)),
+    ("country IN ('US', 'DE'", "'(' is never closed", (1, 12)),
+    ("country = 'US", "unterminated string", (1, 11)),
+    ("label = 1,", "trailing comma", (1, 10)),
+    ("country IN 'US', 'DE'", "list outside parentheses", (1, 16)),
+    ("label = WHERE", "a keyword where a value is expected: WHERE after =", (1, 9)),
+    ("label = SELECT", "a keyword where a value is expected: SELECT after =", (1, 9)),
+    ("label = 1 f0 > 0", "two values without an operator", (1, 11)),
+    ("f0 BETWEEN 1", "BETWEEN low AND high", None),
+    ("CAST(f0 AS )", "CAST needs a type", (1, 12)),
+    ("label IS", "unexpected keyword IS", (1, 7)),
+    ('country = "US', "unterminated quoted name", (1, 11)),
+    ("label = 1 /* note", "unterminated comment", (1, 11)),
+    ("emb = [1, 2", "'[' is never closed", None),
+]
+
+
+@pytest.mark.parametrize("text,says,where", MISTAKES, ids=[m[0] for m in MISTAKES])
+def test_parse_errors_speak_sql(parquet_lake, text, says, where):
+    with pytest.raises(al.ExpressionError) as info:
+        al.dataset(parquet_lake).filter(text)
+    msg = str(info.value)
+    assert says in msg, msg
+    assert msg.startswith("cannot parse filter: ")
+    assert not any(w in msg for w in _PARSER_WORDS), msg
+    if where is not None:
+        assert (info.value.line, info.value.col) == where, msg
+        assert f"at line {where[0]}, column {where[1]}:" in msg
+        assert msg.splitlines()[-1] == " " * (2 + where[1] - 1) + "^"
+
+
+_IN_SQL = [m for m in MISTAKES[:14] if "," not in m[0]]  # a comma after WHERE ... is SQL's FROM list
+
+
+@pytest.mark.parametrize("text,says,where", _IN_SQL, ids=[m[0] for m in _IN_SQL])
+def test_sql_parse_errors_speak_sql(parquet_lake, text, says, where):
+    query = f"SELECT id FROM t WHERE {text}"
+    with pytest.raises(al.ExpressionError) as info:
+        al.sql(query, t=al.dataset(parquet_lake))
+    msg = str(info.value)
+    assert says in msg and msg.startswith("cannot parse SQL: "), msg
+    assert not any(w in msg for w in _PARSER_WORDS), msg
+    if where is not None:
+        assert (info.value.line, info.value.col) == (where[0], where[1] + len("SELECT id FROM t WHERE ")), msg
+
+
+def test_double_quoted_string_is_explained(parquet_lake):
+    """Double quotes name a column in SQL (DuckDB says the same: column "US" not found)."""
+    with pytest.raises(al.ColumnNotFoundError) as info:
+        al.dataset(parquet_lake).filter('country = "US"')
+    assert "for the string write 'US'" in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["label == 1", "label IN (0, 1,)"])
+def test_duckdb_spellings_that_parse(parquet_lake, text):
+    """DuckDB accepts ``==`` and a trailing comma inside IN (...): so does the filter, with
+    DuckDB's answer."""
+    import duckdb
+    files = os.path.join(parquet_lake, "*.parquet")
+    expected = duckdb.sql(f"SELECT count(*) FROM read_parquet('{files}') WHERE {text}").fetchall()[0][0]
+    assert al.dataset(parquet_lake).filter(text).count() == expected

@@ -718,3 +718,102 @@ def test_nothing_printed_at_interpreter_exit(events_dir, users_dir):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("done"), proc.stdout
     assert proc.stderr == "", proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# external_access=False: the bound tables and nothing else
+
+
+@pytest.fixture()
+def outside(tmp_path):
+    """A file the query must not read, a folder it must not write to, an environment variable."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("secret line\n")
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "other.parquet")
+    os.environ["ARROWLOAD_TEST_SECRET"] = "hunter2"
+    try:
+        yield tmp_path
+    finally:
+        os.environ.pop("ARROWLOAD_TEST_SECRET", None)
+
+
+def test_default_keeps_duckdb_full_access(events, outside):
+    """The documented default: DuckDB's reach, as when one runs DuckDB oneself."""
+    q = f"SELECT count(*) AS n FROM events, read_text('{outside / 'notes.txt'}')"
+    got = al.sql(q, events=events).to_arrow()
+    assert got["n"].to_pylist() == [events.count()]
+    q = (f"SELECT sum(x) AS s FROM (SELECT x FROM read_parquet('{outside / 'other.parquet'}') "
+         "UNION ALL SELECT 0 FROM events)")
+    assert al.sql(q, events=events).to_arrow()["s"].to_pylist() == [3]
+
+
+def test_sandbox_still_runs_queries_over_bound_tables(events, users, truth):
+    query = ("SELECT u.segment, count(*) AS n, sum(e.price) AS revenue FROM events e "
+             "JOIN users u USING (user_id) WHERE e.label = 1 GROUP BY u.segment ORDER BY u.segment")
+    got = al.sql(query, events=events, users=users, external_access=False)
+    assert "external_access=False" in got.explain()
+    assert_same_result(got.to_arrow(), truth(query), ordered=True)
+    simple = "SELECT id, price FROM events WHERE country = 'US' AND label = 1"
+    assert_same_result(al.sql(simple, events=events, external_access=False).to_arrow(),
+                       truth(simple), ordered=False)
+    # Dataset.sql too, and a frame bound by keyword
+    frame = pa.table({"segment": SEGMENTS[:2], "w": [1.0, 2.0]})
+    got = users.sql("SELECT s.segment, w FROM self s JOIN f USING (segment) ORDER BY 1", f=frame,
+                    external_access=False).to_arrow()
+    expected = truth(f"SELECT count(*) AS n FROM users WHERE segment IN ('{SEGMENTS[0]}', '{SEGMENTS[1]}')")["n"][0].as_py()
+    assert got.num_rows == expected > 0
+
+
+REFUSED = {
+    "read_text in a scalar subquery": "SELECT id, (SELECT count(*) FROM read_text('{notes}')) AS n FROM events",
+    "read_csv joined": "SELECT count(*) AS n FROM events, read_csv('{notes}')",
+    "read_parquet in a union": "SELECT x FROM read_parquet('{other}') UNION ALL SELECT id FROM events",
+    "glob": "SELECT count(*) AS n FROM events, glob('{dir}/*')",
+    # getenv exists only in DuckDB's CLI; refused all the same
+    "getenv": "SELECT getenv('ARROWLOAD_TEST_SECRET') AS s FROM events",
+    "getenv in a where": "SELECT id FROM events WHERE getenv('ARROWLOAD_TEST_SECRET') = 'hunter2' ORDER BY id",
+    "parquet_metadata": "SELECT count(*) AS n FROM events, parquet_metadata('{other}')",
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_sandbox_refuses_files_and_environment(events, outside, name):
+    query = REFUSED[name].format(notes=outside / "notes.txt", other=outside / "other.parquet", dir=outside)
+    with pytest.raises(al.ExternalAccessError) as info:
+        al.sql(query, events=events, external_access=False).to_arrow()
+    err = info.value
+    assert isinstance(err, PermissionError) and isinstance(err, al.ArrowloadError)
+    assert "external_access=False" in str(err) and "events" in str(err)
+    assert "hunter2" not in str(err) and "secret line" not in str(err)
+
+
+@pytest.mark.parametrize("statement", [
+    "COPY (SELECT * FROM events) TO '{dir}/out.csv'",
+    "ATTACH '{dir}/x.db'",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "SET enable_external_access = true",
+    "EXPORT DATABASE '{dir}/db'",
+])
+def test_statements_are_refused_and_write_nothing(events, outside, statement):
+    before = sorted(os.listdir(outside))
+    for access in (False, True):
+        with pytest.raises(al.ArrowloadError):
+            al.sql(statement.format(dir=outside), events=events, external_access=access).to_arrow()
+    assert sorted(os.listdir(outside)) == before
+
+
+def test_sandbox_cannot_be_switched_off_from_sql(events, outside):
+    """A query cannot lift the sandbox: the configuration is locked, and what a setting
+    shows is the sandbox's."""
+    got = al.sql("SELECT current_setting('enable_external_access') AS on FROM events LIMIT 1",
+                 events=events, external_access=False).to_arrow()
+    assert got["on"].to_pylist() == [False]
+    with pytest.raises(al.ArrowloadError):
+        al.sql("SELECT set_config('enable_external_access', 'true') AS s FROM events",
+               events=events, external_access=False).to_arrow()
+
+
+def test_external_access_must_be_a_bool(events):
+    with pytest.raises(al.ArgumentTypeError):
+        al.sql("SELECT id FROM events", events=events, external_access="no")

@@ -65,7 +65,8 @@ def describe_node(node: Plan) -> str:
     if isinstance(node, Limit):
         return f"Limit {node.n}"
     if isinstance(node, SqlQuery):
-        return f"Sql [duckdb, tables: {', '.join(node.names)}] {node.query}"
+        sandbox = "" if node.external_access else ", external_access=False"
+        return f"Sql [duckdb, tables: {', '.join(node.names)}{sandbox}] {node.query}"
     return type(node).__name__
 
 

@@ -254,6 +254,8 @@ class SqlQuery(Plan):
     query: str
     names: tuple[str, ...]
     tables: tuple[Plan, ...]
+    # False: DuckDB runs sandboxed (no file, network, extension, setting or environment access)
+    external_access: bool = True
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.tables):
@@ -264,7 +266,7 @@ class SqlQuery(Plan):
         return self.tables
 
     def with_children(self, *children):
-        return SqlQuery(self.query, self.names, tuple(children))
+        return SqlQuery(self.query, self.names, tuple(children), self.external_access)
 
     @cached_property
     def schema(self):

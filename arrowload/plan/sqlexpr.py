@@ -23,25 +23,23 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import ColumnNotFoundError, ExpressionError
+from .syntax import syntax_error, token_error
 
 DIALECT = "duckdb"
 _NO = object()
 
 
 def parse(text: str, what: str = "expression") -> exp.Expression:
-    """Parse one SQL expression; syntax errors become ExpressionError with line/column."""
+    """Parse one SQL expression; syntax errors become ExpressionError with line/column and
+    a message in SQL terms (see :mod:`arrowload.plan.syntax`)."""
     if not isinstance(text, str) or not text.strip():
         raise ExpressionError(f"empty {what}: pass SQL text such as \"x > 0 AND y = 'a'\"")
     try:
         tree = sqlglot.parse_one(text, read=DIALECT, into=exp.Condition)
     except sqlglot.errors.ParseError as e:
-        first = e.errors[0] if e.errors else {}
-        raise ExpressionError(f"cannot parse {what} {text!r}: {first.get('description', e)}",
-                              text=text, line=first.get("line"), column=first.get("col")) from None
-    except sqlglot.errors.TokenError as e:
-        line, col = _unterminated_at(text)
-        raise ExpressionError(f"cannot parse {what} {text!r}: {e} (unterminated quote or comment?)",
-                              text=text, line=line, column=col) from None
+        raise syntax_error(e.errors[0] if e.errors else {}, text, what) from None
+    except sqlglot.errors.TokenError:
+        raise token_error(text, what, *_unterminated_at(text)) from None
     return tree
 
 
@@ -70,7 +68,8 @@ def resolve_column(name: str, schema: pa.Schema, quoted: bool = False) -> str:
         matches = [n for n in schema.names if n.lower() == name.lower()]
         if len(matches) == 1:
             return matches[0]
-    raise ColumnNotFoundError(name, schema.names)
+    hint = (f"double quotes name a column in SQL; for the string write '{name}'" if quoted else "")
+    raise ColumnNotFoundError(name, schema.names, hint=hint)
 
 
 # ---------------------------------------------------------------------------

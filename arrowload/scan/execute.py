@@ -17,6 +17,7 @@ from ..errors import ArrowloadError, CorruptFileError, ExpressionError
 from ..options import Options
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
+from ..source.filesystem import storage_error
 from ..source.retry import retry
 
 _MAX_BATCH_ROWS = 1 << 20
@@ -63,6 +64,9 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                 for _ in scanner(scan, Options(), units, streaming=True).to_batches():
                     pass
             except Exception as inner:  # noqa: BLE001
+                typed = storage_error(inner, path)  # credentials, access denied, endpoint
+                if typed is not None:
+                    return typed
                 if _decodes_plainly(scan, units):
                     return ExpressionError(f"evaluating the selection on {path!r} failed: {inner}; the "
                                            "file itself reads fine: fix the filter / expression (e.g. "
@@ -116,6 +120,11 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
         if isinstance(exc, FileNotFoundError):
             raise
         raise _read_error(scan, exc) from exc
+    except Exception as exc:  # botocore's errors are not OSErrors
+        typed = storage_error(exc, scan.source.display)
+        if typed is None:
+            raise
+        raise typed from exc
 
 
 def as_record_batch(out, what: str) -> pa.RecordBatch:
@@ -193,6 +202,11 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
             if isinstance(exc, FileNotFoundError):
                 raise
             raise _read_error(plan, exc) from exc
+        except Exception as exc:  # botocore's errors are not OSErrors
+            typed = storage_error(exc, plan.source.display)
+            if typed is None:
+                raise
+            raise typed from exc
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
 
 

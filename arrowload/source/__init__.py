@@ -8,10 +8,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from ..errors import ArgumentTypeError, InvalidArgumentError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
-from .filesystem import FileEntry, filesystem_for, list_files, protocol_of, to_pyarrow_fs
+from .filesystem import (FileEntry, check_path, filesystem_for, list_files, protocol_of,
+                         to_pyarrow_fs)
 from .memory import MemorySource
 
 __all__ = ["FileSource", "MemorySource", "Source", "Unit", "open_source"]
@@ -61,25 +63,26 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
                           partitioning, scan_options)
     if isinstance(source, ds.Dataset):
         return MemorySource(source.to_table(), "pyarrow dataset (in memory)")
-    paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    paths = [source] if isinstance(source, (str, bytes, os.PathLike)) else _path_list(source)
     if not paths:
-        raise ValueError("al.dataset() needs at least one path")
-    paths = [os.fspath(p) for p in paths]
+        raise InvalidArgumentError("al.dataset() needs at least one path; got an empty list")
+    paths = [check_path(os.fspath(p)) for p in paths]
     if filesystem is not None:
         pafs = to_pyarrow_fs(filesystem)
         stripped = [_strip_for(filesystem, p) for p in paths]
     else:
         protocols = {protocol_of(p) or "file" for p in paths}
         if len(protocols) > 1:
-            raise ValueError(f"paths on several filesystems ({sorted(protocols)}); one dataset "
-                             "reads from one filesystem")
+            raise InvalidArgumentError(f"paths on several filesystems ({sorted(protocols)}); one "
+                                       "dataset reads from one filesystem: open one dataset per "
+                                       "filesystem")
         pafs, _ = filesystem_for(paths[0], storage_options)
         stripped = [filesystem_for(p, storage_options)[1] for p in paths]
     entries: dict[str, FileEntry] = {}
     bases = []
-    for p in stripped:
+    for p, url in zip(stripped, paths):
         base, found = list_files(pafs, p, retries=scan_options.retries,
-                                 backoff=scan_options.retry_backoff_s)
+                                 backoff=scan_options.retry_backoff_s, url=url)
         bases.append(base)
         for e in found:
             entries.setdefault(e.path, e)
@@ -91,6 +94,20 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
     base = bases[0] if len(set(bases)) == 1 else os.path.commonpath(bases)
     display = paths[0] if len(paths) == 1 else f"{len(paths)} paths ({paths[0]}, ...)"
     return FileSource(pafs, all_entries, fmt, base, display, partitioning, scan_options)
+
+
+def _path_list(source: Any) -> list:
+    """A list of paths from an iterable; anything else is an ArgumentTypeError."""
+    try:
+        paths = list(source)
+    except TypeError:
+        raise ArgumentTypeError(f"al.dataset() takes a path, URI, list of paths, or an in-memory "
+                                f"table / frame; got {type(source).__name__}") from None
+    for p in paths:
+        if not isinstance(p, (str, bytes, os.PathLike)):
+            raise ArgumentTypeError(f"al.dataset() takes paths as str or os.PathLike; got "
+                                    f"{type(p).__name__} ({p!r:.60})")
+    return paths
 
 
 def _strip_for(filesystem: Any, path: str) -> str:

@@ -13,10 +13,10 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from .._pickle import PicklableLock
-from ..errors import ArrowloadError, CorruptFileError, PathNotFoundError
+from ..errors import ArrowloadError, CorruptFileError, InvalidArgumentError, PathNotFoundError
 from ..options import ScanOptions
 from .base import Source, Unit
-from .filesystem import FileEntry
+from .filesystem import FileEntry, storage_error
 from .hive import discover_partitions, partition_expression
 from .retry import is_transient, retry
 from .schema import unify_schemas
@@ -47,8 +47,8 @@ def normalize_format(fmt: str) -> str:
     try:
         return FORMAT_ALIASES[fmt.lower()]
     except KeyError:
-        raise ValueError(f"unknown format {fmt!r}; use one of parquet, ipc (arrow/feather), "
-                         "csv, json") from None
+        raise InvalidArgumentError(f"unknown format {fmt!r}; use one of parquet, ipc (arrow/feather), "
+                                   "csv, json") from None
 
 
 def infer_format(entries: Sequence[FileEntry]) -> tuple[str, list[FileEntry]]:
@@ -67,11 +67,11 @@ def infer_format(entries: Sequence[FileEntry]) -> tuple[str, list[FileEntry]]:
         return fmt, kept
     if not by_format:
         sample = entries[0].path if entries else "?"
-        raise ValueError(f"cannot infer the format of {sample!r} from its extension; pass "
-                         "format='parquet' | 'ipc' | 'csv' | 'json'")
+        raise InvalidArgumentError(f"cannot infer the format of {sample!r} from its extension; "
+                                   "pass format='parquet' | 'ipc' | 'csv' | 'json'")
     listing = ", ".join(f"{k} ({v[0].path!r}...)" for k, v in by_format.items())
-    raise ValueError(f"files of several formats in one source: {listing}; pass format= or point "
-                     "at one kind of file")
+    raise InvalidArgumentError(f"files of several formats in one source: {listing}; pass format= "
+                               "or point at one kind of file")
 
 
 def _file_format(fmt: str) -> ds.FileFormat:
@@ -221,10 +221,18 @@ class FileSource(PicklableLock, Source):
                                    "The file is truncated, corrupt or not "
                                    f"{self.kind}; remove or rewrite it", path) from exc
         except OSError as exc:
+            typed = storage_error(exc, path)  # credentials, access denied, endpoint
+            if typed is not None:
+                raise typed from exc
             if is_transient(exc):
                 raise ArrowloadError(f"reading {path!r} kept failing after "
                                      f"{self._scan.retries} retries: {exc}") from exc
             raise CorruptFileError(f"cannot read {path!r}: {exc}", path) from exc
+        except Exception as exc:  # botocore's errors are not OSErrors
+            typed = storage_error(exc, path)
+            if typed is None:
+                raise
+            raise typed from exc
         return frag, schema, meta
 
     def _ensure(self) -> tuple:

@@ -16,8 +16,10 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from ..errors import ArrowloadError, PathNotFoundError
-from .retry import retry
+from ..errors import (ArgumentTypeError, InvalidArgumentError, MissingDependencyError,
+                      PathEncodingError, PathNotFoundError, StorageAccessError,
+                      StorageEndpointError)
+from .retry import ENDPOINT, PERMANENT, classify, retry
 
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _GLOB_CHARS = set("*?[")
@@ -48,11 +50,44 @@ def to_pyarrow_fs(filesystem: Any) -> pafs.FileSystem:
     try:
         import fsspec
     except ImportError as exc:  # pragma: no cover - fsspec is a core dependency
-        raise ArrowloadError("fsspec is required for fsspec filesystems: pip install fsspec") from exc
+        raise MissingDependencyError("fsspec is required for fsspec filesystems: "
+                                     "pip install fsspec") from exc
     if isinstance(filesystem, fsspec.AbstractFileSystem):
         return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
-    raise TypeError(f"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, "
-                    f"got {type(filesystem).__name__}")
+    raise ArgumentTypeError(f"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, "
+                            f"got {type(filesystem).__name__}; pass e.g. s3fs.S3FileSystem(...) or "
+                            "pyarrow.fs.S3FileSystem(...), or leave it out and pass storage_options=")
+
+
+# The package fsspec needs for each protocol: a missing one is a MissingDependencyError.
+_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
+             "abfs": "adlfs", "abfss": "adlfs", "adl": "adlfs", "hf": "huggingface_hub",
+             "http": "aiohttp", "https": "aiohttp", "sftp": "paramiko", "ssh": "paramiko"}
+_CLOUD = {"s3fs", "gcsfs", "adlfs"}
+
+
+def check_path(path: str) -> str:
+    """``path`` as text pyarrow can use: bytes are decoded as the OS would (``os.fsdecode``);
+    a name that is not valid UTF-8 (undecodable bytes, surrogate escapes) is a
+    PathEncodingError, since pyarrow's filesystems take UTF-8 paths only."""
+    if isinstance(path, (bytes, bytearray)):
+        path = os.fsdecode(bytes(path))
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(path) if _surrogates_only(path) else path.encode("utf-8", "backslashreplace")
+        raise PathEncodingError(f"path {shown!r} is not valid UTF-8; pyarrow (and so arrowload) reads "
+                                "UTF-8 paths only: rename the file or folder (e.g. with convmv) and "
+                                "pass the new name", path=path) from None
+    return path
+
+
+def _surrogates_only(text: str) -> bool:
+    try:
+        os.fsencode(text)
+        return True
+    except UnicodeError:
+        return False
 
 
 def filesystem_for(path: str, storage_options: dict | None) -> tuple[pafs.FileSystem, str]:
@@ -60,26 +95,129 @@ def filesystem_for(path: str, storage_options: dict | None) -> tuple[pafs.FileSy
     proto = protocol_of(path)
     if proto in (None, "file", "local"):
         if storage_options:
-            raise ValueError("storage_options apply to remote URIs only; got them with local path "
-                             f"{path!r}")
+            raise InvalidArgumentError("storage_options apply to remote URIs only; got them with local "
+                                       f"path {path!r}: drop storage_options, or use a URI "
+                                       "(s3://bucket/path, gs://..., az://...)")
         local = path[len("file://"):] if proto == "file" else path
         return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(local))
     try:
         import fsspec
     except ImportError as exc:  # pragma: no cover
-        raise ArrowloadError("fsspec is required for URIs: pip install fsspec") from exc
+        raise MissingDependencyError("fsspec is required for URIs: pip install fsspec") from exc
+    options = _default_options(proto, storage_options)
     try:
-        fs = fsspec.filesystem(proto, **(storage_options or {}))
-    except (ImportError, ValueError) as exc:
-        extra = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
-                 "abfs": "adlfs", "abfss": "adlfs"}.get(proto)
-        hint = f"; install it with: pip install 'arrowload[cloud]' (or {extra})" if extra else ""
-        raise ArrowloadError(f"no filesystem available for {proto}:// ({exc}){hint}") from exc
+        fs = fsspec.filesystem(proto, **options)
+    except ImportError as exc:
+        package = _PACKAGES.get(proto)
+        install = (f'pip install "arrowload[cloud]" (or pip install {package})' if package in _CLOUD
+                   else f"pip install {package}" if package else "install the fsspec implementation for it")
+        raise MissingDependencyError(f"reading {path!r} needs the {package or proto + '://'} package, "
+                                     f"which is not installed: {install}") from exc
+    except ValueError as exc:
+        if "protocol" in str(exc).lower() and "known" in str(exc).lower():
+            raise InvalidArgumentError(f"unknown URI scheme {proto}:// in {path!r}; use a local path "
+                                       "or one of s3://, gs://, az://, file://, memory://, https:// "
+                                       f"({exc})") from exc
+        raise InvalidArgumentError(f"cannot set up the {proto}:// filesystem for {path!r} with "
+                                   f"storage_options {sorted(options)}: {exc}") from exc
+    except TypeError as exc:  # an option the filesystem does not take
+        raise InvalidArgumentError(f"storage_options for {proto}:// are not accepted: {exc}; see the "
+                                   f"options of {type_name(proto)}") from exc
     return to_pyarrow_fs(fs), fs._strip_protocol(path)
 
 
-def _info(fs: pafs.FileSystem, path: str, retries: int, backoff: float) -> pafs.FileInfo:
-    return retry(lambda: fs.get_file_info(path), retries=retries, backoff_s=backoff)
+def type_name(proto: str) -> str:
+    package = _PACKAGES.get(proto)
+    return f"{package}'s filesystem" if package else f"the {proto}:// filesystem"
+
+
+def _default_options(proto: str, storage_options: dict | None) -> dict:
+    """The user's storage_options, plus arrowload's defaults for filesystems it creates.
+
+    s3fs: botocore retries once, quickly, unless ``config_kwargs={"retries": ...}`` says
+    otherwise. botocore cannot tell a refused connection (a wrong endpoint) from a blip and
+    by default retries it for seconds; arrowload retries what is transient itself (and s3fs
+    retries timeouts and throttling), so a wrong endpoint fails after one quick retry.
+    """
+    options = dict(storage_options or {})
+    if proto in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("retries", {"mode": "standard", "max_attempts": 1})
+        options["config_kwargs"] = config
+    return options
+
+
+def _info(fs: pafs.FileSystem, path: str, retries: int, backoff: float, url: str) -> pafs.FileInfo:
+    try:
+        return retry(lambda: fs.get_file_info(path), retries=retries, backoff_s=backoff)
+    except Exception as exc:  # noqa: BLE001 - translated where we can say more
+        typed = storage_error(exc, url)
+        if typed is not None:
+            raise typed from exc
+        raise
+
+
+def storage_error(exc: BaseException, url: str, path: str | None = None):
+    """The arrowload error for an object-store failure on ``url`` (a path or URI): missing or
+    rejected credentials and denied access (StorageAccessError), an unreachable endpoint
+    (StorageEndpointError), a name that is not UTF-8 (PathEncodingError); None for anything
+    else (the caller handles it)."""
+    from ..errors import ArrowloadError
+    if isinstance(exc, ArrowloadError):
+        return None
+    path = path or url
+    if isinstance(exc, UnicodeError):
+        return PathEncodingError(f"a file name under {url!r} is not valid UTF-8 ({exc}); pyarrow (and "
+                                 "so arrowload) reads UTF-8 names only: rename it (e.g. with convmv) "
+                                 "or point at the other files", path)
+    kind = classify(exc)
+    detail = _detail(exc)
+    if kind == ENDPOINT:
+        endpoint = _endpoint_of(detail)
+        where = f"the endpoint {endpoint}" if endpoint else "the object store's endpoint"
+        return StorageEndpointError(
+            f"cannot reach {where} for {url!r}: the connection was refused or the host is unknown "
+            f"({detail}). Check the endpoint: storage_options={{'endpoint_url': 'http://host:port'}}, "
+            "the AWS_ENDPOINT_URL environment variable, or the filesystem's endpoint "
+            "(pyarrow S3FileSystem(endpoint_override=...))", path)
+    if kind != PERMANENT:
+        return None
+    names = {c.__name__ for c in type(exc).__mro__}
+    text = detail.lower()
+    if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"} or \
+            "unable to locate credentials" in text or "no credentials" in text:
+        return StorageAccessError(
+            f"no credentials found for {url!r} ({detail}). Set them: AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or storage_options={'key': ..., 'secret': ...}; "
+            "for a public bucket storage_options={'anon': True}", path)
+    if isinstance(exc, PermissionError) or "ClientError" in names or isinstance(exc, OSError):
+        from .retry import _DENIED
+        if isinstance(exc, PermissionError) or _DENIED.search(detail):
+            return StorageAccessError(
+                f"access denied to {url!r}: the object store rejected the credentials in use or "
+                f"they lack permission ({detail}). Check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
+                "AWS_PROFILE or storage_options={'key': ..., 'secret': ...}, and that the bucket "
+                "policy grants list and read (s3:ListBucket, s3:GetObject)", path)
+    return None
+
+
+def _detail(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause) and str(cause) not in text and len(text) < 40:
+        text = f"{text}: {cause}"
+    return " ".join(text.split())
+
+
+_ENDPOINT_RE = re.compile(r'endpoint URL: "?([a-z][a-z0-9+.-]*://[^/"\s]+)|'
+                          r"Failed to connect to ([^\s;]+?)(?: after|:? port|;|\s|$)", re.IGNORECASE)
+
+
+def _endpoint_of(text: str) -> str | None:
+    m = _ENDPOINT_RE.search(text)
+    if not m:
+        return None
+    return m.group(1) or m.group(2)
 
 
 def _is_hidden(rel: str) -> bool:
@@ -87,43 +225,74 @@ def _is_hidden(rel: str) -> bool:
 
 
 def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
-               backoff: float = 0.05) -> tuple[str, list[FileEntry]]:
+               backoff: float = 0.05, url: str | None = None) -> tuple[str, list[FileEntry]]:
     """Expand one path (file, directory, or glob) into files, sorted by path.
 
     Returns ``(base_dir, entries)``: ``base_dir`` is where hive partition folders start.
     Hidden files and folders (``.x``, ``_x`` such as ``_SUCCESS``) inside a directory are skipped.
+    ``url`` is the path as the user wrote it (``s3://...``), for error messages.
     """
+    path = check_path(path)
     path = path.rstrip("/") if len(path) > 1 else path
+    url = url or path
     if _GLOB_CHARS & set(path):
         parts = path.split("/")
         first = next(i for i, p in enumerate(parts) if _GLOB_CHARS & set(p))
         base = "/".join(parts[:first]) or "/"
-        infos = _list_dir(fs, base, retries, backoff, original=path)
+        infos = _list_dir(fs, base, retries, backoff, original=url)
         matched = [i for i in infos if fnmatch.fnmatchcase(i.path, path)]
         if not matched:
-            raise PathNotFoundError(f"no files match the glob {path!r}", path)
+            raise PathNotFoundError(f"no files match the glob {url!r}; check the pattern", path)
         return base, sorted((_entry(i) for i in matched), key=lambda e: e.path)
-    info = _info(fs, path, retries, backoff)
+    info = _info(fs, path, retries, backoff, url)
     if info.type == pafs.FileType.NotFound:
-        raise PathNotFoundError(f"no such file or directory: {path!r}; check the path "
+        raise PathNotFoundError(f"no such file or directory: {url!r}; check the path "
                                 "(and storage_options / filesystem for remote URIs)", path)
     if info.type == pafs.FileType.File:
         return os.path.dirname(path), [_entry(info)]
-    infos = _list_dir(fs, path, retries, backoff, original=path)
+    infos = _list_dir(fs, path, retries, backoff, original=url)
     entries = sorted((_entry(i) for i in infos if not _is_hidden(i.path[len(path):].lstrip("/"))),
                      key=lambda e: e.path)
     if not entries:
-        raise PathNotFoundError(f"directory {path!r} holds no data files", path)
+        raise PathNotFoundError(f"directory {url!r} holds no data files", path)
     return path, entries
 
 
 def _list_dir(fs: pafs.FileSystem, base: str, retries: int, backoff: float,
               original: str) -> list[pafs.FileInfo]:
     selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
-    infos = retry(lambda: fs.get_file_info(selector), retries=retries, backoff_s=backoff)
+    try:
+        infos = retry(lambda: fs.get_file_info(selector), retries=retries, backoff_s=backoff)
+        for i in infos:
+            _ = i.path  # pyarrow decodes names here: a non-UTF-8 one fails now, not later
+    except Exception as exc:  # noqa: BLE001 - translated where we can say more
+        typed = storage_error(exc, original)
+        if isinstance(typed, PathEncodingError):
+            typed = PathEncodingError(_undecodable_message(fs, base, original, exc), original)
+        if typed is not None:
+            raise typed from exc
+        raise
     return [i for i in infos if i.type == pafs.FileType.File]
 
 
 def _entry(info: pafs.FileInfo) -> FileEntry:
     mtime = info.mtime_ns if info.mtime is not None else None
     return FileEntry(info.path, info.size, mtime)
+
+
+def _undecodable_message(fs: pafs.FileSystem, base: str, original: str, exc: BaseException) -> str:
+    """Name the files under ``base`` whose names are not UTF-8 (local folders only: a remote
+    store's listing is already text)."""
+    bad: list[bytes] = []
+    if isinstance(fs, pafs.LocalFileSystem):
+        for folder, dirs, names in os.walk(os.fsencode(base)):
+            for name in dirs + names:
+                try:
+                    name.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad.append(os.path.join(folder, name))
+    shown = ", ".join(repr(b) for b in bad[:5]) + (" ..." if len(bad) > 5 else "")
+    what = f"these names under {original!r} are not valid UTF-8: {shown}" if bad else \
+        f"a file name under {original!r} is not valid UTF-8 ({exc})"
+    return (f"{what}; pyarrow (and so arrowload) reads UTF-8 names only: rename them (e.g. with "
+            "convmv) or point at the other files")

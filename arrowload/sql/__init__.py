@@ -19,7 +19,8 @@ from sqlglot import exp
 from ..errors import ColumnNotFoundError, ExpressionError, TableNotFoundError
 from ..plan.expr import SqlExpr
 from ..plan.nodes import Filter, Limit, Plan, Project, SqlQuery
-from ..plan.sqlexpr import DIALECT
+from ..plan.sqlexpr import DIALECT, _unterminated_at
+from ..plan.syntax import syntax_error, token_error
 
 # Clauses that make a query more than select-project-filter.
 _COMPLEX_ARGS = ("joins", "group", "having", "order", "distinct", "windows", "qualify",
@@ -34,11 +35,9 @@ def parse_query(query: str) -> exp.Expression:
     try:
         trees = sqlglot.parse(query, read=DIALECT)
     except sqlglot.errors.ParseError as e:
-        first = e.errors[0] if e.errors else {}
-        raise ExpressionError(f"cannot parse SQL: {first.get('description', e)}", text=query,
-                              line=first.get("line"), column=first.get("col")) from None
-    except sqlglot.errors.TokenError as e:
-        raise ExpressionError(f"cannot parse SQL {query!r}: {e}") from None
+        raise syntax_error(e.errors[0] if e.errors else {}, query, "SQL") from None
+    except sqlglot.errors.TokenError:
+        raise token_error(query, "SQL", *_unterminated_at(query)) from None
     trees = [t for t in trees if t is not None]
     if len(trees) != 1:
         raise ExpressionError(f"al.sql() runs one statement; got {len(trees)}")
@@ -137,8 +136,14 @@ def _resolve(name: str, schema) -> str:
     return resolve_column(name, schema)
 
 
-def build(query: str, tables: dict[str, Any]) -> tuple[Plan, Any]:
-    """The plan for ``query`` over ``tables`` (name -> Dataset), and the options to run it with."""
+def build(query: str, tables: dict[str, Any], *, external_access: bool = True) -> tuple[Plan, Any]:
+    """The plan for ``query`` over ``tables`` (name -> Dataset), and the options to run it with.
+
+    ``external_access=False``: what DuckDB runs is sandboxed (see :mod:`arrowload.sql.duck`);
+    a select-project-filter query lowered to the lazy plan reads only its bound table."""
+    if not isinstance(external_access, bool):
+        from ..errors import ArgumentTypeError
+        raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
     from ..api import Dataset, dataset
     tree = parse_query(query)
     bound = {}
@@ -166,7 +171,7 @@ def build(query: str, tables: dict[str, Any]) -> tuple[Plan, Any]:
     for t in _table_names(tree):
         written.setdefault(lookup[t.lower()], t)
     names = tuple(written[n] for n in used)
-    node = SqlQuery(tree.sql(DIALECT), names, tuple(bound[n].plan for n in used))
+    node = SqlQuery(tree.sql(DIALECT), names, tuple(bound[n].plan for n in used), external_access)
     _ = node.schema  # binds now: unknown columns / types fail at the call that wrote them
     return node, options
 

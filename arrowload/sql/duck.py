@@ -3,6 +3,12 @@
 Every run opens its own in-memory DuckDB connection and closes it when the result is
 exhausted, when the consumer stops early, or on error: no connection or DuckDB thread
 outlives the query. DuckDB errors are translated into arrowload errors (never leaked raw).
+
+A query built with ``external_access=False`` runs on a sandboxed connection (:data:`SANDBOX`):
+DuckDB's ``enable_external_access`` off (no file or network access, no extension install
+or load, no ``getenv``), no extension autoloading, no lookup of Python variables by name,
+and the configuration locked so the query cannot ``SET`` any of it back. The bound tables
+are registered by arrowload before the lock and stay readable.
 """
 
 from __future__ import annotations
@@ -12,11 +18,21 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from ..errors import ArrowloadError, ColumnNotFoundError, ExpressionError, TableNotFoundError
+from ..errors import (ArrowloadError, ColumnNotFoundError, ExpressionError, ExternalAccessError,
+                      TableNotFoundError)
 from ..options import Options
 from ..plan.nodes import Plan, Scan, SqlQuery
 
 _BATCH_ROWS = 65_536
+
+# DuckDB settings of a sandboxed connection (see the module docstring).
+SANDBOX = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "python_enable_replacements": False,
+    "lock_configuration": True,
+}
 
 
 def _duckdb():
@@ -57,9 +73,13 @@ class _PlanStream:
         return reader.__arrow_c_stream__(requested_schema)
 
 
+def connect(external_access: bool = True):
+    """A fresh in-memory DuckDB connection; sandboxed unless ``external_access``."""
+    return _duckdb().connect(":memory:", config={} if external_access else dict(SANDBOX))
+
+
 def _connect(node: SqlQuery, options: Options):
-    duckdb = _duckdb()
-    con = duckdb.connect(":memory:")
+    con = connect(node.external_access)
     try:
         for name, child in zip(node.names, node.tables):
             con.register(name, arrow_source(child, options))
@@ -69,10 +89,23 @@ def _connect(node: SqlQuery, options: Options):
     return con
 
 
+_SANDBOX_REFUSALS = re.compile(
+    r"disabled by configuration|configuration has been locked|external access|"
+    r"Function with name (?:getenv|read_\w+|glob|sniff_csv|parquet_\w+|delta_scan|iceberg_\w+)\b",
+    re.IGNORECASE)
+
+
 def translate(exc: Exception, node: SqlQuery) -> Exception:
     """A DuckDB exception as the arrowload error a user can act on."""
     duckdb = _duckdb()
     msg = str(exc)
+    if not node.external_access and (isinstance(exc, duckdb.PermissionException)
+                                     or _SANDBOX_REFUSALS.search(msg)):
+        return ExternalAccessError(
+            f"the query was refused by the sandbox of external_access=False ({' '.join(msg.split())}): it may read "
+            f"only the bound tables ({', '.join(node.names)}), not files, the network, extensions, "
+            "settings or the environment. Bind the data as a table (al.sql(query, name=...)); "
+            "external_access=True allows the rest, for SQL you trust")
     if isinstance(exc, duckdb.BinderException):
         m = re.search(r'column "?([^"\s]+)"? not found', msg, re.IGNORECASE) or \
             re.search(r'Referenced column "([^"]+)"', msg) or \
@@ -156,8 +189,7 @@ def output_names(tree, schema: pa.Schema) -> list[str] | None:
 
     from ..plan.sqlexpr import DIALECT
     table = tree.find(exp.Table)
-    duckdb = _duckdb()
-    con = duckdb.connect(":memory:")
+    con = connect(external_access=False)  # binding needs nothing outside the empty table
     try:
         con.register(table.name, schema.empty_table())
         return list(con.sql(tree.sql(DIALECT)).columns)
