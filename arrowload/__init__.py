@@ -8,10 +8,12 @@
 from . import sql as _sql_package  # noqa: F401 - load before `sql` below shadows the name
 from .api import Dataset, dataset, sql
 from .errors import (
+    ArgumentTypeError,
     ArrowloadError,
     ColumnNotFoundError,
     CorruptFileError,
     ExpressionError,
+    InvalidArgumentError,
     PathNotFoundError,
     SchemaMismatchError,
     StateMismatchError,
@@ -25,11 +27,13 @@ from .scan.splits import Split
 __version__ = "0.1.0.dev0"
 
 __all__ = sorted([
+    "ArgumentTypeError",
     "ArrowloadError",
     "ColumnNotFoundError",
     "CorruptFileError",
     "Dataset",
     "ExpressionError",
+    "InvalidArgumentError",
     "OptimizerOptions",
     "Options",
     "PathNotFoundError",

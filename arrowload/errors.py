@@ -121,3 +121,22 @@ class SnapshotChangedError(ArrowloadError, RuntimeError):
 
 class StateMismatchError(ArrowloadError, ValueError):
     """A loader state was taken on a different dataset, plan or loader configuration."""
+
+
+class InvalidArgumentError(ArrowloadError, ValueError):
+    """An argument has the right type but a value outside what is accepted (``batch_size=0``,
+    ``rank=2`` with ``world_size=2``, an unknown ``shuffle`` kind). ``argument`` names it; the
+    message says which values are accepted."""
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+class ArgumentTypeError(ArrowloadError, TypeError):
+    """An argument has a type that is not accepted (``batch_size=2.5``, ``batch_size=True``).
+    ``argument`` names it; the message says which types are accepted."""
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument

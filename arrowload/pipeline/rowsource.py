@@ -26,7 +26,7 @@ from .. import progress as _progress
 from ..errors import ArrowloadError, SnapshotChangedError
 from ..options import Options
 from ..optimize import optimize
-from ..plan.explain import render_tree
+from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up, walk
 from ..scan import execute
 
@@ -51,8 +51,10 @@ def restrict(plan: Plan, units: Sequence[int]) -> Plan:
 
 
 def plan_key(plan: Plan) -> str:
-    """A stable text of what a plan computes (tree with predicates, projections, maps)."""
-    return "\n".join(render_tree(plan))
+    """What a plan computes, as its fingerprint without the data snapshot (cache keys and
+    documents hold the snapshot separately): see ``plan/fingerprint.py``. Independent of how
+    ``explain()`` prints the plan and of how paths were spelled."""
+    return plan_fingerprint(plan, data=False)
 
 
 def _digest(*parts: str) -> str:
