@@ -75,7 +75,8 @@ def canonical(plan: Plan, *, data: bool = True) -> dict:
         return {"node": "project", "items": _items(plan.items), "child": canonical(plan.child, data=data)}
     if isinstance(plan, Map):
         fn = plan.fn
-        code = None if plan.name else f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+        qualname = getattr(fn, "__qualname__", type(fn).__name__)
+        code = None if plan.name else f"{getattr(fn, '__module__', '')}.{qualname}"
         return {"node": "map", "name": plan.name or None, "fn": code, "columns": _names(plan.columns),
                 "output_schema": _schema(plan.output_schema) if plan.output_schema is not None else None,
                 "child": canonical(plan.child, data=data)}
@@ -83,7 +84,7 @@ def canonical(plan: Plan, *, data: bool = True) -> dict:
         return {"node": "limit", "n": int(plan.n), "child": canonical(plan.child, data=data)}
     if isinstance(plan, SqlQuery):
         return {"node": "sql", "query": canonical_sql(plan.query),
-                "tables": [[n, canonical(t, data=data)] for n, t in zip(plan.names, plan.tables)]}
+                "tables": [[n.lower(), canonical(t, data=data)] for n, t in zip(plan.names, plan.tables)]}
     # A node kind this version does not know: its printed form (documented fallback).
     from .explain import describe_node
     return {"node": type(plan).__name__, "text": describe_node(plan),
@@ -108,11 +109,20 @@ def canonical_sql(text: str) -> Any:
     return sql_tree(tree)
 
 
-def sql_tree(tree: exp.Expression) -> Any:
-    """A sqlglot tree as plain data: ``[kind, {arg: value}]`` with arguments sorted, unquoted
-    identifiers normalized as DuckDB resolves them (case-insensitively: lower case), quoting
-    and parentheses dropped (the tree's shape already holds the precedence they spelled)."""
-    return _node(normalize_identifiers(tree.copy(), dialect=_DIALECT))
+def sql_tree(tree: exp.Expression, resolved: bool = False) -> Any:
+    """A sqlglot tree as plain data: ``[kind, {arg: value}]`` with arguments sorted, quoting
+    and parentheses dropped (the tree's shape already holds the precedence they spelled).
+    Unless ``resolved`` (names already bound to real column names), identifiers are
+    normalized as DuckDB resolves them (case-insensitively: lower case), except output
+    aliases, whose case names the result's columns."""
+    tree = tree.copy()
+    if resolved:  # names already bound to the schema's columns: exact, nothing to normalize
+        return _node(tree)
+    for alias in tree.find_all(exp.Alias):  # an alias names an output column: its case stays
+        ident = alias.args.get("alias")
+        if isinstance(ident, exp.Identifier):
+            ident.meta["case_sensitive"] = True
+    return _node(normalize_identifiers(tree, dialect=_DIALECT))
 
 
 def _node(node: Any) -> Any:
@@ -142,7 +152,7 @@ def _expr(e: Expr | None) -> Any:
         return {"and": [_expr(p) for p in e.parts]}
     tree = getattr(e, "tree", None)
     if isinstance(e, SqlExpr) or isinstance(tree, exp.Expression):
-        return {"sql": sql_tree(tree)}
+        return {"sql": sql_tree(tree, resolved=True)}
     if isinstance(e, ArrowExpr):
         return {"arrow": str(e.expr)}
     if isinstance(e, PolarsExpr):
