@@ -20,6 +20,8 @@ import sys
 import time
 import traceback
 
+from .order import SHUFFLE_CHOICES
+
 
 # -- helpers ---------------------------------------------------------------------------
 
@@ -252,7 +254,7 @@ def _explain(args: argparse.Namespace) -> int:
 # -- bench -------------------------------------------------------------------------------
 
 def _shuffle(kind: str):
-    return {"none": False, "auto": True}.get(kind, kind)
+    return kind  # the loader takes the CLI's spellings (order.SHUFFLE_CHOICES) as they are
 
 
 def _raw_scan(ds, filter_text: str | None) -> dict:
@@ -427,7 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "With --batch-size, also the loader built over the selection.")
     _add_selection(explain, limit=True)
     explain.add_argument("--batch-size", type=_positive_int, metavar="N", help="also explain a loader")
-    explain.add_argument("--shuffle", choices=("none", "block", "global", "auto"), default="none",
+    explain.add_argument("--shuffle", choices=SHUFFLE_CHOICES, default="none",
                          help="the loader's shuffle (with --batch-size)")
     explain.set_defaults(func=_explain)
 
@@ -439,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_selection(bench)
     bench.add_argument("--batch-size", type=_positive_int, default=1024, metavar="N",
                        help="rows per batch (default 1024)")
-    bench.add_argument("--shuffle", choices=("none", "block", "global", "auto"), default="none",
+    bench.add_argument("--shuffle", choices=SHUFFLE_CHOICES, default="none",
                        help="shuffle kind (default none)")
     bench.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     bench.add_argument("--output", choices=("numpy", "arrow", "torch", "jax"), default="numpy",

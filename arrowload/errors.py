@@ -164,17 +164,28 @@ class PathEncodingError(ArrowloadError, UnicodeError):
         return str(self.args[0])
 
 
-class InvalidArgumentError(ArrowloadError, ValueError):
-    """An argument has a value arrowload cannot use; the message says which values are accepted."""
-
-
-class ArgumentTypeError(ArrowloadError, TypeError):
-    """An argument has a type arrowload cannot use; the message says which types are accepted."""
-
-
 class ExternalAccessError(ArrowloadError, PermissionError):
     """SQL run with ``external_access=False`` tried to reach outside the bound tables (a file,
     the network, an extension, a setting or the environment); DuckDB's sandbox refused it."""
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class InvalidArgumentError(ArrowloadError, ValueError):
+    """An argument has the right type but a value outside what is accepted (``batch_size=0``,
+    ``rank=2`` with ``world_size=2``, an unknown ``shuffle`` kind). ``argument`` names it; the
+    message says which values are accepted."""
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+class ArgumentTypeError(ArrowloadError, TypeError):
+    """An argument has a type that is not accepted (``batch_size=2.5``, ``batch_size=True``).
+    ``argument`` names it; the message says which types are accepted."""
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.argument = argument

@@ -2,6 +2,11 @@
 Schema, every ``invalid/`` document does not, and what the code actually writes (loader
 states, selection indexes, random-access cache manifests) validates too. Damaged or
 foreign cache documents are rebuilt, never trusted.
+
+The golden documents are also fed to the code that reads them: loader-state examples to
+``load_state_dict`` of a loader built as the spec's recipe says (and they resume the rest
+of the epoch), cache documents to their readers, plan-fingerprint vectors to
+``plan_fingerprint``; every invalid document is refused by its reader with a typed error.
 """
 
 from __future__ import annotations
@@ -162,3 +167,140 @@ def test_ra_cache_manifest_validates_and_damage_is_rebuilt(lake, tmp_path):
             rebuilt = json.load(f)
         check.validate(rebuilt)
         assert rebuilt == doc, what
+
+
+# ---------------------------------------------------------------------------
+# plan fingerprints: golden vectors (formats/plan_fingerprint/v1)
+
+FINGERPRINT_TABLE = pa.schema([("id", pa.int64()), ("x", pa.float64()), ("s", pa.string()),
+                               ("country", pa.string()), ("emb", pa.list_(pa.float32()))])
+
+
+def fingerprint_steps(steps: list[dict]) -> al.Dataset:
+    """The Dataset a plan_fingerprint vector's ``steps`` describe, over an empty table of
+    ``FINGERPRINT_TABLE`` (the spec's recipe)."""
+    ds = al.dataset(FINGERPRINT_TABLE.empty_table())
+    for step in steps:
+        if "filter" in step:
+            ds = ds.filter(step["filter"])
+        elif "select" in step or "as" in step:
+            ds = ds.select(*step.get("select", ()), **step.get("as", {}))
+        elif "limit" in step:
+            ds = ds.limit(step["limit"])
+        elif "map" in step:
+            ds = ds.map(lambda b: b, columns=step.get("columns"), name=step["map"])
+        elif "sql" in step:
+            ds = al.sql(step["sql"], t=ds)
+        else:  # pragma: no cover - the schema allows nothing else
+            raise AssertionError(step)
+    return ds
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "plan_fingerprint", "v1", "examples", "*.json"))),
+                         ids=_rel)
+def test_plan_fingerprint_golden_vectors(path):
+    from arrowload.plan.fingerprint import plan_fingerprint
+    with open(path) as f:
+        doc = json.load(f)
+
+    def digest(steps):
+        return plan_fingerprint(fingerprint_steps(steps).plan, data=False)
+
+    assert digest(doc["steps"]) == doc["digest"], "the fingerprint changed: a new format version?"
+    for steps in doc.get("same_as", []):
+        assert digest(steps) == doc["digest"], steps
+    for steps in doc.get("differs_from", []):
+        assert digest(steps) != doc["digest"], steps
+
+
+def test_plan_fingerprint_is_stable_across_processes_and_hash_seeds():
+    import subprocess
+    import sys
+    code = ("import sys, json; sys.path.insert(0, 'tests'); from test_formats import fingerprint_steps; "
+            "from arrowload.plan.fingerprint import plan_fingerprint; "
+            "print(plan_fingerprint(fingerprint_steps(json.loads(sys.argv[1])).plan, data=False))")
+    steps = [{"filter": "x > 0.5 AND country IN ('US', 'DE')"}, {"select": ["id", "x"], "as": {"y": "x * 2"}}]
+    root = os.path.dirname(ROOT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    outs = {subprocess.run([sys.executable, "-c", code, json.dumps(steps)], cwd=root, capture_output=True, text=True,
+                           check=True, env=dict(env, PYTHONHASHSEED=seed)).stdout.strip() for seed in ("1", "2")}
+    from arrowload.plan.fingerprint import plan_fingerprint
+    assert outs == {plan_fingerprint(fingerprint_steps(steps).plan, data=False)}
+
+
+def test_plan_fingerprint_with_data_follows_the_snapshot(lake, tmp_path):
+    from arrowload.plan.fingerprint import plan_fingerprint
+    import shutil
+    a = plan_fingerprint(_ds(lake).plan)
+    assert a == plan_fingerprint(_ds(lake + "/").plan) == plan_fingerprint(_ds(lake.replace("/", "//")).plan)
+    copy = str(tmp_path / "copy")
+    shutil.copytree(lake, copy)
+    assert plan_fingerprint(_ds(copy).plan) != a  # other files
+    assert plan_fingerprint(_ds(copy).plan, data=False) == plan_fingerprint(_ds(lake).plan, data=False)
+
+
+# ---------------------------------------------------------------------------
+# golden documents through the real readers
+
+
+def _example_loader(doc: dict):
+    """The loader the loader_state spec's recipe builds for ``doc``."""
+    table = pa.table({"id": pa.array(np.arange(doc["num_rows"]), pa.int64())})
+    return al.dataset(table).loader(doc["batch_size"], shuffle=doc["shuffle"], seed=doc["seed"],
+                                    shuffle_window=doc["window"] or 8, rank=doc["rank"],
+                                    world_size=doc["world_size"], drop_last=doc["drop_last"])
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "loader_state", "v1", "examples", "*.json"))),
+                         ids=_rel)
+def test_loader_state_examples_resume_the_rest_of_their_epoch(path):
+    doc = _load(path)
+    reference = _example_loader(doc)
+    reference.set_epoch(doc["epoch"])
+    full = [b["id"] for b in reference]
+    assert doc["batches"] == -(-doc["position"] // doc["batch_size"]) <= len(full)
+    loader = _example_loader(doc)
+    loader.load_state_dict(doc)  # as written: golden snapshot and plan digests included
+    rest = [b["id"] for b in loader]
+    assert len(rest) == len(full) - doc["batches"]
+    assert all(np.array_equal(a, b) for a, b in zip(rest, full[doc["batches"]:]))
+    assert loader.state_dict()["batches"] == len(full)
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "loader_state", "v1", "invalid", "*.json"))),
+                         ids=_rel)
+def test_invalid_loader_states_are_refused_by_load_state_dict(path):
+    loader = _example_loader(_load(os.path.join(ROOT, "loader_state", "v1", "examples", "block_start.json")))
+    with pytest.raises(al.StateMismatchError):
+        loader.load_state_dict(_load(path))
+
+
+def _reader(path: str):
+    from arrowload.pipeline import documents
+    name = os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(path))))
+    return {"selection_index": documents.read_selection_index, "ra_cache": documents.read_ra_manifest}[name]
+
+
+CACHE_DOCS = [p for name in ("selection_index", "ra_cache")
+              for p in sorted(glob.glob(os.path.join(ROOT, name, "v1", "*", "*.json")))]
+
+
+@pytest.mark.parametrize("path", CACHE_DOCS, ids=_rel)
+def test_cache_documents_through_their_readers(path):
+    doc = _load(path)
+    if os.path.basename(os.path.dirname(path)) == "examples":
+        value = _reader(path)(doc, path)
+        assert {k: getattr(value, k) for k in doc if k not in ("format", "version")} == \
+            {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items() if k not in ("format", "version")}
+    else:
+        with pytest.raises((al.CorruptFileError, al.UnsupportedError)) as info:
+            _reader(path)(doc, path)
+        assert path in str(info.value)
+    bad_version = _reader(path)
+    with pytest.raises(al.UnsupportedError, match="version 2"):
+        bad_version(dict(doc, version=2), path)

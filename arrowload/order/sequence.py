@@ -19,6 +19,7 @@ Kinds:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -26,7 +27,24 @@ import numpy as np
 
 from .permutation import derive_key, permute
 
-KINDS = ("none", "global", "block")
+
+
+class ShuffleKind(str, enum.Enum):
+    """The kinds of epoch order, spelled once: the loader's ``shuffle=`` argument, the CLI's
+    ``--shuffle``, :class:`EpochOrder` and the loader state all use these values."""
+
+    NONE = "none"
+    GLOBAL = "global"
+    BLOCK = "block"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+KINDS = tuple(k.value for k in ShuffleKind)
+#: what ``shuffle=`` accepts as text: a kind, or ``"auto"`` (the same as ``True``: the best
+#: kind the source allows)
+SHUFFLE_CHOICES = KINDS + ("auto",)
 _SALT_GLOBAL = 0x61
 _SALT_UNITS = 0x62
 _SALT_WINDOW = 0x63

@@ -26,18 +26,18 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ArrowloadError, StateMismatchError
-from ..order import EpochOrder, num_batches, rank_range
+from ..order import EpochOrder, ShuffleKind, num_batches, rank_range
+from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Scan, SqlQuery, scans, walk
 from ..scan.execute import as_record_batch
+from . import arguments as _arguments
 from .budget import ByteBudget, read_rows
 from .chunks import ChunkConverter, HostChunk
 from .collate import BufferPool, resolve_stack, stack_batch
 from .device import DeviceBatch, TorchDeviceStage, jax_place, wants_cuda
-from .rowsource import ScanRowSource, TableRowSource, default_cache_dir, materialize, plan_key
+from .rowsource import ScanRowSource, TableRowSource, default_cache_dir, materialize
+from .state import STATE_FORMAT, STATE_VERSION, Position, batches_for, make_state, read_state  # noqa: F401
 
-STATE_FORMAT = "arrowload.loader_state"
-STATE_VERSION = 1
-SHUFFLE_KINDS = {False: "none", None: "none", "none": "none", "global": "global", "block": "block"}
 
 
 @dataclass(frozen=True)
@@ -67,14 +67,36 @@ class LoaderOptions:
     sharding: Any = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {self.batch_size!r}")
-        if self.shuffle not in (True, False, None, "none", "global", "block"):
-            raise ValueError(f"shuffle must be True, False, 'global' or 'block'; got {self.shuffle!r}")
-        if self.prefetch < 1:
-            raise ValueError("prefetch is a byte budget and must be >= 1")
-        if self.io_threads < 1:
-            raise ValueError("io_threads must be >= 1")
+        """Every argument checked (and integers normalized to ``int``) now, so a bad value
+        fails at ``Dataset.loader(...)``, never at the first batch; see ``arguments``."""
+        from ..convert.options import OUTPUTS
+        a = _arguments
+        put = object.__setattr__.__get__(self)  # frozen: normalize in place, once
+        put("batch_size", a.positive_int("batch_size", self.batch_size, "1024"))
+        put("shuffle", a.shuffle_kind(self.shuffle))
+        put("seed", a.integer("seed", self.seed, low=0, high=a.MAX_SEED,
+                              what="an integer in 0 .. 2**64 - 1", example="0"))
+        put("drop_last", a.boolean("drop_last", self.drop_last))
+        if self.world_size is not None:
+            put("world_size", a.integer("world_size", self.world_size, low=1,
+                                        what="a positive integer (the number of ranks)"))
+        if self.rank is not None:
+            put("rank", a.integer("rank", self.rank, low=0, what="an integer >= 0 (this process's rank)"))
+        if self.rank is not None and self.world_size is not None:
+            a.rank_and_world(self.rank, self.world_size)
+        put("output", a.output(self.output, OUTPUTS))
+        put("prefetch", a.positive_int("prefetch", self.prefetch, "256 << 20 (bytes held in flight)"))
+        put("io_threads", a.integer("io_threads", self.io_threads, low=1, high=1024,
+                                    what="an integer in 1 .. 1024 (reader threads)", example="4"))
+        put("shuffle_window", a.positive_int("shuffle_window", self.shuffle_window, "8 (row groups)"))
+        a.optional_callable("transform", self.transform)
+        put("pad_to", a.optional_int("pad_to", self.pad_to, low=0, what="None or an integer >= 0 "
+                                     "(the padded length)", example="128"))
+        put("cache_dir", a.optional_path("cache_dir", self.cache_dir))
+        put("memory_budget", a.optional_int("memory_budget", self.memory_budget, low=0,
+                                            what="None or an integer >= 0 (bytes)", example="8 << 30"))
+        a.stack_spec(self.stack)
+        put("devices", a.device_list(self.devices))
 
 
 def _distributed_defaults() -> tuple[int, int]:
@@ -90,7 +112,7 @@ def _distributed_defaults() -> tuple[int, int]:
     rank = os.environ.get("RANK")
     world = os.environ.get("WORLD_SIZE")
     if world is not None:
-        return int(rank or 0), int(world)
+        return _arguments.env_int("RANK", rank or "0"), _arguments.env_int("WORLD_SIZE", world)
     return 0, 1
 
 
@@ -167,9 +189,9 @@ class Loader:
             d_rank, d_world = _distributed_defaults()
             rank = d_rank if rank is None else rank
             world = d_world if world is None else world
-        if world < 1 or not 0 <= rank < world:
-            raise ValueError(f"need 0 <= rank < world_size; got rank={rank}, world_size={world}")
-        self.rank, self.world_size = int(rank), int(world)
+        where = "" if options.rank is not None and options.world_size is not None else \
+            "torch.distributed or the RANK / WORLD_SIZE environment variables"
+        self.rank, self.world_size = _arguments.rank_and_world(rank, world, where)
         # import the framework now (seconds for torch / jax), not inside the first batch's timing
         if options.output == "torch":
             from ..convert.torch_out import import_torch
@@ -191,9 +213,12 @@ class Loader:
                                        fill_null=options.fill_null,
                                        device=None if self._device_stage or options.sharding is not None
                                        else options.device)
+        if self._convert.device is not None and options.output in ("torch", "jax"):
+            from ..convert import _backend
+            _backend(self._convert)  # a bad or missing device fails here, not at the first batch
         self._cache_dir = options.cache_dir or default_cache_dir()
         self._plan = dataset.optimized_plan()
-        self._logical_key = plan_key(dataset.plan)
+        self._logical_key = plan_fingerprint(dataset.plan, data=False)
         self.shuffle_kind, self._source = self._build_source()
         self.epoch = 0
         self._start = 0
@@ -219,9 +244,9 @@ class Loader:
         found = scans(self._plan)
         local = all(s.source.is_local for s in found)
         needs_table = self._needs_table()
-        if kind is True:
-            kind = "global" if (local or needs_table) else "block"
-        kind = SHUFFLE_KINDS[kind]
+        if kind is None:  # shuffle=True / "auto": the best kind the source allows
+            kind = ShuffleKind.GLOBAL if (local or needs_table) else ShuffleKind.BLOCK
+        kind = ShuffleKind(kind).value
         budget = opts.memory_budget if opts.memory_budget is not None else _total_memory() // 4
         reuse = all(not isinstance(n, Map) or bool(n.name) for n in walk(self._plan))
         if kind == "global" or needs_table:
@@ -259,8 +284,9 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch the next iteration runs (each epoch has its own order). Setting the
         epoch a loaded state was taken in keeps that state's position."""
+        epoch = _arguments.integer("epoch", epoch, low=0, what="an integer >= 0")
         if epoch != self.epoch:
-            self.epoch = int(epoch)
+            self.epoch = epoch
             self._start = 0
             self._position = 0
             self._batches_done = 0
@@ -349,7 +375,7 @@ class Loader:
         start, stop = self._rank_rows()
         begin = min(start + self._start, stop)
         self._position = begin - start
-        self._batches_done = self._start // self.options.batch_size
+        self._batches_done = batches_for(self._start, self.options.batch_size)
         self._start = 0
         ranges = [(begin, stop)] if begin < stop else []
         it = _EpochIterator(self, self._order(self.epoch), ranges, start)
@@ -404,7 +430,7 @@ class Loader:
     def _identity(self) -> dict:
         return {
             "snapshot": self._source_snapshot(),
-            "plan": _short_hash(self._logical_key),
+            "plan": self._logical_key,
             "seed": self.options.seed,
             "shuffle": self.shuffle_kind,
             "window": self.options.shuffle_window if self.shuffle_kind == "block" else None,
@@ -420,32 +446,21 @@ class Loader:
 
     def state_dict(self) -> dict:
         """Small JSON-serializable state: where this rank is in which epoch, plus what it was
-        taken on (snapshot and plan fingerprints, seed, shuffle, world). No pickles."""
-        return {"format": STATE_FORMAT, "version": STATE_VERSION, **self._identity(),
-                "epoch": self.epoch, "position": self._position, "batches": self._batches_done}
+        taken on (snapshot and plan fingerprints, seed, shuffle, world). No pickles. See
+        ``formats/loader_state/v1/spec.md``."""
+        return make_state(self._identity(), Position(self.epoch, self._position, self._batches_done))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields exactly the batches after ``state``'s position
-        in its epoch. Refuses a state taken on other data, another plan or another setup."""
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise StateMismatchError(f"not an arrowload loader state (format {STATE_FORMAT!r} expected)")
-        if state.get("version") != STATE_VERSION:
-            raise StateMismatchError(f"loader state version {state.get('version')} is not supported "
-                                     f"(this arrowload reads version {STATE_VERSION})")
-        mine = self._identity()
-        diffs = [f"{k}: state has {state.get(k)!r}, this loader has {v!r}"
-                 for k, v in mine.items() if state.get(k) != v]
-        if diffs:
-            raise StateMismatchError("the state was taken on a different dataset or loader setup; "
-                                     "rebuild the loader the same way over the same data. "
-                                     "Differences: " + "; ".join(diffs))
-        position = int(state["position"])
-        if position % self.options.batch_size and position != self._rank_rows()[1] - self._rank_rows()[0]:
-            raise StateMismatchError(f"position {position} is not on a batch boundary")
-        self.epoch = int(state["epoch"])
-        self._start = position
-        self._position = position
-        self._batches_done = int(state.get("batches", position // self.options.batch_size))
+        in its epoch. Every field is checked (type, range, this rank's own rows); a state
+        taken on other data, another plan or another setup is refused with
+        ``StateMismatchError`` saying what differs."""
+        start, stop = self._rank_rows()
+        at = read_state(state, self._identity(), stop - start)
+        self.epoch = at.epoch
+        self._start = at.position
+        self._position = at.position
+        self._batches_done = at.batches
 
     # -- introspection -------------------------------------------------------------
     def stats(self) -> LoaderStats:
@@ -524,11 +539,6 @@ class Loader:
         DataLoader's round-robin gives back the loader's own order."""
         from .torch_compat import TorchBatches
         return TorchBatches(self)
-
-
-def _short_hash(text: str) -> str:
-    import hashlib
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class _Failure:

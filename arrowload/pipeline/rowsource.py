@@ -33,14 +33,13 @@ from .. import progress as _progress
 from ..errors import ArrowloadError, SnapshotChangedError
 from ..options import Options
 from ..optimize import optimize
-from ..plan.explain import render_tree
+from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up, walk
 from ..scan import execute
 from .budget import cache_chunk_rows
+from .documents import (FORMAT_VERSION, RA_FORMAT, SELECTION_FORMAT, load_json, read_ra_manifest,
+                        read_selection_index)
 
-SELECTION_FORMAT = "arrowload.selection_index"
-RA_FORMAT = "arrowload.ra_cache"
-FORMAT_VERSION = 1
 UNIT_ROWS = 65_536
 
 
@@ -59,8 +58,10 @@ def restrict(plan: Plan, units: Sequence[int]) -> Plan:
 
 
 def plan_key(plan: Plan) -> str:
-    """A stable text of what a plan computes (tree with predicates, projections, maps)."""
-    return "\n".join(render_tree(plan))
+    """What a plan computes, as its fingerprint without the data snapshot (cache keys and
+    documents hold the snapshot separately): see ``plan/fingerprint.py``. Independent of how
+    ``explain()`` prints the plan and of how paths were spelled."""
+    return plan_fingerprint(plan, data=False)
 
 
 def _digest(*parts: str) -> str:
@@ -116,14 +117,11 @@ class ScanRowSource:
         path = os.path.join(self.cache_dir, f"selection-{key}.json") if self.cache_dir else None
         if path and os.path.exists(path):
             try:
-                with open(path) as f:
-                    doc = json.load(f)
-                if doc.get("format") == SELECTION_FORMAT and doc.get("version") == FORMAT_VERSION \
-                        and doc.get("snapshot") == self.snapshot and doc.get("units") == list(self.units) \
-                        and _valid_counts(doc.get("counts"), len(self.units)):
-                    return tuple(doc["counts"])
-            except (OSError, ValueError, KeyError):
-                pass  # a damaged cache is rebuilt, never trusted
+                index = read_selection_index(load_json(path), path)
+                if index.snapshot == self.snapshot and index.plan == what and index.units == self.units:
+                    return index.counts
+            except (OSError, ArrowloadError):
+                pass  # a damaged or foreign cache is rebuilt, never trusted
         counts = self._count_units(count_plan)
         if path:
             _atomic_write_json(path, {"format": SELECTION_FORMAT, "version": FORMAT_VERSION,
@@ -377,27 +375,16 @@ def _open_cache(base: str, snapshot: str, what: str, reuse: bool = True) -> Tabl
     """The cache at ``base`` if it matches; ``reuse``: only if its manifest allows reuse (a
     cache of an unnamed map renders like a named one but must never be reused)."""
     try:
-        with open(base + ".json") as f:
-            doc = json.load(f)
-        if doc.get("format") != RA_FORMAT or doc.get("version") != FORMAT_VERSION or \
-                doc.get("snapshot") != snapshot or doc.get("plan") != what or \
-                (reuse and doc.get("reusable") is not True):
+        doc = read_ra_manifest(load_json(base + ".json"), base + ".json")
+        if doc.snapshot != snapshot or doc.plan != what or (reuse and not doc.reusable):
             return None
         source = pa.memory_map(base + ".arrow", "r")
         table = pa.ipc.open_file(source).read_all()
-        if table.num_rows != doc["num_rows"]:
-            return None
-        if not isinstance(doc["chunk_rows"], int) or doc["chunk_rows"] < 1:
+        if table.num_rows != doc.num_rows:
             return None
         return TableRowSource(table, where=base + ".arrow", snapshot=snapshot)
-    except (OSError, ValueError, KeyError, pa.ArrowInvalid):
+    except (OSError, ArrowloadError, pa.ArrowInvalid):
         return None
-
-
-def _valid_counts(counts, n: int) -> bool:
-    """A selection index's counts: ``n`` non-negative integers (else the document is damaged)."""
-    return isinstance(counts, list) and len(counts) == n and \
-        all(type(c) is int and c >= 0 for c in counts)
 
 
 def _strip_maps(plan: Plan) -> Plan:

@@ -90,6 +90,17 @@ def _surrogates_only(text: str) -> bool:
         return False
 
 
+def canonical_local_path(path: str) -> str:
+    """One spelling per local path: ``~`` expanded, absolute, normalized (``lake/``,
+    ``/abs/lake``, ``/abs/lake/`` and ``/abs//lake/`` are all ``/abs/lake``), so what is keyed
+    on paths (snapshots, loader states, caches) does not depend on how a path was written.
+    Symbolic links are kept as written (a link is another name, not another spelling)."""
+    p = os.path.abspath(os.path.expanduser(path))
+    if p.startswith("//") and os.sep == "/":  # POSIX keeps a leading "//"; the kernel does not care
+        p = "/" + p.lstrip("/")
+    return p
+
+
 def filesystem_for(path: str, storage_options: dict | None) -> tuple[pafs.FileSystem, str]:
     """Pick a filesystem for a path / URI and return it with the path stripped of its scheme."""
     proto = protocol_of(path)
@@ -99,7 +110,7 @@ def filesystem_for(path: str, storage_options: dict | None) -> tuple[pafs.FileSy
                                        f"path {path!r}: drop storage_options, or use a URI "
                                        "(s3://bucket/path, gs://..., az://...)")
         local = path[len("file://"):] if proto == "file" else path
-        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(local))
+        return pafs.LocalFileSystem(), canonical_local_path(local)
     try:
         import fsspec
     except ImportError as exc:  # pragma: no cover

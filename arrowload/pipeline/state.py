@@ -1,0 +1,136 @@
+"""The loader state (``formats/loader_state/v1``): writing it, and reading it back field by
+field.
+
+A state is positions only (epoch, rows of this rank's epoch already yielded, batches
+yielded) plus the identity of what it was taken on (data snapshot, plan fingerprint,
+seed, shuffle, world). Reading checks every field: its presence, its type (integers are
+ints, never bools), its range (``0 <= position <=`` this rank's rows, on a batch boundary
+or at the end; ``epoch >= 0``; ``batches`` = ``position / batch_size`` rounded up), and
+the identity against the loader's, saying in words what differs. Anything else raises
+:class:`~arrowload.errors.StateMismatchError` (a ``ValueError``) naming the field.
+
+Pure functions over plain values: the loader wires them, so a future global state (one
+state for every rank) adds fields and checks here without touching the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import StateMismatchError
+from ..order import KINDS
+
+STATE_FORMAT = "arrowload.loader_state"
+STATE_VERSION = 1
+
+#: identity fields: a state loads only into a loader whose values are the same
+IDENTITY = ("snapshot", "plan", "seed", "shuffle", "window", "world_size", "rank", "batch_size",
+            "drop_last", "num_rows")
+#: position fields
+POSITION = ("epoch", "position", "batches")
+FIELDS = ("format", "version") + IDENTITY + POSITION
+
+_INT, _STR, _BOOL = "an integer", "a string", "true or false"
+_TYPES = {"snapshot": _STR, "plan": _STR, "seed": _INT, "shuffle": _STR, "window": _INT,
+          "world_size": _INT, "rank": _INT, "batch_size": _INT, "drop_last": _BOOL,
+          "num_rows": _INT, "epoch": _INT, "position": _INT, "batches": _INT}
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a state resumes: ``position`` rows of ``epoch`` done, in ``batches`` batches."""
+
+    epoch: int
+    position: int
+    batches: int
+
+
+def batches_for(position: int, batch_size: int) -> int:
+    """Batches that yield ``position`` rows: rounded up (the last one may be short)."""
+    return -(-position // batch_size)
+
+
+def make_state(identity: Mapping[str, Any], at: Position) -> dict:
+    """The JSON-serializable state document."""
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, **{k: identity[k] for k in IDENTITY},
+            "epoch": at.epoch, "position": at.position, "batches": at.batches}
+
+
+def read_state(state: Any, identity: Mapping[str, Any], rank_rows: int) -> Position:
+    """Check ``state`` against a loader of ``identity`` whose rank has ``rank_rows`` rows in an
+    epoch (after ``drop_last``); the position to resume at, or ``StateMismatchError``."""
+    if not isinstance(state, Mapping):
+        raise StateMismatchError(f"a loader state is a dict (what Loader.state_dict() returns, or its "
+                                 f"JSON), got {type(state).__name__}")
+    if state.get("format") != STATE_FORMAT:
+        raise StateMismatchError(f"format: {state.get('format')!r} is not an arrowload loader state "
+                                 f"(format {STATE_FORMAT!r} expected); pass what Loader.state_dict() returned")
+    version = state.get("version")
+    if type(version) is not int or version != STATE_VERSION:
+        raise StateMismatchError(f"version: loader state version {version!r} is not supported (this "
+                                 f"arrowload reads version {STATE_VERSION}); resume with the arrowload "
+                                 "that wrote it, or start the epoch afresh")
+    unknown = sorted(str(k) for k in state if k not in FIELDS)
+    if unknown:
+        raise StateMismatchError(f"unknown field(s) {', '.join(map(repr, unknown))} in the loader state "
+                                 f"(version {STATE_VERSION} has {', '.join(FIELDS)}); the state was edited "
+                                 "or written by another program")
+    missing = [k for k in FIELDS if k not in state]
+    if missing:
+        raise StateMismatchError(f"field(s) {', '.join(map(repr, missing))} missing from the loader state; "
+                                 "pass the whole dict Loader.state_dict() returned")
+    for key, kind in _TYPES.items():
+        value = state[key]
+        ok = (type(value) is int if kind == _INT else
+              type(value) is str if kind == _STR else type(value) is bool)
+        if key == "window" and value is None:
+            ok = True
+        if not ok:
+            allowed = f"{kind}{' or null' if key == 'window' else ''}"
+            raise StateMismatchError(f"{key}: {value!r} ({type(value).__name__}) in the loader state is "
+                                     f"not {allowed}; the state was damaged or edited")
+    diffs = [f"{k}: {_difference(k, state[k], identity[k])}" for k in IDENTITY if state[k] != identity[k]]
+    if diffs:
+        raise StateMismatchError("the state was taken on other data or another loader setup, so it "
+                                 "cannot resume this loader: " + "; ".join(diffs) + ". Build the loader "
+                                 "the same way over the same data, or start without the state")
+    epoch, position, batches = state["epoch"], state["position"], state["batches"]
+    bsize = identity["batch_size"]
+    if epoch < 0:
+        raise StateMismatchError(f"epoch: {epoch} is negative; epochs count from 0")
+    if not 0 <= position <= rank_rows:
+        raise StateMismatchError(f"position: {position} is outside this rank's epoch (rank "
+                                 f"{identity['rank']} of {identity['world_size']} has rows 0..{rank_rows}); "
+                                 "the state was damaged or edited")
+    if position % bsize and position != rank_rows:
+        raise StateMismatchError(f"position: {position} is not on a batch boundary (a multiple of "
+                                 f"batch_size {bsize}, or {rank_rows} at the end of the epoch)")
+    if batches != batches_for(position, bsize):
+        raise StateMismatchError(f"batches: {batches} does not match position {position} (that is "
+                                 f"{batches_for(position, bsize)} batches of {bsize} rows, the last "
+                                 "rounded up); the state was damaged or edited")
+    return Position(epoch, position, batches)
+
+
+def _difference(key: str, theirs: Any, mine: Any) -> str:
+    if key == "snapshot":
+        return ("the data is not the data the state was taken on (files added, "
+                "removed, resized or rewritten since, or another lake or copy of it)")
+    if key == "plan":
+        return ("the selection (filters, columns, maps, limits, SQL) is not the one "
+                "the state was taken with")
+    if key == "num_rows":
+        return f"the state's epoch had {theirs} selected rows, this loader selects {mine}"
+    if key == "rank":
+        return (f"the state belongs to rank {theirs}, this loader is rank {mine} (each rank loads "
+                "the state it saved)")
+    if key == "shuffle" and theirs in KINDS:
+        return f"the state was taken with shuffle {theirs!r}, this loader shuffles {mine!r}"
+    name = "shuffle_window" if key == "window" else key
+    return f"the state was taken at {name} {_show(theirs)}, this loader has {name} {_show(mine)}"
+
+
+def _show(value: Any) -> str:
+    return "None" if value is None else str(value)
