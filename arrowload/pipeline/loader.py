@@ -31,6 +31,7 @@ from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Scan, SqlQuery, scans, walk
 from ..scan.execute import as_record_batch
 from . import arguments as _arguments
+from . import preflight
 from .budget import ByteBudget
 from .chunks import ChunkConverter, HostChunk
 from .collate import BufferPool, resolve_stack, stack_batch
@@ -220,6 +221,13 @@ class Loader:
         self._plan = dataset.optimized_plan()
         self._logical_key = plan_fingerprint(dataset.plan, data=False)
         self.shuffle_kind, self._source = self._build_source()
+        # what the first batches would refuse (stack names, ragged lists, nulls) fails here
+        self._widths = None
+        if options.transform is None:
+            known = preflight.check(self._plan.schema, self._plan, self._source, self._convert, options.stack)
+            lists = preflight.unpadded_lists(self._plan.schema, self._convert)
+            if lists and options.output != "arrow":
+                self._widths = preflight.ListWidths(lists, known)
         self.epoch = 0
         self._start = 0
         self._position = 0
@@ -405,6 +413,8 @@ class Loader:
         """Host arrays of one batch -> what the user gets; with a CUDA device the copies start
         here (see ``device``), with ``sharding=`` the jax placement."""
         from ..convert import convert_host
+        if self._widths is not None:
+            self._widths.check(host)
         if self._device_stage is not None:
             return self._device_stage.to_device(host)
         out = convert_host(host, self._convert)
