@@ -207,3 +207,10 @@ def test_option_names_are_checked_at_build(pandas_lake, cache):
         ds.loader(64, pad_lists=("embb",), cache_dir=cache)
     with pytest.raises(al.ColumnNotFoundError, match="'F0'"):
         ds.loader(64, fill_null={"F0": 0.0}, cache_dir=cache)
+
+
+def test_footer_facts_fail_before_a_global_shuffle_reads_the_selection(null_lake, tmp_path):
+    ds = al.dataset(null_lake).select("id", "f0")
+    with pytest.raises(al.ArrowloadError, match="'f0'.*Parquet footer"):
+        ds.loader(64, shuffle="global", memory_budget=1, cache_dir=str(tmp_path))
+    assert not list(tmp_path.glob("ra-*")) and not list(tmp_path.glob(".tmp-ra-*"))  # nothing was gathered

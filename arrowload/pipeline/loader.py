@@ -96,6 +96,9 @@ class LoaderOptions:
         put("cache_dir", a.optional_path("cache_dir", self.cache_dir))
         put("memory_budget", a.optional_int("memory_budget", self.memory_budget, low=0,
                                             what="None or an integer >= 0 (bytes)", example="8 << 30"))
+        a.pad_lists(self.pad_lists)
+        a.scalar("pad_value", self.pad_value)
+        a.fill_null(self.fill_null)
         a.stack_spec(self.stack)
         put("devices", a.device_list(self.devices))
 
@@ -220,11 +223,15 @@ class Loader:
         self._cache_dir = options.cache_dir or default_cache_dir()
         self._plan = dataset.optimized_plan()
         self._logical_key = plan_fingerprint(dataset.plan, data=False)
+        # what the first batches would refuse (stack names, ragged lists, nulls) fails here:
+        # from the schema and footers before reading, from the random-access table once built
+        checked = options.transform is None  # a transform reshapes batches: per-batch checks only
+        if checked:
+            preflight.check_plan(self._plan.schema, self._plan, self._convert, options.stack)
         self.shuffle_kind, self._source = self._build_source()
-        # what the first batches would refuse (stack names, ragged lists, nulls) fails here
         self._widths = None
-        if options.transform is None:
-            known = preflight.check(self._plan.schema, self._plan, self._source, self._convert, options.stack)
+        if checked:
+            known = preflight.check_source(self._source, self._convert)
             lists = preflight.unpadded_lists(self._plan.schema, self._convert)
             if lists and options.output != "arrow":
                 self._widths = preflight.ListWidths(lists, known)

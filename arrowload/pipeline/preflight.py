@@ -50,21 +50,26 @@ def _fill_hint(name: str) -> str:
             f"or filter them out: .filter(\"{name} IS NOT NULL\")")
 
 
-def check(schema: pa.Schema, plan: Plan, source: Any, opts: ConvertOptions,
-          stack: Mapping[str, Any] | None) -> dict[str, int]:
-    """Raise what the first batches would raise, now. Returns the widths of unpadded list
-    columns known already (name -> k)."""
+def check_plan(schema: pa.Schema, plan: Plan, opts: ConvertOptions, stack: Mapping[str, Any] | None) -> None:
+    """Before any data is read (before a global shuffle builds its random-access table):
+    option names against the output schema, and Parquet footer facts where the scan keeps
+    every row of its row groups."""
     if stack:
         resolve_stack(stack, schema)
     if opts.output == "arrow":
-        return {}
+        return
     _check_names(opts, schema.names)
-    table = getattr(source, "table", None)
-    if isinstance(table, pa.Table):
-        return _check_table(table, opts)
     if isinstance(plan, Scan) and plan.predicate is None and plan.limit is None:
         _check_footers(plan, schema, opts)
-    return {}
+
+
+def check_source(source: Any, opts: ConvertOptions) -> dict[str, int]:
+    """After the random-access table is built (global shuffle, SQL results): its nulls and
+    list lengths, exactly. Returns the widths of unpadded list columns (name -> k)."""
+    table = getattr(source, "table", None)
+    if opts.output == "arrow" or not isinstance(table, pa.Table):
+        return {}
+    return _check_table(table, opts)
 
 
 def _check_table(table: pa.Table, opts: ConvertOptions) -> dict[str, int]:
