@@ -121,29 +121,34 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
     if not wanted:
         return
     widths: dict[str, tuple[int, str]] = {}
+    columns: dict[int, list[tuple[int, str, pa.Field]]] = {}  # per file: (index, path, output field)
     for unit in scan.selected_units():
         if unit.row_group is None:
             continue
         try:
             meta = source.file_metadata(unit.file)
             rg = meta.row_group(unit.row_group)
+            if unit.file not in columns:  # the leaf columns to look at, found once per file
+                found = []
+                for j in range(meta.num_columns):
+                    leaf = meta.schema.column(j).path
+                    head, _, rest = leaf.partition(".")
+                    if head in wanted:
+                        found.append((j, wanted[head].name + ("." + rest if rest else ""), wanted[head]))
+                columns[unit.file] = found
         except Exception:  # noqa: BLE001 - footers that cannot be read: the per-read checks decide
             return
         rows = rg.num_rows
         where = f"{unit.path}, row group {unit.row_group}"
-        for j in range(rg.num_columns):
+        for j, path, field in columns[unit.file]:
             try:
                 chunk = rg.column(j)
-                path = chunk.path_in_schema
                 stats = chunk.statistics if chunk.is_stats_set else None
                 nulls = stats.null_count if stats is not None and stats.has_null_count else None
                 values = chunk.num_values
             except Exception:  # noqa: BLE001 - damaged column metadata: left to the read
                 continue
-            field = wanted.get(path.split(".", 1)[0])
-            if field is None:
-                continue
-            top, path = field.name, field.name + path[len(path.split(".", 1)[0]):]
+            top = field.name
             if path == top and nulls and _fill_for(top, field.type, opts) is None:
                 raise ConversionError(f"column {top!r} ({field.type}) has {nulls} null(s) in {where} (Parquet "
                                       f"footer statistics), which the loader reads; {_fill_hint(top)}",
