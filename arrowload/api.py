@@ -135,7 +135,7 @@ class Dataset:
         memory when they fit ``memory_budget`` bytes, else from a memory-mapped Arrow IPC
         cache under ``cache_dir``), ``"block"`` (row groups in random order, rows shuffled
         within windows of ``shuffle_window`` row groups; streams, for object storage) or
-        True (global where the source is local or in memory, block otherwise).
+        True / ``"auto"`` (global where the source is local or in memory, block otherwise).
         ``rank`` / ``world_size`` default to torch.distributed, then RANK / WORLD_SIZE, then
         0 / 1; every rank gets the same number of rows. ``output``: "numpy", "torch", "jax"
         or "arrow". ``prefetch`` bounds the bytes read and not yet consumed (a batch larger
@@ -148,9 +148,19 @@ class Dataset:
         written into pooled buffers, reused only once nothing refers to them. ``device`` /
         ``devices`` (torch: pinned staging, copies on a CUDA stream) and ``sharding`` (jax)
         place batches on accelerators.
+        A variable-length list column that is not padded (a ``list<float>`` embedding as
+        pandas and pyarrow write it) gives ``[batch, k]`` when its lists share one length
+        ``k`` (a view of its values); lists of different lengths are an error naming the
+        column and the lengths seen.
         Building the loader counts the selected rows exactly (reading only the filter's
         columns, cached on disk by snapshot) and, for global shuffle, builds the
-        random-access table.
+        random-access table. Every argument is checked first (``ArgumentTypeError``, a
+        ``TypeError``, for a wrong type; ``InvalidArgumentError``, a ``ValueError``, for a
+        value out of range; both name the argument and the accepted values; numpy integers
+        are integers, bools are not), then what the first batches would refuse: ``stack`` /
+        ``pad_lists`` / ``fill_null`` names, ragged or null lists, nulls without
+        ``fill_null`` (from Parquet footers where every row of the kept row groups is
+        selected, exactly on the random-access table).
         """
         from .pipeline.loader import Loader, LoaderOptions
         opts = LoaderOptions(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,

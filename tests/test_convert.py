@@ -311,8 +311,10 @@ def test_pad_lists_by_name_and_pad_to():
     b = batch(a=pa.array([[1.0], [2.0, 3.0]]), b=pa.array([[1], [2]]))
     out = convert_batch(b.select(["a"]), ConvertOptions(pad_lists=("a",), pad_to=5))
     assert out["a"].shape == (2, 5) and out["a"][1].tolist() == [2.0, 3.0, 0.0, 0.0, 0.0]
-    with pytest.raises(ConversionError, match="'b'"):
-        convert_batch(b, ConvertOptions(pad_lists=("a",)))
+    # b's lists all have length 1: [2, 1] like a fixed-size list; a ragged c is an error
+    assert convert_batch(b, ConvertOptions(pad_lists=("a",)))["b"].tolist() == [[1], [2]]
+    with pytest.raises(ConversionError, match="'c'.* lengths 1 to 3"):
+        convert_batch(b.append_column("c", pa.array([[1], [2, 3, 4]])), ConvertOptions(pad_lists=("a",)))
     with pytest.raises(ConversionError, match="pad_to=1"):
         convert_batch(b, ConvertOptions(pad_lists=True, pad_to=1))
     with pytest.raises(ColumnNotFoundError, match="'c'"):
@@ -661,3 +663,32 @@ def test_one_batch_three_outputs_agree(x64):
         np.testing.assert_array_equal(host[name], tens[name].numpy())
         np.testing.assert_array_equal(host[name], np.asarray(jx[name]))
     assert tens["n"].dtype == torch.uint8
+
+
+# ---------------------------------------------------------------------------
+# variable-length lists of one length: [batch, k], a view of the values
+
+
+@pytest.mark.parametrize("list_type", [pa.list_, pa.large_list])
+def test_lists_of_one_length_are_2d_views_of_the_values(list_type):
+    rows = np.arange(24, dtype=np.float32).reshape(6, 4)
+    arr = pa.array(list(rows), list_type(pa.float32()))
+    values = np.frombuffer(arr.values.buffers()[1], dtype=np.float32)
+    for lo, n in ((0, 6), (2, 3), (5, 1)):
+        out = convert_batch(batch(e=arr.slice(lo, n)), ConvertOptions())["e"]
+        assert out.shape == (n, 4) and out.dtype == np.float32
+        assert np.array_equal(out, rows[lo:lo + n])
+        assert np.shares_memory(out, values)  # zero-copy: a view of Arrow's values buffer
+    t = convert_batch(batch(e=arr), ConvertOptions(output="torch"))["e"]
+    assert tuple(t.shape) == (6, 4) and t.numpy().tolist() == rows.tolist()
+
+
+def test_lists_of_one_length_fill_value_nulls_and_refuse_null_lists():
+    arr = pa.array([[1.0, None], [3.0, 4.0]], pa.list_(pa.float64()))
+    with pytest.raises(ConversionError, match="'e'"):
+        convert_batch(batch(e=arr), ConvertOptions())
+    out = convert_batch(batch(e=arr), ConvertOptions(fill_null={"e": -1.0}))["e"]
+    assert out.tolist() == [[1.0, -1.0], [3.0, 4.0]]
+    with pytest.raises(ConversionError, match="'e'.*null list") as info:
+        convert_batch(batch(e=pa.array([[1.0, 2.0], None], pa.list_(pa.float64()))), ConvertOptions())
+    assert "IS NOT NULL" in str(info.value) and "pad_lists=True" in str(info.value)

@@ -20,6 +20,8 @@ import jsonschema
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import arrowload as al
 from arrowload.datagen import write_lake
@@ -304,3 +306,53 @@ def test_cache_documents_through_their_readers(path):
     bad_version = _reader(path)
     with pytest.raises(al.UnsupportedError, match="version 2"):
         bad_version(dict(doc, version=2), path)
+
+
+# the fingerprint ignores SQL spelling (keyword / unquoted-name case, spaces, redundant
+# parentheses) and follows every literal, column and operator
+
+
+_COMPARE = st.sampled_from(["=", "<>", "<", "<=", ">", ">="])
+
+
+@st.composite
+def _predicate(draw):
+    """(canonical text, the same with random spelling, a different predicate)."""
+    n = draw(st.integers(1, 3))
+    parts = [(draw(st.sampled_from(["id", "x"])), draw(_COMPARE), draw(st.integers(-50, 50))) for _ in range(n)]
+    joins = [draw(st.sampled_from(["AND", "OR"])) for _ in range(n - 1)]
+
+    def render(items, respell):
+        out = []
+        for i, (col, op, lit) in enumerate(items):
+            if respell:
+                col = "".join(c.upper() if draw(st.booleans()) else c for c in col)
+                pad = draw(st.sampled_from(["", " ", "  "]))
+                term = f"{col}{pad}{op}{pad}{lit}"
+                term = f"({term})" if draw(st.booleans()) else term
+            else:
+                term = f"{col} {op} {lit}"
+            if i:
+                join = joins[i - 1]
+                out.append(join.lower() if respell and draw(st.booleans()) else join)
+            out.append(term)
+        return " ".join(out)
+
+    k = draw(st.integers(0, n - 1))
+    col, op, lit = parts[k]
+    changed = list(parts)
+    changed[k] = (col, op, lit + draw(st.integers(1, 5)))
+    return render(parts, False), render(parts, True), render(changed, False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_predicate())
+def test_fingerprint_ignores_sql_spelling_and_follows_meaning(texts):
+    from arrowload.plan.fingerprint import plan_fingerprint
+    plain, respelled, changed = texts
+
+    def digest(pred):
+        return plan_fingerprint(fingerprint_steps([{"filter": pred}, {"select": ["id"]}]).plan, data=False)
+
+    assert digest(plain) == digest(respelled), (plain, respelled)
+    assert digest(plain) != digest(changed), (plain, changed)

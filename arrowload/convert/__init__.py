@@ -26,7 +26,10 @@ fixed_size_list<T>[k] (nested)         ``[batch, k]`` (``[batch, k, k2, ...]``) 
 fixed_shape_tensor<T>[shape]           ``[batch, *shape]`` (row-major only)                 as T
 list<T>, large_list<T> with            ``[batch, max_len, ...]`` padded with ``pad_value``  one (padding)
 ``pad_lists`` covering it              plus ``<name>_lengths`` int64 ``[batch]``
-list<T> not covered                    error: pass ``pad_lists=True`` / ``(name,)``
+list<T> not covered, every list of     ``[batch, k]`` (like a fixed-size list)             none (view)
+one length k (what pandas writes)
+list<T> not covered, lengths differ    error naming the column and the lengths seen:
+or null lists                          pass ``pad_lists=True, pad_to=N`` / ``(name,)``
 dictionary<T>                          decoded, then as T                                  one (the gather)
 string, binary (all flavours),         Python list (``to_pylist``), null -> ``None``       objects
 decimal, struct, map, null, ...

@@ -254,14 +254,38 @@ def _fixed_size_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any) 
     return Host(data, owned=child.owned, nulls=nulls)
 
 
+def _uniform_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any) -> Host:
+    """A variable-length list column that is not padded: when every list has the same
+    length ``k`` (what pyarrow and pandas write for embeddings), ``[batch, k]`` like a
+    fixed-size list, a view of the values buffer (equal lengths make the offsets regular);
+    otherwise an error naming the column and the lengths seen."""
+    t = arr.type
+    n = len(arr)
+    offsets = _view(arr.offsets, np.dtype(np.int64 if pa.types.is_large_list(t) else np.int32))
+    extents = np.diff(offsets) if n else np.zeros(0, dtype=np.int64)
+    fix = (f"pass pad_lists=True, pad_to=N (or pad_lists=({name!r},)) to pad it with pad_value and get "
+           f"'{name}_lengths', or make it a fixed-size list in the plan")
+    if arr.null_count:
+        raise ConversionError(f"column {name!r} ({t}) has {arr.null_count} null list(s) in this batch, which "
+                              f"have no rectangular array form; filter them out (.filter(\"{name} IS NOT "
+                              f"NULL\")) or {fix}", column=name)
+    lo = int(extents.min()) if n else 0
+    hi = int(extents.max()) if n else 0
+    if lo != hi:
+        raise ConversionError(f"column {name!r} is a variable-length list ({t}) with lengths {lo} to {hi} in "
+                              f"this batch, which have no rectangular array form; {fix.replace('N', str(hi), 1)}",
+                              column=name)
+    start = int(offsets[0]) if n else 0
+    child = _host(name, arr.values.slice(start, n * hi), opts, fill, nested=True)
+    shape = (n, hi, *child.data.shape[1:])
+    nulls = child.nulls.reshape(shape) if child.nulls is not None else None
+    return Host(child.data.reshape(shape), owned=child.owned, nulls=nulls)
+
+
 def _padded_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, alloc=None) -> Host:
     t = arr.type
     if not opts.pads(name):
-        raise ConversionError(
-            f"column {name!r} is a variable-length list ({t}), which has no rectangular array form; "
-            f"pass pad_lists=True (or pad_lists=({name!r},)) to pad it to the longest list in the batch "
-            f"(with pad_value) and get '{name}_lengths', or make it a fixed-size list in the plan",
-            column=name)
+        return _uniform_list(name, arr, opts, fill)
     n = len(arr)
     offsets = _view(arr.offsets, np.dtype(np.int64 if pa.types.is_large_list(t) else np.int32))
     extents = np.diff(offsets).astype(np.int64) if n else np.zeros(0, dtype=np.int64)

@@ -27,7 +27,9 @@ class ConvertOptions:
                    (the batch itself).
     ``pad_lists``  ``True`` pads every variable-length list column, a tuple of names pads
                    those; a padded column ``x`` gives ``x`` ``[batch, max_len, ...]`` plus
-                   ``x_lengths`` (int64). ``False``: a variable-length numeric list is an error.
+                   ``x_lengths`` (int64). Not padded, a list column whose lists all have one
+                   length ``k`` is ``[batch, k]`` (a view of its values); lists of different
+                   lengths (or null lists) are an error naming the column and the lengths.
     ``pad_value``  what fills the padding (checked against the column's type).
     ``pad_to``     pad to this fixed length instead of the batch's longest list (fixed shapes
                    spare jax recompilation); a longer list is an error.

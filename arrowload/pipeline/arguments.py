@@ -161,3 +161,28 @@ def device_list(value: Any) -> tuple | None:
                                 "devices=['cuda:0', 'cuda:1']", "devices")
     devices = tuple(value)
     return devices or None
+
+
+def pad_lists(value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_, str)) or value is None:
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(n, str) for n in value):
+        return value
+    raise ArgumentTypeError(f"pad_lists={value!r} ({type(value).__name__}): pad_lists must be True, False or "
+                            "column names, e.g. pad_lists=('tokens',)", "pad_lists")
+
+
+def scalar(name: str, value: Any) -> Any:
+    if isinstance(value, (numbers.Number, np.generic)) and getattr(value, "ndim", 0) == 0:
+        return value
+    raise ArgumentTypeError(f"{name}={value!r} ({type(value).__name__}): {name} must be a number or a bool, "
+                            f"e.g. {name}=0", name)
+
+
+def fill_null(value: Any) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ArgumentTypeError(f"fill_null={value!r} ({type(value).__name__}): fill_null must be a mapping "
+                                "column -> value, e.g. fill_null={'score': 0.0} or {'*': 0}", "fill_null")
+    return value

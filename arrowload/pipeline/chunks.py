@@ -17,7 +17,8 @@ chunks is concatenated into a pooled buffer (the one planned copy).
 
 What has to be decided per batch stays on the per-batch Arrow path (``Loader._collate``):
 a variable-length list padded to the longest list of its batch (with ``pad_to`` its
-width is fixed and it is padded per read, into a pooled buffer), a ``transform=``
+width is fixed and it is padded per read, into a pooled buffer; unpadded, its lists of
+one length ``k`` are ``[rows, k]`` views like a fixed-size list's), a ``transform=``
 (it sees Arrow batches), ``output="arrow"``. A chunk that cannot convert (a null without
 ``fill_null``) is kept as Arrow and converted when its batches are cut, so the error is
 raised for the batch that holds the bad value, after the batches before it.
@@ -104,8 +105,9 @@ class ChunkConverter(PicklableLock):
         if found is None:
             # a padded list converts whole only at a fixed width (pad_to): padded to the longest
             # list of its batch, its shape depends on the batch
+            # (an unpadded one converts as [rows, k] when its lists have one length k, else errors)
             fixed = self.opts.pad_to is not None
-            whole = all(not _varlist(f.type) or (fixed and self.opts.pads(f.name)) for f in schema)
+            whole = all(not _varlist(f.type) or fixed or not self.opts.pads(f.name) for f in schema)
             spec = resolve_stack(self.stack, schema) if self.stack else None
             found = self._specs[schema] = (whole, spec)
         return found
@@ -167,7 +169,8 @@ class ChunkConverter(PicklableLock):
             if self._views is not None and self._views[0] is table:
                 return self._views[1]
             views = None
-            if all(array_valued(f.type) and not _varlist(f.type) for f in table.schema):
+            if all(array_valued(f.type) and not (_varlist(f.type) and self.opts.pads(f.name))
+                   for f in table.schema):
                 try:
                     batches = table.to_batches()
                     parts = [to_host(b, self.opts) for b in batches]

@@ -31,6 +31,7 @@ from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Scan, SqlQuery, scans, walk
 from ..scan.execute import as_record_batch
 from . import arguments as _arguments
+from . import preflight
 from .budget import ByteBudget, read_rows
 from .chunks import ChunkConverter, HostChunk
 from .collate import BufferPool, resolve_stack, stack_batch
@@ -95,6 +96,9 @@ class LoaderOptions:
         put("cache_dir", a.optional_path("cache_dir", self.cache_dir))
         put("memory_budget", a.optional_int("memory_budget", self.memory_budget, low=0,
                                             what="None or an integer >= 0 (bytes)", example="8 << 30"))
+        a.pad_lists(self.pad_lists)
+        a.scalar("pad_value", self.pad_value)
+        a.fill_null(self.fill_null)
         a.stack_spec(self.stack)
         put("devices", a.device_list(self.devices))
 
@@ -219,7 +223,18 @@ class Loader:
         self._cache_dir = options.cache_dir or default_cache_dir()
         self._plan = dataset.optimized_plan()
         self._logical_key = plan_fingerprint(dataset.plan, data=False)
+        # what the first batches would refuse (stack names, ragged lists, nulls) fails here:
+        # from the schema and footers before reading, from the random-access table once built
+        checked = options.transform is None  # a transform reshapes batches: per-batch checks only
+        if checked:
+            preflight.check_plan(self._plan.schema, self._plan, self._convert, options.stack)
         self.shuffle_kind, self._source = self._build_source()
+        self._widths = None
+        if checked:
+            known = preflight.check_source(self._source, self._convert)
+            lists = preflight.unpadded_lists(self._plan.schema, self._convert)
+            if lists and options.output != "arrow":
+                self._widths = preflight.ListWidths(lists, known)
         self.epoch = 0
         self._start = 0
         self._position = 0
@@ -419,6 +434,8 @@ class Loader:
         """Host arrays of one batch -> what the user gets; with a CUDA device the copies start
         here (see ``device``), with ``sharding=`` the jax placement."""
         from ..convert import convert_host
+        if self._widths is not None:
+            self._widths.check(host)
         if self._device_stage is not None:
             return self._device_stage.to_device(host)
         out = convert_host(host, self._convert)
