@@ -177,9 +177,9 @@ def storage_error(exc: BaseException, url: str, path: str | None = None):
         where = f"the endpoint {endpoint}" if endpoint else "the object store's endpoint"
         return StorageEndpointError(
             f"cannot reach {where} for {url!r}: the connection was refused or the host is unknown "
-            f"({detail}). Check the endpoint: storage_options={{'endpoint_url': 'http://host:port'}}, "
-            "the AWS_ENDPOINT_URL environment variable, or the filesystem's endpoint "
-            "(pyarrow S3FileSystem(endpoint_override=...))", path)
+            f"({detail}). Check the endpoint: storage_options={{'endpoint_url': 'http://host:port'}} "
+            "or the AWS_ENDPOINT_URL environment variable (for a filesystem you built: its "
+            "endpoint, e.g. pyarrow S3FileSystem(endpoint_override=...))", path)
     if kind != PERMANENT:
         return None
     names = {c.__name__ for c in type(exc).__mro__}
