@@ -468,3 +468,13 @@ def test_duckdb_spellings_that_parse(parquet_lake, text):
     files = os.path.join(parquet_lake, "*.parquet")
     expected = duckdb.sql(f"SELECT count(*) FROM read_parquet('{files}') WHERE {text}").fetchall()[0][0]
     assert al.dataset(parquet_lake).filter(text).count() == expected
+
+
+def test_select_argument_errors_are_typed(parquet_lake):
+    ds = al.dataset(parquet_lake)
+    with pytest.raises(al.ArgumentTypeError) as info:
+        ds.select(3)
+    assert isinstance(info.value, TypeError) and "select(x='a + b')" in str(info.value)
+    with pytest.raises(al.InvalidArgumentError) as info:
+        ds.select()
+    assert isinstance(info.value, ValueError)

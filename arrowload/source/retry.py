@@ -26,8 +26,9 @@ TRANSIENT, ENDPOINT, PERMANENT = "transient", "endpoint", "permanent"
 
 _PERMANENT_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EISDIR, errno.ENOTDIR, errno.EPERM}
 _TRANSIENT_WORDS = ("timeout", "timed out", "connection", "throttl", "slow down", "slowdown",
-                    "503", "500 ", "internal error", "service unavailable", "reset by peer",
-                    "temporarily", "try again", "broken pipe")
+                    "slow_down", "reduce your request rate", "503", "500 ", "internal error",
+                    "internal_failure", "internalerror", "service unavailable", "service_unavailable",
+                    "reset by peer", "temporarily", "try again", "broken pipe", "request_timeout")
 # Credentials missing or rejected, or access denied: the same request fails the same way.
 _DENIED = re.compile(
     r"access.?denied|accessdenied|forbidden|\b403\b|invalidaccesskeyid|signaturedoesnotmatch|"
@@ -87,10 +88,10 @@ def classify(exc: BaseException) -> str:
     text = str(exc)
     if isinstance(exc, (ConnectionError, TimeoutError, OSError)) or \
             type(exc).__module__.startswith(("aiohttp", "urllib3", "requests")):
-        if _DENIED.search(text):
-            return PERMANENT
         if _UNREACHABLE.search(text):
             return ENDPOINT
+        if _DENIED.search(text):
+            return PERMANENT
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return TRANSIENT
     if isinstance(exc, OSError):
