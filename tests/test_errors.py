@@ -478,3 +478,18 @@ def test_select_argument_errors_are_typed(parquet_lake):
     with pytest.raises(al.InvalidArgumentError) as info:
         ds.select()
     assert isinstance(info.value, ValueError)
+
+
+def test_permission_denied_on_local_disk_is_about_permissions():
+    """A denial on local disk names file permissions, never object-store credentials (the
+    tests run as root here, so the real PermissionError is built, not provoked)."""
+    import errno
+
+    from arrowload.source.filesystem import storage_error
+    exc = PermissionError(errno.EACCES, "Permission denied", "/data/lake/a.parquet")
+    local = storage_error(exc, "/data/lake/a.parquet", local=True)
+    assert isinstance(local, al.StorageAccessError) and isinstance(local, PermissionError)
+    assert "permission" in str(local) and "AWS" not in str(local) and "/data/lake/a.parquet" in str(local)
+    remote = storage_error(PermissionError("Forbidden"), "s3://bucket/a.parquet")
+    assert isinstance(remote, al.StorageAccessError) and "AWS_ACCESS_KEY_ID" in str(remote)
+    assert storage_error(OSError("Couldn't deserialize thrift"), "/data/lake/a.parquet", local=True) is None

@@ -151,21 +151,31 @@ def _info(fs: pafs.FileSystem, path: str, retries: int, backoff: float, url: str
     try:
         return retry(lambda: fs.get_file_info(path), retries=retries, backoff_s=backoff)
     except Exception as exc:  # noqa: BLE001 - translated where we can say more
-        typed = storage_error(exc, url)
+        typed = storage_error(exc, url, local=isinstance(fs, pafs.LocalFileSystem))
         if typed is not None:
             raise typed from exc
         raise
 
 
-def storage_error(exc: BaseException, url: str, path: str | None = None):
+def storage_error(exc: BaseException, url: str, path: str | None = None, *, local: bool = False):
     """The arrowload error for an object-store failure on ``url`` (a path or URI): missing or
     rejected credentials and denied access (StorageAccessError), an unreachable endpoint
     (StorageEndpointError), a name that is not UTF-8 (PathEncodingError); None for anything
-    else (the caller handles it)."""
+    else (the caller handles it). ``local``: ``url`` is on the local disk, where a denial is
+    about file permissions, not credentials."""
     from ..errors import ArrowloadError
     if isinstance(exc, ArrowloadError):
         return None
     path = path or url
+    if local:
+        if isinstance(exc, PermissionError):
+            return StorageAccessError(f"permission denied reading {url!r} ({_detail(exc)}): make it "
+                                      "readable (file permissions / ownership) or leave it out", path)
+        if isinstance(exc, UnicodeError):
+            return PathEncodingError(f"a file name under {url!r} is not valid UTF-8 ({exc}); pyarrow "
+                                     "(and so arrowload) reads UTF-8 names only: rename it (e.g. with "
+                                     "convmv) or point at the other files", path)
+        return None
     if isinstance(exc, UnicodeError):
         return PathEncodingError(f"a file name under {url!r} is not valid UTF-8 ({exc}); pyarrow (and "
                                  "so arrowload) reads UTF-8 names only: rename it (e.g. with convmv) "
@@ -266,7 +276,7 @@ def _list_dir(fs: pafs.FileSystem, base: str, retries: int, backoff: float,
         for i in infos:
             _ = i.path  # pyarrow decodes names here: a non-UTF-8 one fails now, not later
     except Exception as exc:  # noqa: BLE001 - translated where we can say more
-        typed = storage_error(exc, original)
+        typed = storage_error(exc, original, local=isinstance(fs, pafs.LocalFileSystem))
         if isinstance(typed, PathEncodingError):
             typed = PathEncodingError(_undecodable_message(fs, base, original, exc), original)
         if typed is not None:
