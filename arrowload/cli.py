@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -463,12 +464,20 @@ _CLI_TERMS = (
     ("external_access=False", "--no-external-access"),
     ("pass format='parquet' | 'ipc' | 'csv' | 'json'", "pass --format parquet|ipc|csv|json"),
     ("pass format=", "pass --format"),
+    ("bind one by keyword: al.sql('SELECT ... FROM t', t=...)", "bind one with --table t=PATH"),
+    ("al.sql()", "arrowload sql"),
+)
+# the same with patterns: fill_null={'x': <value>} ..., .filter("x IS NOT NULL")
+_CLI_PATTERNS = (
+    (r"pass fill_null=\{[^}]*\}(?: \(or \{'\*': <value>\} for every numeric column\))?",
+     "pass --fill-null VALUE"),
+    (r"\.filter\((\"[^\"]*\")\)", r"--filter \1"),
 )
 
 
 def error_line(exc: BaseException) -> str:
     """An arrowload error as one line, its fix in command-line terms."""
-    from arrowload.errors import ExpressionError, TableNotFoundError
+    from arrowload.errors import ColumnNotFoundError, ExpressionError, TableNotFoundError
     if isinstance(exc, TableNotFoundError):
         bound = ", ".join(exc.bound) or "none"
         name = exc.table if exc.table.isidentifier() else "t"
@@ -483,10 +492,15 @@ def error_line(exc: BaseException) -> str:
         rest = lines[exc.line - 1][exc.col - 1:] if exc.line - 1 < len(lines) else ""
         near = rest[:24] + ("…" if len(rest) > 24 else "")
         text = f"{head} (near {near!r})" if near.strip() else f"{head} (at the end)"
+    elif isinstance(exc, ColumnNotFoundError):
+        text = str(exc) + ("; fix --columns" if "in select" in str(exc) else
+                           "; fix the name in --filter / --columns / the query")
     else:
         text = str(exc)
     for python, cli in _CLI_TERMS:
         text = text.replace(python, cli)
+    for pattern, cli in _CLI_PATTERNS:
+        text = re.sub(pattern, cli, text)
     return " ".join(text.split())
 
 

@@ -231,12 +231,24 @@ def test_parse_and_binding_errors_name_cli_fixes(capsys, parquet_lake, tmp_path)
     odd.mkdir()
     (odd / "data.bin").write_bytes(b"x")
     cases.append((["head", str(odd)], ["--format parquet|ipc|csv|json"]))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"a": [1.0, None, 3.0]}), tmp_path / "nulls.parquet")
+    cases += [
+        (["bench", str(tmp_path / "nulls.parquet"), "--batch-size", "2", "--no-baseline"],
+         ["--fill-null VALUE", '--filter "a IS NOT NULL"']),
+        (["head", parquet_lake, "--columns", "id,nope"], ["'nope' not found", "--columns"]),
+        (["head", parquet_lake, "--filter", "nope > 1"], ["'nope' not found", "--filter"]),
+        (["sql", "SELECT 1 AS x", "--table", f"events={parquet_lake}"], ["--table t=PATH"]),
+        (["head", parquet_lake, "--filter", "TRY_CAST(id AS INT) > 1"], ["arrowload sql"]),
+    ]
     for argv, says in cases:
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("arrowload: error: "), err
-        assert "al.sql(" not in err and "format=" not in err and "storage_options" not in err, err
+        assert "al.sql" not in err and "format=" not in err and "storage_options" not in err, err
+        assert "fill_null" not in err and ".filter(" not in err, err
         for word in says:
             assert word in err, (word, err)
 
