@@ -30,7 +30,7 @@ _TRANSIENT_WORDS = ("timeout", "timed out", "connection", "throttl", "slow down"
                     "internal_failure", "internalerror", "service unavailable", "service_unavailable",
                     "reset by peer", "temporarily", "try again", "broken pipe", "request_timeout")
 # Credentials missing or rejected, or access denied: the same request fails the same way.
-_DENIED = re.compile(
+DENIED = re.compile(
     r"access.?denied|accessdenied|forbidden|\b403\b|invalidaccesskeyid|signaturedoesnotmatch|"
     r"expiredtoken|invalidtoken|unable to locate credentials|no credentials|"
     r"partial credentials|credentials? (?:were|was) not found|unrecognizedclient|"
@@ -61,7 +61,7 @@ def _botocore_kind(exc: BaseException) -> str | None:
     if "ClientError" in names:
         response = getattr(exc, "response", None) or {}
         status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        if status in (401, 403) or _DENIED.search(str(exc)):
+        if status in (401, 403) or DENIED.search(str(exc)):
             return PERMANENT
         if status == 404:
             return PERMANENT
@@ -90,7 +90,7 @@ def classify(exc: BaseException) -> str:
             type(exc).__module__.startswith(("aiohttp", "urllib3", "requests")):
         if _UNREACHABLE.search(text):
             return ENDPOINT
-        if _DENIED.search(text):
+        if DENIED.search(text):
             return PERMANENT
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return TRANSIENT
