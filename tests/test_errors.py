@@ -11,6 +11,8 @@ import os
 import pathlib
 import shutil
 
+import hypothesis
+import hypothesis.strategies as st
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -493,3 +495,24 @@ def test_permission_denied_on_local_disk_is_about_permissions():
     remote = storage_error(PermissionError("Forbidden"), "s3://bucket/a.parquet")
     assert isinstance(remote, al.StorageAccessError) and "AWS_ACCESS_KEY_ID" in str(remote)
     assert storage_error(OSError("Couldn't deserialize thrift"), "/data/lake/a.parquet", local=True) is None
+
+
+_TOKENS = ["x", "label", "=", "==", "<>", ">", "AND", "OR", "NOT", "(", ")", "'a'", "'", '"', "1",
+           "2.5", ",", "IN", "IS", "NULL", "BETWEEN", "LIKE", "CAST", "AS", "INT", "+", "-", "*",
+           "%", "[", "]", "{", "}", "SELECT", "WHERE", ";", "--", "/*", "*/", "CASE", "WHEN", "THEN",
+           "END", "::", ".", "?", "@", "\n"]
+
+
+@hypothesis.settings(max_examples=300, deadline=None, derandomize=True)
+@hypothesis.given(st.lists(st.sampled_from(_TOKENS), min_size=1, max_size=8))
+def test_any_token_soup_parses_or_fails_in_sql_terms(tokens):
+    """Whatever the text, parsing a filter gives a tree or an ExpressionError that points at
+    a position and names no parser internals."""
+    from arrowload.plan.sqlexpr import parse
+    text = " ".join(tokens)
+    try:
+        parse(text, "filter")
+    except al.ExpressionError as exc:
+        msg = str(exc)
+        assert msg.startswith(("cannot parse filter: ", "empty filter")), msg
+        assert not any(w in msg for w in _PARSER_WORDS), msg
