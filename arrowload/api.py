@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import progress as _progress
-from .errors import ColumnNotFoundError
+from .errors import ArgumentTypeError, ColumnNotFoundError, InvalidArgumentError
 from .options import OptimizerOptions, Options, ScanOptions
 from .optimize import optimize, optimize_steps
 from .plan import explain as _explain
@@ -89,15 +89,17 @@ class Dataset:
         items = []
         for n in names:
             if not isinstance(n, str):
-                raise TypeError(f"select() takes column names positionally, got {type(n).__name__}; "
-                                "pass expressions as keywords: select(x='a + b')")
+                raise ArgumentTypeError(f"select() takes column names positionally, got "
+                                        f"{type(n).__name__}; pass expressions as keywords: "
+                                        "select(x='a + b')")
             if n not in schema.names:
                 raise ColumnNotFoundError(n, schema.names, "select")
             items.append((n, SqlExpr.column(n)))
         for name, value in exprs.items():
             items.append((name, make_expr(value, schema, f"select({name}=...)")))
         if not items:
-            raise ValueError("select() needs at least one column")
+            raise InvalidArgumentError("select() needs at least one column: select('a', 'b') or "
+                                       "select(x='a + b')")
         return self._with(Project(self._plan, tuple(items)))
 
     def map(self, fn: Callable[[pa.RecordBatch], Any], *, columns: list[str] | None = None,

@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import sys
 import time
 import traceback
@@ -47,13 +49,34 @@ def _count(text: str) -> int:
     return _positive_int(text, least=0)
 
 
-def _open(path: str, fmt: str | None):
+def _storage_options(specs: list[str] | None) -> dict | None:
+    """``--storage-option key=value`` (repeatable) -> fsspec storage_options; values are
+    read as JSON where they parse (``anon=true``, ``retries=3``), else kept as text."""
+    if not specs:
+        return None
+    options = {}
+    for spec in specs:
+        key, sep, value = spec.partition("=")
+        if not sep or not key.strip():
+            raise _UsageError(f"--storage-option expects KEY=VALUE, got {spec!r}")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
+    return options
+
+
+def _open(path: str, fmt: str | None, args: argparse.Namespace | None = None):
     import arrowload as al
-    return al.dataset(path, format=fmt)
+    from arrowload.source.filesystem import protocol_of
+    options = _storage_options(getattr(args, "storage_option", None))
+    if options and (protocol_of(path) or "file") in ("file", "local") and getattr(args, "table", None):
+        options = None  # `sql`: --storage-option serves its remote tables, not the local ones
+    return al.dataset(path, format=fmt, storage_options=options)
 
 
 def _selection(args: argparse.Namespace):
-    ds = _open(args.path, args.format)
+    ds = _open(args.path, args.format, args)
     if getattr(args, "filter", None):
         ds = ds.filter(args.filter)
     cols = _columns(getattr(args, "columns", None))
@@ -64,14 +87,75 @@ def _selection(args: argparse.Namespace):
     return ds
 
 
-def _show(table, rows: int | None = None, *, dtypes: bool = True) -> str:
+def _show(table, rows: int | None = None, *, dtypes: bool = True, width: int | None = None,
+          str_len: int = 40) -> str:
     """A table as text, long cells shortened (embeddings are 64 floats wide)."""
     import polars as pl
     frame = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
-    with pl.Config(fmt_str_lengths=40, tbl_width_chars=160, fmt_table_cell_list_len=4,
+    width = terminal_width() if width is None else width
+    with pl.Config(fmt_str_lengths=str_len, tbl_width_chars=width, fmt_table_cell_list_len=4,
                    tbl_rows=rows if rows is not None else max(frame.height, 1), tbl_cols=-1,
                    tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=not dtypes):
         return str(frame)
+
+
+def terminal_width() -> int:
+    """Columns of the terminal (``COLUMNS`` wins, as in every shell tool); 120 when output
+    goes to a pipe or file; never under 40."""
+    return max(40, shutil.get_terminal_size((120, 24)).columns)
+
+
+def _cut(text, n: int, *, left: bool = False):
+    """``text`` in at most ``n`` characters, the cut marked with an ellipsis (at the start
+    with ``left``: the end of a path is the part that tells files apart)."""
+    if text is None or len(text) <= n:
+        return text
+    return "…" + text[len(text) - n + 1:] if left else text[: n - 1] + "…"
+
+
+def _wrap(text: str, width: int, indent: str = "  ") -> str:
+    import textwrap
+    return "\n".join(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                                    break_long_words=True, break_on_hyphens=False)) or indent.rstrip()
+
+
+def fit_table(frame, width: int, *, drop: tuple[str, ...] = (), drop_late: tuple[str, ...] = (),
+              left: tuple[str, ...] = (), wide: tuple[str, ...] = ()):
+    """Render ``frame`` as a box table no wider than ``width``. In order, until it fits:
+    cells are cut (with "…") down to 20 characters, the columns in ``drop`` are left out,
+    cells outside the ``wide`` columns are cut down to 10, the columns in ``drop_late`` are
+    left out, and every cell is cut further. Returns ``(text, names left out)``."""
+    import polars as pl
+    frame = frame.with_columns(pl.col(c).cast(pl.String) for c in frame.columns)
+    dropped: list[str] = []
+    early = [c for c in drop if c in frame.columns]
+    late = [c for c in drop_late if c in frame.columns]
+    cap = narrow = 48
+    while True:
+        limit = {c: cap if c in wide else min(cap, narrow) for c in frame.columns}
+        cut = frame.select(
+            pl.col(c).map_elements(lambda v, c=c: _cut(v, limit[c], left=c in left), return_dtype=pl.String)
+            for c in frame.columns)
+        cut = cut.rename({c: _cut(c, max(limit[c], 5)) for c in cut.columns})
+        text = _show(cut, dtypes=False, width=10_000, str_len=10_000)
+        if max(map(len, text.splitlines()), default=0) <= width:
+            return text, dropped
+        if cap > 20:
+            cap = narrow = cap - 4
+        elif early:
+            name = early.pop(0)
+            frame = frame.drop(name)
+            dropped.append(name)
+        elif narrow > 10:
+            narrow -= 2
+        elif late:
+            name = late.pop(0)
+            frame = frame.drop(name)
+            dropped.append(name)
+        elif cap > 5:
+            cap = narrow = cap - 1
+        else:  # pragma: no cover - a few columns of 5 characters fit 40
+            return text, dropped
 
 
 def _fmt_bytes(n) -> str:
@@ -153,20 +237,22 @@ def _inspect(args: argparse.Namespace) -> int:
     from arrowload.display import plural, summarize_scan, unit_name
     from arrowload.plan.nodes import scans
 
-    ds = _open(args.path, args.format)
+    ds = _open(args.path, args.format, args)
     scan = scans(ds.plan)[0]
     src = scan.source
     summary = summarize_scan(scan)
     units = src.units()
     desc = ds.describe(_columns(args.columns), exact=args.exact)
+    width = terminal_width()
     line = summary.source_line()
     uncompressed = desc["uncompressed_bytes"]
     if args.columns is None and desc.height and uncompressed.null_count() == 0:
         line += f" ({_fmt_bytes(int(uncompressed.sum()))} uncompressed)"
-    print(f"{src.kind}: {src.display}")
-    print(f"  {line}")
+    print(_wrap(f"{src.kind}: {src.display}", width, indent=""))
+    print(_wrap(line, width))
     if src.partition_schema.names:
-        print("  partitions: " + ", ".join(f"{f.name} ({f.type})" for f in src.partition_schema))
+        print(_wrap("partitions: " + ", ".join(f"{f.name} ({f.type})" for f in src.partition_schema),
+                    width))
 
     by_file: dict[int, list] = {}
     for u in units:
@@ -185,17 +271,30 @@ def _inspect(args: argparse.Namespace) -> int:
             row[unit_name(src.kind)] = len(us)
         rows.append(row)
     print(f"\n{plural(len(files), 'file')}:")
-    print(_show(pl.DataFrame(rows), dtypes=False))
+    text, _ = fit_table(pl.DataFrame(rows), width, drop=(unit_name(src.kind), "bytes"), left=("file",),
+                        wide=("file",))
+    print(text)
     if len(listed) < len(files):
-        print(f"  ... and {len(files) - len(listed)} more (--files 0 lists all)")
+        print(_wrap(f"... and {len(files) - len(listed)} more (--files 0 lists all)", width))
 
-    print(f"\nschema and statistics ({'one scan' if args.exact else 'from footers; --exact scans'}):")
+    print("\n" + _wrap(f"schema and statistics "
+                       f"({'one scan' if args.exact else 'from footers; --exact scans'}):", width, indent=""))
     keep = [c for c in desc.columns if c in ("column", "type") or desc[c].null_count() < desc.height]
     shown = desc.select(keep).with_columns(
         pl.col(c).map_elements(_fmt_bytes, return_dtype=pl.String)
         for c in ("compressed_bytes", "uncompressed_bytes") if c in keep)
-    print(_show(shown, dtypes=False))
+    shown = shown.rename({k: v for k, v in _SHORT_HEADERS.items() if k in keep})
+    text, dropped = fit_table(shown, width, drop=("uncompressed", "compressed", "distinct", "rows"),
+                              drop_late=("max", "min"), wide=("column", "type"))
+    print(text)
+    if dropped:
+        print(_wrap(f"({', '.join(dropped)} left out to fit {width} columns: --columns A,B or a "
+                    "wider terminal shows them)", width, indent=""))
     return 0
+
+
+_SHORT_HEADERS = {"null_count": "nulls", "approx_distinct": "distinct", "compressed_bytes": "compressed",
+                  "uncompressed_bytes": "uncompressed"}
 
 
 # -- head / sql / explain ----------------------------------------------------------------
@@ -222,8 +321,8 @@ def _parse_tables(specs: list[str] | None) -> dict:
 def _sql(args: argparse.Namespace) -> int:
     import arrowload as al
 
-    tables = {name: _open(path, args.format) for name, path in _parse_tables(args.table).items()}
-    ds = al.sql(args.query, **tables)
+    tables = {name: _open(path, args.format, args) for name, path in _parse_tables(args.table).items()}
+    ds = al.sql(args.query, external_access=not args.no_external_access, **tables)
     if args.explain:
         print(ds.explain())
         return 0
@@ -352,6 +451,62 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- errors ------------------------------------------------------------------------------
+
+# Fixes named in Python terms -> the same fix on the command line.
+_CLI_TERMS = (
+    ("storage_options={'endpoint_url': 'http://host:port'}", "--storage-option endpoint_url=http://host:port"),
+    ("storage_options={'key': ..., 'secret': ...}", "--storage-option key=... --storage-option secret=..."),
+    ("storage_options={'anon': True}", "--storage-option anon=true"),
+    (" (for a filesystem you built: its endpoint, e.g. pyarrow S3FileSystem(endpoint_override=...))", ""),
+    ("storage_options apply", "--storage-option applies"),
+    ("drop storage_options", "drop --storage-option"),
+    ("Bind the data as a table (al.sql(query, name=...))", "Bind the data with --table NAME=PATH"),
+    ("external_access=True allows the rest, for SQL you trust",
+     "without --no-external-access the rest is allowed, for SQL you trust"),
+    ("external_access=False", "--no-external-access"),
+    ("pass format='parquet' | 'ipc' | 'csv' | 'json'", "pass --format parquet|ipc|csv|json"),
+    ("pass format=", "pass --format"),
+    ("bind one by keyword: al.sql('SELECT ... FROM t', t=...)", "bind one with --table t=PATH"),
+    ("al.sql()", "arrowload sql"),
+)
+# the same with patterns: fill_null={'x': <value>} ..., .filter("x IS NOT NULL")
+_CLI_PATTERNS = (
+    (r"pass fill_null=\{[^}]*\}(?: \(or \{'\*': <value>\} for every numeric column\))?",
+     "pass --fill-null VALUE"),
+    (r"\.filter\((\"[^\"]*\")\)", r"--filter \1"),
+)
+
+
+def error_line(exc: BaseException) -> str:
+    """An arrowload error as one line, its fix in command-line terms."""
+    from arrowload.errors import ColumnNotFoundError, ExpressionError, TableNotFoundError
+    if isinstance(exc, TableNotFoundError):
+        bound = ", ".join(exc.bound) or "none"
+        name = exc.table if exc.table.isidentifier() else "t"
+        text = (f"table {exc.table!r} is not bound; bound tables: {bound}. Bind it with "
+                f"--table {name}=PATH")
+        if name != exc.table:
+            text += f" and write FROM {name}"
+    elif isinstance(exc, ExpressionError) and exc.text is not None and exc.line is not None \
+            and exc.col is not None:
+        head = str(exc).splitlines()[0].rstrip(":")
+        lines = exc.text.splitlines() or [exc.text]
+        rest = lines[exc.line - 1][exc.col - 1:] if exc.line - 1 < len(lines) else ""
+        near = rest[:24] + ("…" if len(rest) > 24 else "")
+        text = f"{head} (near {near!r})" if near.strip() else f"{head} (at the end)"
+    elif isinstance(exc, ColumnNotFoundError):
+        text = str(exc) + ("; fix --columns" if "in select" in str(exc) else
+                           "; fix the name in --filter / --columns / the query")
+    else:
+        text = str(exc)
+    for python, cli in _CLI_TERMS:
+        text = text.replace(python, cli)
+    for pattern, cli in _CLI_PATTERNS:
+        text = re.sub(pattern, cli, text)
+    return " ".join(text.split())
+
+
 # -- the parser --------------------------------------------------------------------------
 
 class _UsageError(Exception):
@@ -361,6 +516,9 @@ class _UsageError(Exception):
 def _add_format(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("parquet", "ipc", "arrow", "feather", "csv", "json"),
                    help="file format (default: from the file extensions)")
+    p.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                   help="an option of a remote URI's filesystem (repeatable), e.g. "
+                        "endpoint_url=http://127.0.0.1:9000, anon=true, key=..., secret=...")
 
 
 def _add_selection(p: argparse.ArgumentParser, *, limit: bool = False) -> None:
@@ -420,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--max-rows", type=_positive_int, default=20, metavar="N",
                      help="print at most N rows (default 20)")
     sql.add_argument("--explain", action="store_true", help="print the plan instead of the result")
+    sql.add_argument("--no-external-access", action="store_true",
+                     help="sandbox the query: it reads only the --table datasets (no files, network, "
+                          "extensions or settings); use it for SQL you did not write")
     _add_format(sql)
     sql.set_defaults(func=_sql)
 
@@ -477,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the CLI reports errors, it does not dump tracebacks
         from arrowload.errors import ArrowloadError
         if isinstance(exc, ArrowloadError):
-            print(f"arrowload: error: {exc}", file=sys.stderr)
+            print(f"arrowload: error: {error_line(exc)}", file=sys.stderr)
             return 2
         if args.traceback:
             traceback.print_exc()

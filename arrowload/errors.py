@@ -142,8 +142,9 @@ class StorageAccessError(ArrowloadError, PermissionError):
 
 class StorageEndpointError(ArrowloadError, ConnectionError):
     """An object store's endpoint cannot be reached at all (connection refused, unknown host):
-    a configuration error, failed after at most one quick retry. The message names the
-    endpoint and how to set it (``storage_options={"endpoint_url": ...}``, ``AWS_ENDPOINT_URL``)."""
+    a configuration error, not retried by arrowload (an s3fs built from ``storage_options``
+    lets botocore try once more, quickly). The message names the endpoint and how to set it
+    (``storage_options={"endpoint_url": ...}``, ``AWS_ENDPOINT_URL``)."""
 
     def __init__(self, message: str, path: str | None = None) -> None:
         super().__init__(message)

@@ -195,3 +195,165 @@ def test_unexpected_errors_exit_1(monkeypatch, capsys, parquet_lake):
     assert "unexpected error: RuntimeError: kaboom" in err and "Traceback" not in err
     assert cli.main(["--traceback", "head", parquet_lake]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+# -- every arrowload error: exit 2, one line, the fix in command-line terms -------------------
+
+def _cli(args: list[str], cwd, **env) -> subprocess.CompletedProcess:
+    full = dict(os.environ, ARROWLOAD_PROGRESS="0", **env)
+    return subprocess.run(_script() + args, cwd=cwd, env=full, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _one_error_line(proc) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("arrowload: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and "unexpected error" not in proc.stderr
+    assert "al.sql(" not in lines[0] and "al.dataset(" not in lines[0]
+    return lines[0]
+
+
+def test_parse_and_binding_errors_name_cli_fixes(capsys, parquet_lake, tmp_path):
+    cases = [
+        (["head", parquet_lake, "--filter", "label = 1 AND\n(id > 3"], ["cannot parse filter",
+                                                                       "never closed", "line 2"]),
+        (["sql", "SELECT * FROM nowhere", "--table", f"events={parquet_lake}"],
+         ["'nowhere' is not bound", "--table nowhere=PATH"]),
+        (["sql", f"SELECT * FROM '{parquet_lake}/x.parquet'", "--table", f"events={parquet_lake}"],
+         ["--table t=PATH", "FROM t"]),
+        (["sql", "SELECT id FROM events WHERE", "--table", f"events={parquet_lake}"],
+         ["cannot parse SQL"]),
+        (["head", parquet_lake, "--format", "csv", "--storage-option", "anon=true"],
+         ["--storage-option applies to remote URIs only"]),
+    ]
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "data.bin").write_bytes(b"x")
+    cases.append((["head", str(odd)], ["--format parquet|ipc|csv|json"]))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"a": [1.0, None, 3.0]}), tmp_path / "nulls.parquet")
+    cases += [
+        (["bench", str(tmp_path / "nulls.parquet"), "--batch-size", "2", "--no-baseline"],
+         ["--fill-null VALUE", '--filter "a IS NOT NULL"']),
+        (["head", parquet_lake, "--columns", "id,nope"], ["'nope' not found", "--columns"]),
+        (["head", parquet_lake, "--filter", "nope > 1"], ["'nope' not found", "--filter"]),
+        (["sql", "SELECT 1 AS x", "--table", f"events={parquet_lake}"], ["--table t=PATH"]),
+        (["head", parquet_lake, "--filter", "TRY_CAST(id AS INT) > 1"], ["arrowload sql"]),
+    ]
+    for argv, says in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("arrowload: error: "), err
+        assert "al.sql" not in err and "format=" not in err and "storage_options" not in err, err
+        assert "fill_null" not in err and ".filter(" not in err, err
+        for word in says:
+            assert word in err, (word, err)
+
+
+def test_object_store_errors_exit_2_with_one_line(tmp_path):
+    """Through the console script as a user runs it: a wrong endpoint (a closed loopback
+    port) and missing credentials. Nothing but loopback is contacted."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    base = {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(base)
+    keys = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+
+    def cli_(args, **extra):
+        return subprocess.run(_script() + args, cwd=tmp_path, env=dict(env, ARROWLOAD_PROGRESS="0", **extra),
+                              capture_output=True, text=True, timeout=120)
+
+    line = _one_error_line(cli_(["head", "s3://bucket/lake/", "--storage-option",
+                                 f"endpoint_url=http://127.0.0.1:{port}"], **keys))
+    assert f"127.0.0.1:{port}" in line and "s3://bucket/lake" in line
+    assert "--storage-option endpoint_url=" in line and "AWS_ENDPOINT_URL" in line
+    line = _one_error_line(cli_(["head", "s3://bucket/lake/", "--storage-option",
+                                 f"endpoint_url=http://127.0.0.1:{port}"]))
+    assert "no credentials" in line and "AWS_ACCESS_KEY_ID" in line and "--storage-option key=" in line
+
+
+def test_sql_no_external_access(run, capsys, parquet_lake, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("one\ntwo\n")
+    query = f"SELECT count(*) AS n FROM (SELECT DISTINCT label FROM events), read_text('{notes}')"
+    assert cli.main(["sql", query, "--table", f"events={parquet_lake}"]) == 0
+    assert "(1 row)" in capsys.readouterr().out
+    line = _one_error_line(run("sql", query, "--table", f"events={parquet_lake}",
+                               "--no-external-access", rc=2))
+    assert "--no-external-access" in line and "--table NAME=PATH" in line
+    assert cli.main(["sql", "SELECT label, count(*) AS n FROM events GROUP BY label ORDER BY label",
+                     "--table", f"events={parquet_lake}", "--no-external-access"]) == 0
+    out = capsys.readouterr().out
+    truth = duck(f"SELECT label, count(*) AS n FROM {parquet_scan(parquet_lake)} "
+                 "GROUP BY label ORDER BY label").to_pylist()
+    for row in truth:
+        assert any(line.startswith(f"│ {row['label']} ") and f" {row['n']} " in line
+                   for line in out.splitlines()), out
+
+
+# -- inspect fits the terminal ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def wide_file(tmp_path_factory) -> str:
+    """A schema no terminal is wide enough for: long names, nested types, long strings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    n = 20
+    table = pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "a_column_name_far_longer_than_any_terminal_cell_should_show_in_full": pa.array(
+            [i / 7 for i in range(n)]),
+        "nested": pa.array([{"inner_struct_field": {"timestamps_inside": [1, 2], "label": "x"}, "b": i}
+                            for i in range(n)]),
+        "text": pa.array(["lorem ipsum dolor sit amet, consectetur adipiscing elit " * 3 + str(i)
+                          for i in range(n)]),
+        "amount": pa.array([i for i in range(n)], pa.decimal128(38, 10)),
+        **{f"feature_with_a_long_name_{k:02d}": pa.array([float(k)] * n) for k in range(6)},
+    })
+    folder = tmp_path_factory.mktemp("wide") / "a_folder_with_a_rather_long_name_for_the_listing"
+    folder.mkdir()
+    pq.write_table(table, folder / "part-0000-with-a-long-file-name-as-spark-writes-them.parquet")
+    return str(folder)
+
+
+def _inspect_at(width: int, path: str, capsys, monkeypatch) -> str:
+    monkeypatch.setenv("COLUMNS", str(width))  # what shutil.get_terminal_size() reads first
+    assert cli.main(["inspect", path]) == 0
+    return capsys.readouterr().out
+
+
+def test_inspect_fits_the_terminal_console_script(wide_file, tmp_path):
+    proc = _cli(["inspect", wide_file], tmp_path, COLUMNS="80")
+    assert proc.returncode == 0, proc.stderr
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    assert "left out to fit 80 columns" in proc.stdout
+
+
+@pytest.mark.parametrize("width", [100, 80, 60, 40])
+def test_inspect_fits_the_terminal(wide_file, width, capsys, monkeypatch):
+    out = _inspect_at(width, wide_file, capsys, monkeypatch)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= width, "\n".join(x for x in lines if len(x) > width)
+    rows = [line for line in lines if line.startswith("│ ")]
+    for name in ("id", "nested", "text", "amount"):
+        assert any(line.startswith(f"│ {name} ") for line in rows), out
+    assert any("…" in line and line.startswith("│ a_col") for line in rows)  # cut, and marked
+    assert "left out to fit" in out
+    # a path is cut at its start: its end tells files apart
+    assert any(line.startswith("│ …") and ".parquet" in line for line in rows), out
+
+
+def test_inspect_shows_everything_on_a_wide_terminal(wide_file, capsys, monkeypatch):
+    out = _inspect_at(400, wide_file, capsys, monkeypatch)
+    assert "left out" not in out
+    header = next(line for line in out.splitlines() if line.startswith("│ column"))
+    for col in ("type", "nulls", "min", "max", "compressed", "uncompressed"):
+        assert f" {col} " in header
+    assert max(len(line) for line in out.splitlines()) <= 400

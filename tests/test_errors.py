@@ -11,6 +11,8 @@ import os
 import pathlib
 import shutil
 
+import hypothesis
+import hypothesis.strategies as st
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -309,9 +311,16 @@ def test_every_error_class_is_exported_and_a_builtin():
 
 @pytest.mark.parametrize("uri,package", [("gs://bucket/lake/", "gcsfs"), ("az://container/lake/", "adlfs"),
                                          ("abfs://container/lake/", "adlfs")])
-def test_missing_cloud_package_is_an_import_error(uri, package):
-    import importlib.util
-    assert importlib.util.find_spec(package) is None, f"{package} is installed here: the test needs it absent"
+def test_missing_cloud_package_is_an_import_error(uri, package, monkeypatch):
+    """The package is made absent for the test (importing it fails, as when it is not
+    installed), whether or not this environment has it."""
+    import sys
+
+    import fsspec  # noqa: F401 - loads fsspec.registry, the module (fsspec.registry is a mapping)
+    registry = sys.modules["fsspec.registry"]
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` raises ImportError
+    for proto in ("gs", "gcs", "az", "abfs", "abfss"):
+        monkeypatch.delitem(registry._registry, proto, raising=False)
     with pytest.raises(al.MissingDependencyError) as info:
         al.dataset(uri)
     err = info.value
@@ -468,3 +477,49 @@ def test_duckdb_spellings_that_parse(parquet_lake, text):
     files = os.path.join(parquet_lake, "*.parquet")
     expected = duckdb.sql(f"SELECT count(*) FROM read_parquet('{files}') WHERE {text}").fetchall()[0][0]
     assert al.dataset(parquet_lake).filter(text).count() == expected
+
+
+def test_select_argument_errors_are_typed(parquet_lake):
+    ds = al.dataset(parquet_lake)
+    with pytest.raises(al.ArgumentTypeError) as info:
+        ds.select(3)
+    assert isinstance(info.value, TypeError) and "select(x='a + b')" in str(info.value)
+    with pytest.raises(al.InvalidArgumentError) as info:
+        ds.select()
+    assert isinstance(info.value, ValueError)
+
+
+def test_permission_denied_on_local_disk_is_about_permissions():
+    """A denial on local disk names file permissions, never object-store credentials (the
+    tests run as root here, so the real PermissionError is built, not provoked)."""
+    import errno
+
+    from arrowload.source.filesystem import storage_error
+    exc = PermissionError(errno.EACCES, "Permission denied", "/data/lake/a.parquet")
+    local = storage_error(exc, "/data/lake/a.parquet", local=True)
+    assert isinstance(local, al.StorageAccessError) and isinstance(local, PermissionError)
+    assert "permission" in str(local) and "AWS" not in str(local) and "/data/lake/a.parquet" in str(local)
+    remote = storage_error(PermissionError("Forbidden"), "s3://bucket/a.parquet")
+    assert isinstance(remote, al.StorageAccessError) and "AWS_ACCESS_KEY_ID" in str(remote)
+    assert storage_error(OSError("Couldn't deserialize thrift"), "/data/lake/a.parquet", local=True) is None
+
+
+_TOKENS = ["x", "label", "=", "==", "<>", ">", "AND", "OR", "NOT", "(", ")", "'a'", "'", '"', "1",
+           "2.5", ",", "IN", "IS", "NULL", "BETWEEN", "LIKE", "CAST", "AS", "INT", "+", "-", "*",
+           "%", "[", "]", "{", "}", "SELECT", "WHERE", ";", "--", "/*", "*/", "CASE", "WHEN", "THEN",
+           "END", "::", ".", "?", "@", "\n"]
+
+
+@hypothesis.settings(max_examples=300, deadline=None, derandomize=True)
+@hypothesis.given(st.lists(st.sampled_from(_TOKENS), min_size=1, max_size=8))
+def test_any_token_soup_parses_or_fails_in_sql_terms(tokens):
+    """Whatever the text, parsing a filter gives a tree or an ExpressionError that points at
+    a position and names no parser internals."""
+    from arrowload.plan.sqlexpr import parse
+    text = " ".join(tokens)
+    try:
+        parse(text, "filter")
+    except al.ExpressionError as exc:
+        msg = str(exc)
+        assert msg.startswith(("cannot parse filter: ", "empty filter")), msg
+        assert not any(w in msg for w in _PARSER_WORDS), msg

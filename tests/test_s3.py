@@ -416,3 +416,47 @@ def test_transient_errors_are_still_retried_after_classification(lakes, s3_endpo
     ds = al.dataset(f"s3://{BUCKET}/lake/", filesystem=flaky, options=FAST_RETRIES)
     assert ds.count() == 8000
     assert flaky.injected == 2 and sum(flaky.open_attempts.values()) == 8 + 2
+
+
+def _client_error(code: str, status: int):
+    from botocore.exceptions import ClientError
+    return ClientError({"Error": {"Code": code, "Message": code},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+
+def test_error_classes_of_real_library_exceptions():
+    """What botocore, s3fs, pyarrow's S3 and the OS raise, sorted into retry / fail fast.
+    (The end-to-end tests above raise them for real; this pins the less reachable ones.)"""
+    import socket
+
+    from botocore.exceptions import (ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
+                                     ReadTimeoutError)
+
+    from arrowload.source.retry import ENDPOINT, PERMANENT, TRANSIENT, classify
+    cases = [
+        (NoCredentialsError(), PERMANENT),
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), ENDPOINT),
+        (ConnectTimeoutError(endpoint_url="http://127.0.0.1:1"), TRANSIENT),
+        (ReadTimeoutError(endpoint_url="http://127.0.0.1:1"), TRANSIENT),
+        (_client_error("AccessDenied", 403), PERMANENT),
+        (_client_error("InvalidAccessKeyId", 403), PERMANENT),
+        (_client_error("InternalError", 500), TRANSIENT),
+        (_client_error("SlowDown", 503), TRANSIENT),
+        (PermissionError("Forbidden"), PERMANENT),
+        (FileNotFoundError("nope"), PERMANENT),
+        (ConnectionResetError("reset by peer"), TRANSIENT),
+        (ConnectionRefusedError("refused"), ENDPOINT),
+        (socket.gaierror("Name or service not known"), ENDPOINT),
+        (TimeoutError("timed out"), TRANSIENT),
+        (OSError("When reading information for key 'a' in bucket 'b': AWS Error NETWORK_CONNECTION "
+                 "during HeadObject operation: curlCode: 7, Could not connect to server"), ENDPOINT),
+        (OSError("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 28, Timeout was "
+                 "reached"), TRANSIENT),
+        (OSError("AWS Error SLOW_DOWN during GetObject operation: Please reduce your request rate."),
+         TRANSIENT),
+        (OSError("AWS Error ACCESS_DENIED during HeadObject operation: No response body."), PERMANENT),
+        (OSError("Couldn't deserialize thrift: TProtocolException: Invalid data"), PERMANENT),
+        (al.CorruptFileError("x"), PERMANENT),
+    ]
+    for exc, expected in cases:
+        assert classify(exc) == expected, (exc, classify(exc), expected)

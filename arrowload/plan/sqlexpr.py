@@ -23,7 +23,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import ColumnNotFoundError, ExpressionError
-from .syntax import syntax_error, token_error
+from .syntax import check_complete, syntax_error, token_error
 
 DIALECT = "duckdb"
 _NO = object()
@@ -40,6 +40,7 @@ def parse(text: str, what: str = "expression") -> exp.Expression:
         raise syntax_error(e.errors[0] if e.errors else {}, text, what) from None
     except sqlglot.errors.TokenError:
         raise token_error(text, what, *_unterminated_at(text)) from None
+    check_complete(tree, text, what)
     return tree
 
 

@@ -23,7 +23,7 @@ _OPERATORS = {
     "Neg": "-", "DPipe": "||", "BitwiseAnd": "&", "BitwiseOr": "|", "BitwiseXor": "xor",
     "BitwiseNot": "~", "BitwiseLeftShift": "<<", "BitwiseRightShift": ">>", "Cast": "CAST",
     "TryCast": "TRY_CAST", "Case": "CASE", "If": "CASE WHEN", "Escape": "ESCAPE",
-    "Collate": "COLLATE", "Distinct": "DISTINCT", "Alias": "AS",
+    "Collate": "COLLATE", "Distinct": "DISTINCT", "Alias": "AS", "Abs": "@",
 }
 _REQUIRED = re.compile(r"Required keyword: '(\w+)' missing for <class '(?:[\w.]*\.)?(\w+)'>")
 _CLASS = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>")
@@ -51,7 +51,7 @@ def syntax_error(error: dict, text: str, what: str) -> ExpressionError:
                        f'like a keyword as "{token.lower()}")')
         elif cls == "Between" and part in ("low", "high"):
             message = "incomplete BETWEEN: write x BETWEEN low AND high"
-        elif cls in ("Not", "Neg", "BitwiseNot"):
+        elif cls in ("Not", "Neg", "BitwiseNot", "Abs"):
             message = f"incomplete expression: {op} needs an operand"
         elif part == "this":
             message = f"incomplete expression: {op} needs an operand on its left"
@@ -89,6 +89,21 @@ def syntax_error(error: dict, text: str, what: str) -> ExpressionError:
         message = message.replace("Required keyword", "missing part") or "syntax error"
     where_line, where_col = _line_col(text, start) if start is not None else (line, col)
     return ExpressionError(f"cannot parse {what}: {message}", text=text, line=where_line, column=where_col)
+
+
+def check_complete(tree, text: str, what: str) -> None:
+    """Raise the syntax error of a node the parser left without a required operand (DuckDB's
+    prefix ``@`` parses to an ABS without its argument)."""
+    for node in tree.walk():
+        messages = node.error_messages()
+        if messages:
+            m = _REQUIRED.search(messages[0])
+            op = _OPERATORS.get(m.group(2), m.group(2).upper()) if m else None
+            start = _operator_start(text, op, None) if op else None
+            line, col = _line_col(text, start) if start is not None else (None, None)
+            raise syntax_error({"description": messages[0], "line": line,
+                                "col": None if col is None else col + len(op or "") - 1,
+                                "highlight": op or ""}, text, what)
 
 
 def token_error(text: str, what: str, line: int, col: int) -> ExpressionError:

@@ -64,7 +64,7 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                 for _ in scanner(scan, Options(), units, streaming=True).to_batches():
                     pass
             except Exception as inner:  # noqa: BLE001
-                typed = storage_error(inner, path)  # credentials, access denied, endpoint
+                typed = storage_error(inner, path, local=src.is_local)  # credentials, denied, endpoint
                 if typed is not None:
                     return typed
                 if _decodes_plainly(scan, units):
@@ -121,7 +121,7 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
             raise
         raise _read_error(scan, exc) from exc
     except Exception as exc:  # botocore's errors are not OSErrors
-        typed = storage_error(exc, scan.source.display)
+        typed = storage_error(exc, scan.source.display, local=getattr(scan.source, 'is_local', False))
         if typed is None:
             raise
         raise typed from exc
@@ -203,7 +203,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
                 raise
             raise _read_error(plan, exc) from exc
         except Exception as exc:  # botocore's errors are not OSErrors
-            typed = storage_error(exc, plan.source.display)
+            typed = storage_error(exc, plan.source.display, local=getattr(plan.source, 'is_local', False))
             if typed is None:
                 raise
             raise typed from exc

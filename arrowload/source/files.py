@@ -221,7 +221,7 @@ class FileSource(PicklableLock, Source):
                                    "The file is truncated, corrupt or not "
                                    f"{self.kind}; remove or rewrite it", path) from exc
         except OSError as exc:
-            typed = storage_error(exc, path)  # credentials, access denied, endpoint
+            typed = storage_error(exc, path, local=self.is_local)  # credentials, denied, endpoint
             if typed is not None:
                 raise typed from exc
             if is_transient(exc):
@@ -229,7 +229,7 @@ class FileSource(PicklableLock, Source):
                                      f"{self._scan.retries} retries: {exc}") from exc
             raise CorruptFileError(f"cannot read {path!r}: {exc}", path) from exc
         except Exception as exc:  # botocore's errors are not OSErrors
-            typed = storage_error(exc, path)
+            typed = storage_error(exc, path, local=self.is_local)
             if typed is None:
                 raise
             raise typed from exc

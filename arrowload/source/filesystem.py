@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 from ..errors import (ArgumentTypeError, InvalidArgumentError, MissingDependencyError,
                       PathEncodingError, PathNotFoundError, StorageAccessError,
                       StorageEndpointError)
-from .retry import ENDPOINT, PERMANENT, classify, retry
+from .retry import DENIED, ENDPOINT, PERMANENT, classify, retry
 
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _GLOB_CHARS = set("*?[")
@@ -133,11 +133,11 @@ def filesystem_for(path: str, storage_options: dict | None) -> tuple[pafs.FileSy
                                    f"storage_options {sorted(options)}: {exc}") from exc
     except TypeError as exc:  # an option the filesystem does not take
         raise InvalidArgumentError(f"storage_options for {proto}:// are not accepted: {exc}; see the "
-                                   f"options of {type_name(proto)}") from exc
+                                   f"options of {_type_name(proto)}") from exc
     return to_pyarrow_fs(fs), fs._strip_protocol(path)
 
 
-def type_name(proto: str) -> str:
+def _type_name(proto: str) -> str:
     package = _PACKAGES.get(proto)
     return f"{package}'s filesystem" if package else f"the {proto}:// filesystem"
 
@@ -162,17 +162,18 @@ def _info(fs: pafs.FileSystem, path: str, retries: int, backoff: float, url: str
     try:
         return retry(lambda: fs.get_file_info(path), retries=retries, backoff_s=backoff)
     except Exception as exc:  # noqa: BLE001 - translated where we can say more
-        typed = storage_error(exc, url)
+        typed = storage_error(exc, url, local=isinstance(fs, pafs.LocalFileSystem))
         if typed is not None:
             raise typed from exc
         raise
 
 
-def storage_error(exc: BaseException, url: str, path: str | None = None):
+def storage_error(exc: BaseException, url: str, path: str | None = None, *, local: bool = False):
     """The arrowload error for an object-store failure on ``url`` (a path or URI): missing or
     rejected credentials and denied access (StorageAccessError), an unreachable endpoint
     (StorageEndpointError), a name that is not UTF-8 (PathEncodingError); None for anything
-    else (the caller handles it)."""
+    else (the caller handles it). ``local``: ``url`` is on the local disk, where a denial is
+    about file permissions, not credentials."""
     from ..errors import ArrowloadError
     if isinstance(exc, ArrowloadError):
         return None
@@ -181,6 +182,11 @@ def storage_error(exc: BaseException, url: str, path: str | None = None):
         return PathEncodingError(f"a file name under {url!r} is not valid UTF-8 ({exc}); pyarrow (and "
                                  "so arrowload) reads UTF-8 names only: rename it (e.g. with convmv) "
                                  "or point at the other files", path)
+    if local:
+        if isinstance(exc, PermissionError):
+            return StorageAccessError(f"permission denied reading {url!r} ({_detail(exc)}): make it "
+                                      "readable (file permissions / ownership) or leave it out", path)
+        return None
     kind = classify(exc)
     detail = _detail(exc)
     if kind == ENDPOINT:
@@ -188,28 +194,42 @@ def storage_error(exc: BaseException, url: str, path: str | None = None):
         where = f"the endpoint {endpoint}" if endpoint else "the object store's endpoint"
         return StorageEndpointError(
             f"cannot reach {where} for {url!r}: the connection was refused or the host is unknown "
-            f"({detail}). Check the endpoint: storage_options={{'endpoint_url': 'http://host:port'}}, "
-            "the AWS_ENDPOINT_URL environment variable, or the filesystem's endpoint "
-            "(pyarrow S3FileSystem(endpoint_override=...))", path)
+            f"({detail}). Check the endpoint: storage_options={{'endpoint_url': 'http://host:port'}} "
+            "or the AWS_ENDPOINT_URL environment variable (for a filesystem you built: its "
+            "endpoint, e.g. pyarrow S3FileSystem(endpoint_override=...))", path)
     if kind != PERMANENT:
         return None
     names = {c.__name__ for c in type(exc).__mro__}
     text = detail.lower()
     if names & {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"} or \
             "unable to locate credentials" in text or "no credentials" in text:
-        return StorageAccessError(
-            f"no credentials found for {url!r} ({detail}). Set them: AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or storage_options={'key': ..., 'secret': ...}; "
-            "for a public bucket storage_options={'anon': True}", path)
+        return StorageAccessError(f"no credentials found for {url!r} ({detail}). Set them: "
+                                  f"{_credentials_hint(url)}", path)
     if isinstance(exc, PermissionError) or "ClientError" in names or isinstance(exc, OSError):
-        from .retry import _DENIED
-        if isinstance(exc, PermissionError) or _DENIED.search(detail):
+        if isinstance(exc, PermissionError) or DENIED.search(detail):
             return StorageAccessError(
                 f"access denied to {url!r}: the object store rejected the credentials in use or "
-                f"they lack permission ({detail}). Check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
-                "AWS_PROFILE or storage_options={'key': ..., 'secret': ...}, and that the bucket "
-                "policy grants list and read (s3:ListBucket, s3:GetObject)", path)
+                f"they lack permission ({detail}). Check {_credentials_hint(url, public=False)}, "
+                "and that the bucket policy grants list and read (s3:ListBucket, s3:GetObject)", path)
     return None
+
+
+def _credentials_hint(url: str, public: bool = True) -> str:
+    """Where credentials come from, for the store ``url`` is on (S3 where it cannot be told)."""
+    proto = protocol_of(url) or ""
+    if proto in ("gs", "gcs"):
+        hint = ("GOOGLE_APPLICATION_CREDENTIALS (a service-account file) or "
+                "storage_options={'token': ...}")
+        anon = "storage_options={'token': 'anon'}"
+    elif proto in ("az", "abfs", "abfss", "adl"):
+        hint = ("AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or a SAS token), or "
+                "storage_options={'account_name': ..., 'account_key': ...}")
+        anon = "storage_options={'anon': True}"
+    else:
+        hint = ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or "
+                "storage_options={'key': ..., 'secret': ...}")
+        anon = "storage_options={'anon': True}"
+    return f"{hint}; for a public bucket {anon}" if public else hint
 
 
 def _detail(exc: BaseException) -> str:
@@ -220,15 +240,19 @@ def _detail(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-_ENDPOINT_RE = re.compile(r'endpoint URL: "?([a-z][a-z0-9+.-]*://[^/"\s]+)|'
-                          r"Failed to connect to ([^\s;]+?)(?: after|:? port|;|\s|$)", re.IGNORECASE)
+_ENDPOINT_RE = re.compile(r'endpoint URL: "?(?P<url>[a-z][a-z0-9+.-]*://[^/"\s]+)|'
+                          r"Failed to connect to (?P<host>[^\s;]+?)(?: port (?P<port>\d+))?(?:[\s;]|$)|"
+                          r"Cannot connect to host (?P<aio>[^\s;]+)", re.IGNORECASE)
 
 
 def _endpoint_of(text: str) -> str | None:
+    """The endpoint a connection error names (botocore, pyarrow's curl, aiohttp), if any."""
     m = _ENDPOINT_RE.search(text)
     if not m:
         return None
-    return m.group(1) or m.group(2)
+    if m.group("host"):
+        return m.group("host") + (f":{m.group('port')}" if m.group("port") else "")
+    return m.group("url") or m.group("aio")
 
 
 def _is_hidden(rel: str) -> bool:
@@ -277,7 +301,7 @@ def _list_dir(fs: pafs.FileSystem, base: str, retries: int, backoff: float,
         for i in infos:
             _ = i.path  # pyarrow decodes names here: a non-UTF-8 one fails now, not later
     except Exception as exc:  # noqa: BLE001 - translated where we can say more
-        typed = storage_error(exc, original)
+        typed = storage_error(exc, original, local=isinstance(fs, pafs.LocalFileSystem))
         if isinstance(typed, PathEncodingError):
             typed = PathEncodingError(_undecodable_message(fs, base, original, exc), original)
         if typed is not None:

@@ -26,10 +26,11 @@ TRANSIENT, ENDPOINT, PERMANENT = "transient", "endpoint", "permanent"
 
 _PERMANENT_ERRNOS = {errno.ENOENT, errno.EACCES, errno.EISDIR, errno.ENOTDIR, errno.EPERM}
 _TRANSIENT_WORDS = ("timeout", "timed out", "connection", "throttl", "slow down", "slowdown",
-                    "503", "500 ", "internal error", "service unavailable", "reset by peer",
-                    "temporarily", "try again", "broken pipe")
+                    "slow_down", "reduce your request rate", "503", "500 ", "internal error",
+                    "internal_failure", "internalerror", "service unavailable", "service_unavailable",
+                    "reset by peer", "temporarily", "try again", "broken pipe", "request_timeout")
 # Credentials missing or rejected, or access denied: the same request fails the same way.
-_DENIED = re.compile(
+DENIED = re.compile(
     r"access.?denied|accessdenied|forbidden|\b403\b|invalidaccesskeyid|signaturedoesnotmatch|"
     r"expiredtoken|invalidtoken|unable to locate credentials|no credentials|"
     r"partial credentials|credentials? (?:were|was) not found|unrecognizedclient|"
@@ -60,7 +61,7 @@ def _botocore_kind(exc: BaseException) -> str | None:
     if "ClientError" in names:
         response = getattr(exc, "response", None) or {}
         status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        if status in (401, 403) or _DENIED.search(str(exc)):
+        if status in (401, 403) or DENIED.search(str(exc)):
             return PERMANENT
         if status == 404:
             return PERMANENT
@@ -87,10 +88,10 @@ def classify(exc: BaseException) -> str:
     text = str(exc)
     if isinstance(exc, (ConnectionError, TimeoutError, OSError)) or \
             type(exc).__module__.startswith(("aiohttp", "urllib3", "requests")):
-        if _DENIED.search(text):
-            return PERMANENT
         if _UNREACHABLE.search(text):
             return ENDPOINT
+        if DENIED.search(text):
+            return PERMANENT
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return TRANSIENT
     if isinstance(exc, OSError):

@@ -20,7 +20,7 @@ from ..errors import ColumnNotFoundError, ExpressionError, TableNotFoundError
 from ..plan.expr import SqlExpr
 from ..plan.nodes import Filter, Limit, Plan, Project, SqlQuery
 from ..plan.sqlexpr import DIALECT, _unterminated_at
-from ..plan.syntax import syntax_error, token_error
+from ..plan.syntax import check_complete, syntax_error, token_error
 
 # Clauses that make a query more than select-project-filter.
 _COMPLEX_ARGS = ("joins", "group", "having", "order", "distinct", "windows", "qualify",
@@ -42,6 +42,7 @@ def parse_query(query: str) -> exp.Expression:
     if len(trees) != 1:
         raise ExpressionError(f"al.sql() runs one statement; got {len(trees)}")
     tree = trees[0]
+    check_complete(tree, query, "SQL")
     if not isinstance(tree, exp.Query):
         raise ExpressionError(f"al.sql() runs queries (SELECT ...); got {type(tree).__name__.upper()}")
     return tree

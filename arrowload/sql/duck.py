@@ -101,8 +101,9 @@ def translate(exc: Exception, node: SqlQuery) -> Exception:
     msg = str(exc)
     if not node.external_access and (isinstance(exc, duckdb.PermissionException)
                                      or _SANDBOX_REFUSALS.search(msg)):
+        said = " ".join(msg.split())
         return ExternalAccessError(
-            f"the query was refused by the sandbox of external_access=False ({' '.join(msg.split())}): it may read "
+            f"the query was refused by the sandbox of external_access=False ({said}): it may read "
             f"only the bound tables ({', '.join(node.names)}), not files, the network, extensions, "
             "settings or the environment. Bind the data as a table (al.sql(query, name=...)); "
             "external_access=True allows the rest, for SQL you trust")
