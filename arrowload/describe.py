@@ -34,6 +34,7 @@ SOURCE_FOOTER_BOUNDS = "footer, before filter"
 SOURCE_PARTITION = "partition folders"
 SOURCE_SCAN = "scan"
 SOURCE_NONE = "no statistics"
+SOURCE_UNREADABLE = "footer unreadable"
 
 
 def format_value(value: Any, type_: pa.DataType | None = None) -> str | None:
@@ -117,6 +118,7 @@ class _Acc:
     distinct: list = field(default_factory=list)
     compressed: int | None = 0
     uncompressed: int | None = 0
+    unreadable: str | None = None  # why some footer metadata of the column could not be read
 
     def no_minmax(self) -> None:
         self.minmax_known = False
@@ -164,8 +166,10 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
     file_meta = getattr(src, "file_metadata", None)
     parquet = src.kind == "parquet" and file_meta is not None
     indexes: dict[int, dict[str, list[int]]] = {}
+    footer_check = getattr(src, "footer_check", None)
     for u in units:
         meta = file_meta(u.file) if parquet else None
+        check = footer_check(u.file) if meta is not None and footer_check is not None else None
         if meta is not None and u.file not in indexes:
             indexes[u.file] = _leaf_index(meta)
         rg = meta.row_group(u.row_group) if meta is not None and u.row_group is not None else None
@@ -185,6 +189,15 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
                 acc.add_bytes(None, None)
                 continue
             leaves = indexes[u.file].get(c, [])
+            bad = [check.bad_chunks[(u.row_group, i)] for i in leaves
+                   if check is not None and (u.row_group, i) in check.bad_chunks]
+            if bad or (check is not None and check.problem is not None):
+                # pyarrow would abort on this chunk's metadata: nothing of it is read
+                acc.unreadable = acc.unreadable or (bad[0] if bad else check.problem)
+                acc.nulls = None
+                acc.no_minmax()
+                acc.add_bytes(None, None)
+                continue
             chunks = [rg.column(i) for i in leaves]
             acc.add_bytes(sum(ch.total_compressed_size for ch in chunks),
                           sum(ch.total_uncompressed_size for ch in chunks))
@@ -300,6 +313,8 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
             rec["source"] = SOURCE_PARTITION if partition else SOURCE_FOOTER
             if filtered:
                 rec["source"] += ", before filter"
+            if acc.unreadable:
+                rec["source"] = f"{SOURCE_UNREADABLE}: {acc.unreadable}"
         records.append(rec)
     return pl.DataFrame(records, schema={
         "column": pl.String, "type": pl.String, "rows": pl.Int64, "null_count": pl.Int64,

@@ -121,3 +121,16 @@ class SnapshotChangedError(ArrowloadError, RuntimeError):
 
 class StateMismatchError(ArrowloadError, ValueError):
     """A loader state was taken on a different dataset, plan or loader configuration."""
+
+
+class LakeTableError(ArrowloadError, ValueError):
+    """A Delta Lake or Iceberg table folder was given where plain files are read.
+
+    ``path`` is what was given, ``table_format`` ``"delta"`` or ``"iceberg"``,
+    ``table_root`` the table's folder (``path`` or one of its ancestors).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, table_format: str | None = None,
+                 table_root: str | None = None) -> None:
+        super().__init__(message)
+        self.path, self.table_format, self.table_root = path, table_format, table_root

@@ -32,7 +32,8 @@ def _batch_rows(scan: Scan, options: Options) -> int:
 def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False) -> ds.Scanner:
     """A pyarrow Scanner for ``scan`` (or a subset of its ``units``)."""
     src = scan.source
-    dataset = src.dataset(scan.units if units is None else units)
+    # a filter makes pyarrow read column chunk statistics: the source checks footers first
+    dataset = src.dataset(scan.units if units is None else units, statistics=scan.predicate is not None)
     schema = src.schema
     columns: list[str] | dict | None
     if scan.projection is not None:
@@ -67,6 +68,9 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                     return ExpressionError(f"evaluating the selection on {path!r} failed: {inner}; the "
                                            "file itself reads fine: fix the filter / expression (e.g. "
                                            "filter out the values a CAST cannot convert)")
+                check = src.footer_check(f) if src.kind == "parquet" else None
+                if check is not None and not check.ok:  # say which column, and why
+                    return CorruptFileError(f"cannot read {path!r}: {check.reason()}; {check.fix()}", path)
                 return CorruptFileError(f"cannot read {path!r}: {inner}; the file is truncated or "
                                         "corrupt; remove or rewrite it", path)
     return ArrowloadError(f"scanning {src.display} failed: {exc}")
@@ -78,7 +82,8 @@ def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
     if scan.projection is None and scan.predicate is None:
         return False
     try:
-        for _ in ds.Scanner.from_dataset(scan.source.dataset(units), columns=list(scan.read_columns),
+        for _ in ds.Scanner.from_dataset(scan.source.dataset(units, statistics=False),
+                                         columns=list(scan.read_columns),
                                          batch_readahead=1, fragment_readahead=1).to_batches():
             pass
     except Exception:  # noqa: BLE001
@@ -113,7 +118,7 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
                 remaining -= b.num_rows
             yield b
     except _READ_ERRORS as exc:
-        if isinstance(exc, FileNotFoundError):
+        if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
             raise
         raise _read_error(scan, exc) from exc
 
@@ -190,7 +195,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
             return retry(lambda: scanner(plan, options).to_table(), retries=options.scan.retries,
                          backoff_s=options.scan.retry_backoff_s)
         except _READ_ERRORS as exc:
-            if isinstance(exc, FileNotFoundError):
+            if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                 raise
             raise _read_error(plan, exc) from exc
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
@@ -242,9 +247,9 @@ def count_rows(plan: Plan, options: Options) -> int:
                     total = _count_row_group_subsets(src.dataset(node.units), expr)
                 else:
                     total = src.dataset(node.units).count_rows(filter=expr) if expr is not None \
-                        else src.dataset(node.units).count_rows()
+                        else src.dataset(node.units, statistics=False).count_rows()
             except _READ_ERRORS as exc:
-                if isinstance(exc, FileNotFoundError):
+                if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                     raise
                 raise _read_error(node, exc) from exc
         return total if node.limit is None else min(total, node.limit)

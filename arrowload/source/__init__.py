@@ -11,7 +11,8 @@ import pyarrow.dataset as ds
 from ..options import ScanOptions
 from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
-from .filesystem import FileEntry, filesystem_for, list_files, protocol_of, to_pyarrow_fs
+from .filesystem import _GLOB_CHARS, FileEntry, filesystem_for, list_files, protocol_of, to_pyarrow_fs
+from .lake import refuse_lake_table
 from .memory import MemorySource
 
 __all__ = ["FileSource", "MemorySource", "Source", "Unit", "open_source"]
@@ -77,9 +78,13 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         stripped = [filesystem_for(p, storage_options)[1] for p in paths]
     entries: dict[str, FileEntry] = {}
     bases = []
-    for p in stripped:
+    for p, shown in zip(stripped, paths):
         base, found = list_files(pafs, p, retries=scan_options.retries,
                                  backoff=scan_options.retry_backoff_s)
+        if _GLOB_CHARS & set(p) or not (len(found) == 1 and found[0].path == p):
+            # a folder or glob (not a file the caller named): refuse lake table folders
+            refuse_lake_table(pafs, base, shown, retries=scan_options.retries,
+                              backoff=scan_options.retry_backoff_s)
         bases.append(base)
         for e in found:
             entries.setdefault(e.path, e)

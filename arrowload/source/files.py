@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -17,6 +18,7 @@ from ..errors import ArrowloadError, CorruptFileError, PathNotFoundError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .filesystem import FileEntry
+from .footer import FooterCheck, check_footer, read_footer_bytes
 from .hive import discover_partitions, partition_expression
 from .retry import is_transient, retry
 from .schema import unify_schemas
@@ -55,13 +57,19 @@ def infer_format(entries: Sequence[FileEntry]) -> tuple[str, list[FileEntry]]:
     """The one format of a set of files, from their extensions.
 
     Files with no recognised extension are ignored when the others agree (``README``, a
-    ``.crc`` file); two recognised formats in one source are an error.
+    ``.crc`` file), and so are ``.json`` files beside Parquet or Arrow files: they are side
+    files (Hugging Face's ``dataset_info.json`` / ``state.json``, a ``metadata.json``), not
+    JSON-lines data (``.jsonl`` / ``.ndjson`` always count). Two recognised data formats in
+    one source are an error.
     """
     by_format: dict[str, list[FileEntry]] = {}
     for e in entries:
         fmt = format_of_path(e.path)
         if fmt is not None:
             by_format.setdefault(fmt, []).append(e)
+    if "json" in by_format and ("parquet" in by_format or "ipc" in by_format) and \
+            all(_is_side_json(e.path) for e in by_format["json"]):
+        del by_format["json"]
     if len(by_format) == 1:
         (fmt, kept), = by_format.items()
         return fmt, kept
@@ -72,6 +80,10 @@ def infer_format(entries: Sequence[FileEntry]) -> tuple[str, list[FileEntry]]:
     listing = ", ".join(f"{k} ({v[0].path!r}...)" for k, v in by_format.items())
     raise ValueError(f"files of several formats in one source: {listing}; pass format= or point "
                      "at one kind of file")
+
+
+def _is_side_json(path: str) -> bool:
+    return path.lower().endswith(".json")
 
 
 def _file_format(fmt: str) -> ds.FileFormat:
@@ -95,12 +107,22 @@ def _top_level(path_in_schema: str) -> str:
 
 class _ColumnSizes(PicklableLock):
     """Compressed bytes per top-level column and row group of one Parquet file, read from
-    its footer on first use (only ``explain()``, splits and the loader's budget need them)."""
+    its footer on first use (only ``explain()``, splits and the loader's budget need them).
+    ``check()`` says whether the footer's column chunks are safe to read (see footer.py):
+    where they are not, sizes are unknown."""
 
-    def __init__(self, meta) -> None:
+    def __init__(self, meta, check) -> None:
         self._meta = meta
+        self._check = check
         self._lock = threading.Lock()
         self._table: list[dict[str, int]] | None = None
+        self._known: bool | None = None
+
+    @property
+    def known(self) -> bool:
+        if self._known is None:
+            self._known = self._check().ok
+        return self._known
 
     def table(self) -> list[dict[str, int]]:
         if self._table is None:
@@ -110,10 +132,11 @@ class _ColumnSizes(PicklableLock):
                     names = [_top_level(meta.schema.column(c).path) for c in range(meta.num_columns)]
                     rows = []
                     for rg in range(meta.num_row_groups):
-                        rgm = meta.row_group(rg)
                         sizes: dict[str, int] = {}
-                        for c, key in enumerate(names):
-                            sizes[key] = sizes.get(key, 0) + rgm.column(c).total_compressed_size
+                        if self.known:
+                            rgm = meta.row_group(rg)
+                            for c, key in enumerate(names):
+                                sizes[key] = sizes.get(key, 0) + rgm.column(c).total_compressed_size
                         rows.append(sizes)
                     self._table = rows
         return self._table
@@ -123,12 +146,17 @@ class _ColumnSizes(PicklableLock):
 
 
 class _LazySizes(Mapping):
-    """One row group's column sizes, computed with the whole file's on first access."""
+    """One row group's column sizes, computed with the whole file's on first access;
+    ``known`` is False where the footer's column metadata cannot be read."""
 
     __slots__ = ("_sizes", "_rg")
 
     def __init__(self, sizes: _ColumnSizes, rg: int) -> None:
         self._sizes, self._rg = sizes, rg
+
+    @property
+    def known(self) -> bool:
+        return self._sizes.known
 
     def _d(self) -> dict[str, int]:
         return self._sizes.table()[self._rg]
@@ -172,6 +200,8 @@ class FileSource(PicklableLock, Source):
         self._scan = scan_options or ScanOptions()
         self._lock = threading.Lock()
         self._facts: tuple | None = None
+        self._checks: dict[int, FooterCheck] = {}
+        self._footers: dict[int, bytes | None] = {}
         paths = [e.path for e in self.entries]
         if partitioning is False:
             self._partition_schema, self._partition_values = pa.schema([]), [{} for _ in paths]
@@ -207,6 +237,10 @@ class FileSource(PicklableLock, Source):
         def load():
             if self.kind == "parquet":
                 frag.ensure_complete_metadata()
+                # the footer's bytes too (one read of the tail, like pyarrow's own): decoded
+                # and checked on first use of column chunk metadata (footer.py), so later
+                # calls (a display, a filtered query) read no more footers
+                self._footers[i] = read_footer_bytes(self.filesystem, path, self.entries[i].size)
                 return frag.physical_schema, frag.metadata
             if self.kind == "ipc":
                 return frag.physical_schema, frag.count_rows()
@@ -257,7 +291,7 @@ class FileSource(PicklableLock, Source):
     def _units_of(self, i: int, meta, start: int) -> list[Unit]:
         path, part = self.entries[i].path, self._partition_values[i]
         if self.kind == "parquet":
-            sizes = _ColumnSizes(meta)
+            sizes = _ColumnSizes(meta, functools.partial(self.footer_check, i))
             return [Unit(start + rg, i, path, rg, meta.row_group(rg).num_rows, sizes.of(rg), part)
                     for rg in range(meta.num_row_groups)]
         size = self.entries[i].size
@@ -286,6 +320,32 @@ class FileSource(PicklableLock, Source):
                 out.append(e.path)
         return out
 
+    def footer_check(self, i: int) -> FooterCheck:
+        """Whether file ``i``'s column chunk metadata can be read safely (Parquet only):
+        decoded from the footer's bytes on first use, in Python, and cached. pyarrow
+        aborts the process on encrypted or inconsistent column metadata; nothing hands
+        such a chunk to it (see footer.py)."""
+        check = self._checks.get(i)
+        if check is None:
+            meta = self._ensure()[0][i].metadata  # fetched the footer's bytes with the footer
+            with self._lock:
+                check = self._checks.get(i)
+                if check is None:
+                    leaves = [(_top_level(meta.schema.column(c).path), meta.schema.column(c).physical_type)
+                              for c in range(meta.num_columns)]
+                    path = self.entries[i].path
+                    check = self._checks[i] = check_footer(path, self._footers.pop(i, None), leaves)
+        return check
+
+    def _refuse_unreadable(self, files) -> None:
+        if self.kind != "parquet":
+            return
+        for f in files:
+            check = self.footer_check(f)
+            if not check.ok:
+                raise CorruptFileError(f"cannot read {check.path!r}: {check.reason()}; {check.fix()}",
+                                       check.path)
+
     def file_metadata(self, i: int):
         """The Parquet ``FileMetaData`` of file ``i`` (statistics per row group and column
         chunk), from the footer already fetched: no I/O. None for other formats."""
@@ -293,10 +353,17 @@ class FileSource(PicklableLock, Source):
             return None
         return self._ensure()[0][i].metadata
 
-    def dataset(self, units: Sequence[int] | None) -> ds.FileSystemDataset:
+    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.FileSystemDataset:
+        """A dataset over ``units``. ``statistics=True`` (default): the caller may filter or
+        prune with it, which makes pyarrow read column chunk metadata, so every file's
+        footer is checked first (one read of its tail, once) and an unreadable one raises
+        CorruptFileError. ``statistics=False``: a plain read of the columns, where pyarrow
+        raises a Python error of its own on such a file."""
         fragments, schema, all_units = self._ensure()
         if units is None:
             chosen = list(fragments)
+            if statistics:
+                self._refuse_unreadable(range(len(fragments)))
         else:
             chosen = []
             groups: dict[int, list[int]] = {}
@@ -308,6 +375,8 @@ class FileSource(PicklableLock, Source):
                     order.append(unit.file)
                 if unit.row_group is not None:
                     groups[unit.file].append(unit.row_group)
+            if statistics:
+                self._refuse_unreadable(order)
             for f in order:
                 frag = fragments[f]
                 rgs = groups[f]

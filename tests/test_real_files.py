@@ -1,0 +1,199 @@
+"""Real-world files: encrypted and damaged Parquet footers never abort the process;
+formats and types pyarrow reads are read the same way.
+
+Calls that used to abort (an uncaught C++ exception in pyarrow's column-chunk accessors)
+run in a subprocess: an abort fails the test (exit code), it does not kill pytest.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(al.__file__)))
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def run_isolated(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter with this checkout first on the path; it must
+    exit 0 (no abort) and print one JSON object as its last line."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, f"the process died (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+RISKY_CALLS = r"""
+import json, sys
+import arrowload as al
+path = sys.argv[1] if len(sys.argv) > 1 else PATH
+out = {}
+def attempt(name, fn):
+    try:
+        value = fn()
+        out[name] = {"ok": True, "text": str(value)}
+    except Exception as exc:
+        out[name] = {"ok": False, "type": type(exc).__name__, "text": str(exc),
+                     "arrowload": isinstance(exc, al.ArrowloadError),
+                     "corrupt": isinstance(exc, al.CorruptFileError),
+                     "path": getattr(exc, "path", None)}
+d = al.dataset(path)
+attempt("repr", lambda: repr(d))
+attempt("describe", lambda: d.describe().select("column", "source").rows())
+attempt("explain", lambda: d.explain())
+attempt("repr_filtered", lambda: repr(d.filter("a > 3")))
+attempt("count", lambda: d.count())
+attempt("to_arrow", lambda: d.to_arrow())
+attempt("filtered_count", lambda: d.filter("a > 3").count())
+attempt("filtered_to_arrow", lambda: d.filter("a > 3").to_arrow())
+attempt("loader", lambda: sum(len(b["a"]) for b in d.loader(16)))
+print(json.dumps(out))
+"""
+
+
+def risky_calls(path: str) -> dict:
+    return run_isolated(f"PATH = {path!r}\n" + RISKY_CALLS)
+
+
+def table() -> pa.Table:
+    return pa.table({"a": pa.array(range(100), pa.int64()), "s": [f"v{i}" for i in range(100)]})
+
+
+class _InTestKms:
+    """A KMS client for pyarrow.parquet.encryption that wraps keys in base64 (test only)."""
+
+    @staticmethod
+    def factory():
+        import pyarrow.parquet.encryption as pe
+
+        class Client(pe.KmsClient):
+            def __init__(self, config):
+                super().__init__()
+
+            def wrap_key(self, key_bytes, master_key_identifier):
+                return base64.b64encode(key_bytes)
+
+            def unwrap_key(self, wrapped_key, master_key_identifier):
+                return base64.b64decode(wrapped_key)
+
+        return Client
+
+
+def write_encrypted(path: str, plaintext_footer: bool) -> None:
+    import pyarrow.parquet.encryption as pe
+    factory = pe.CryptoFactory(lambda config: _InTestKms.factory()(config))
+    config = pe.EncryptionConfiguration(footer_key="footer", column_keys={"col": ["a"]},
+                                        plaintext_footer=plaintext_footer, double_wrapping=False)
+    props = factory.file_encryption_properties(pe.KmsConnectionConfig(), config)
+    t = table()
+    with pq.ParquetWriter(path, t.schema, encryption_properties=props) as w:
+        w.write_table(t)
+
+
+def write_damaged_type(path: str) -> None:
+    """A file whose footer says column ``a`` (INT64) holds DOUBLE values: the physical type
+    in its ColumnMetaData is rewritten (Thrift compact: ColumnChunk field 3 header 0x1C,
+    then ColumnMetaData field 1 header 0x15 and zigzag(2 = INT64) = 0x04)."""
+    pq.write_table(table().select(["a"]), path, compression="none", write_statistics=True)
+    data = bytearray(open(path, "rb").read())
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_len
+    pattern = b"\x1c\x15\x04"
+    at = data.find(pattern, start)
+    assert at > 0 and data.find(pattern, at + 1) == -1, "the footer layout changed; rebuild the test"
+    data[at + 2] = 0x0A  # zigzag(5) = DOUBLE
+    open(path, "wb").write(bytes(data))
+    assert pq.read_metadata(path).num_rows == 100  # the footer still parses
+
+
+# ---------------------------------------------------------------------------
+# never abort
+
+
+def _assert_survives_and_refuses_reads(result: dict, path: str, column_word: str) -> None:
+    for name in ("repr", "describe", "explain", "repr_filtered", "count"):
+        assert result[name]["ok"], (name, result[name])
+    for name in ("to_arrow", "filtered_count", "filtered_to_arrow", "loader"):
+        r = result[name]
+        assert not r["ok"] and r["corrupt"], (name, r)
+        assert os.path.basename(path) in r["text"] and column_word in r["text"], (name, r["text"])
+        assert r["path"] is not None and r["path"].endswith(os.path.basename(path))
+    assert result["count"]["text"] == "100"  # row counts live in the readable part of the footer
+
+
+@pytest.mark.parametrize("plaintext_footer", [True, False], ids=["plaintext-footer", "encrypted-footer"])
+def test_encrypted_parquet_never_aborts(tmp_path, plaintext_footer):
+    path = str(tmp_path / "secret.parquet")
+    write_encrypted(path, plaintext_footer)
+    # the truth: pyarrow without keys cannot read it either
+    with pytest.raises(Exception):
+        pq.read_table(path)
+    result = risky_calls(path)
+    if plaintext_footer:
+        _assert_survives_and_refuses_reads(result, path, "'a'")
+        assert "encrypt" in result["explain"]["text"] and "encrypt" in result["repr"]["text"]
+        assert "encrypt" in result["describe"]["text"]
+        assert "decrypt" in result["to_arrow"]["text"]  # says what would fix it
+    else:  # the footer itself is encrypted: nothing is known, every call says so
+        assert result["repr"]["ok"] and "encrypted" in result["repr"]["text"]
+        for name in ("describe", "explain", "to_arrow", "count"):
+            assert not result[name]["ok"] and result[name]["corrupt"], (name, result[name])
+            assert "secret.parquet" in result[name]["text"]
+
+
+def test_damaged_column_metadata_never_aborts(tmp_path):
+    path = str(tmp_path / "damaged.parquet")
+    write_damaged_type(path)
+    result = risky_calls(path)
+    _assert_survives_and_refuses_reads(result, path, "'a'")
+    assert "DOUBLE" in result["to_arrow"]["text"] and "INT64" in result["to_arrow"]["text"]
+    assert "unreadable" in result["explain"]["text"] and "unreadable" in result["describe"]["text"]
+
+
+def test_truncated_parquet_is_a_typed_error(tmp_path):
+    path = str(tmp_path / "truncated.parquet")
+    pq.write_table(table(), path)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    result = risky_calls(path)
+    assert result["repr"]["ok"]
+    for name in ("describe", "explain", "to_arrow", "count"):
+        assert not result[name]["ok"] and result[name]["corrupt"], (name, result[name])
+        assert "truncated.parquet" in result[name]["text"]
+
+
+def test_good_file_beside_damaged_one_reads_when_selected_alone(tmp_path):
+    """The check is per file: a good shard in the same folder still reads on its own (as
+    pyarrow reads it), and the folder describes itself, naming the damaged shard."""
+    good = str(tmp_path / "good.parquet")
+    pq.write_table(table(), good)
+    write_damaged_type(str(tmp_path / "zz_damaged.parquet"))
+    result = run_isolated(f"""
+        import json
+        import arrowload as al
+        good = al.dataset({good!r}).to_arrow().to_pydict()
+        both = al.dataset({str(tmp_path)!r}).select("a")
+        described = dict(both.describe().select("column", "source").rows())
+        try:
+            both.to_arrow()
+            error = None
+        except al.CorruptFileError as exc:
+            error = str(exc)
+        print(json.dumps({{"good": good, "described": described, "error": error}}))
+    """)
+    assert result["good"] == pq.read_table(good).to_pydict()
+    assert result["described"]["a"].startswith("footer unreadable")
+    assert result["error"] is not None and "zz_damaged.parquet" in result["error"]
