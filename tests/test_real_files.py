@@ -197,3 +197,90 @@ def test_good_file_beside_damaged_one_reads_when_selected_alone(tmp_path):
     assert result["good"] == pq.read_table(good).to_pydict()
     assert result["described"]["a"].startswith("footer unreadable")
     assert result["error"] is not None and "zz_damaged.parquet" in result["error"]
+
+
+# ---------------------------------------------------------------------------
+# Arrow IPC streams and Hugging Face save_to_disk folders
+
+
+def _hf_table(start: int, n: int) -> pa.Table:
+    ids = list(range(start, start + n))
+    return pa.table({"id": pa.array(ids, pa.int64()), "text": [f"row {i}" for i in ids],
+                     "label": pa.array([i % 3 for i in ids], pa.int64()),
+                     "emb": pa.array([[float(i), float(-i)] for i in ids], pa.list_(pa.float32(), 2))})
+
+
+def write_hf_folder(folder) -> list[str]:
+    """The layout ``datasets.Dataset.save_to_disk`` writes: IPC *stream* shards named
+    ``data-0000k-of-0000n.arrow`` beside ``dataset_info.json`` and ``state.json``."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for k, (start, n) in enumerate([(0, 700), (700, 500)]):
+        path = os.path.join(folder, f"data-{k:05d}-of-00002.arrow")
+        t = _hf_table(start, n)
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, t.schema) as w:
+            for batch in t.to_batches(max_chunksize=256):
+                w.write_batch(batch)
+        paths.append(path)
+    with open(os.path.join(folder, "dataset_info.json"), "w") as f:
+        json.dump({"citation": "", "description": "", "features": {"id": {"dtype": "int64"}}}, f, indent=2)
+    with open(os.path.join(folder, "state.json"), "w") as f:
+        json.dump({"_data_files": [{"filename": os.path.basename(p)} for p in paths],
+                   "_fingerprint": "abc", "_format_type": None}, f, indent=2)
+    return paths
+
+
+def _read_streams(paths) -> pa.Table:
+    return pa.concat_tables(pa.ipc.open_stream(p).read_all() for p in paths)
+
+
+def test_hugging_face_save_to_disk_folder_reads_like_pyarrow(tmp_path, assert_tables_equal):
+    folder = str(tmp_path / "hf")
+    paths = write_hf_folder(folder)
+    truth = _read_streams(paths)
+    d = al.dataset(folder)
+    assert d.schema == truth.schema
+    assert d.count() == truth.num_rows
+    assert_tables_equal(d.to_arrow(), truth)
+    assert d.head(5).equals(truth.slice(0, 5))
+    import pyarrow.compute as pc
+    assert_tables_equal(d.filter("label = 1 AND id > 600").to_arrow(),
+                        truth.filter(pc.and_(pc.equal(truth["label"], 1), pc.greater(truth["id"], 600))))
+    assert d.filter("label = 2").count() == pc.sum(pc.equal(truth["label"], 2)).as_py()
+    seen = []
+    with d.loader(128, shuffle=True, seed=1) as loader:
+        for batch in loader:
+            seen.extend(batch["id"].tolist())
+            assert batch["emb"].shape[1:] == (2,)
+    assert sorted(seen) == truth.column("id").to_pylist()
+    assert "2 files" in repr(d) and "1,200 rows" in repr(d)
+
+
+def test_single_ipc_stream_file_and_a_mix_with_ipc_files(tmp_path, assert_tables_equal):
+    stream_path = str(tmp_path / "a.arrow")
+    t = _hf_table(0, 300)
+    with pa.OSFile(stream_path, "wb") as sink, pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    assert_tables_equal(al.dataset(stream_path).to_arrow(), pa.ipc.open_stream(stream_path).read_all())
+    file_path = str(tmp_path / "b.arrow")
+    u = _hf_table(300, 200)
+    with pa.OSFile(file_path, "wb") as sink, pa.ipc.new_file(sink, u.schema) as w:
+        w.write_table(u)
+    both = al.dataset(str(tmp_path))
+    assert both.count() == 500
+    assert_tables_equal(both.to_arrow(), pa.concat_tables([t, pa.ipc.open_file(file_path).read_all()]))
+
+
+def test_ipc_stream_on_a_remote_filesystem(tmp_path, assert_tables_equal):
+    """Through an fsspec filesystem (memory://): rows unknown until read, same result."""
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    t = _hf_table(0, 400)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    fs.pipe("/hfremote/data-00000-of-00001.arrow", sink.getvalue().to_pybytes())
+    fs.pipe("/hfremote/state.json", b'{"_fingerprint": "x"}')
+    d = al.dataset("memory://hfremote")
+    assert d.count() == 400
+    assert_tables_equal(d.to_arrow(), t)

@@ -19,6 +19,7 @@ from ..options import ScanOptions
 from .base import Source, Unit
 from .filesystem import FileEntry
 from .footer import FooterCheck, check_footer, read_footer_bytes
+from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .hive import discover_partitions, partition_expression
 from .retry import is_transient, retry
 from .schema import unify_schemas
@@ -202,6 +203,7 @@ class FileSource(PicklableLock, Source):
         self._facts: tuple | None = None
         self._checks: dict[int, FooterCheck] = {}
         self._footers: dict[int, bytes | None] = {}
+        self._streams: set[int] = set()  # IPC stream files (read whole, see ipc.py)
         paths = [e.path for e in self.entries]
         if partitioning is False:
             self._partition_schema, self._partition_values = pa.schema([]), [{} for _ in paths]
@@ -243,7 +245,15 @@ class FileSource(PicklableLock, Source):
                 self._footers[i] = read_footer_bytes(self.filesystem, path, self.entries[i].size)
                 return frag.physical_schema, frag.metadata
             if self.kind == "ipc":
-                return frag.physical_schema, frag.count_rows()
+                try:
+                    return frag.physical_schema, frag.count_rows()
+                except pa.ArrowInvalid as exc:
+                    if not not_an_ipc_file(exc):
+                        raise
+                    # an IPC stream (Hugging Face datasets' .arrow files), not an IPC file
+                    schema, rows = stream_facts(self.filesystem, path, self.is_local)
+                    self._streams.add(i)
+                    return schema, rows
             return frag.physical_schema, None
 
         try:
@@ -360,6 +370,10 @@ class FileSource(PicklableLock, Source):
         CorruptFileError. ``statistics=False``: a plain read of the columns, where pyarrow
         raises a Python error of its own on such a file."""
         fragments, schema, all_units = self._ensure()
+        if self._streams:
+            files = list(range(len(fragments))) if units is None else \
+                list(dict.fromkeys(all_units[u].file for u in units))
+            return self._read_whole(files, schema)
         if units is None:
             chosen = list(fragments)
             if statistics:
@@ -384,6 +398,24 @@ class FileSource(PicklableLock, Source):
                     frag = frag.subset(row_group_ids=rgs)
                 chosen.append(frag)
         return ds.FileSystemDataset(chosen, schema, self.format, self.filesystem)
+
+    def _read_whole(self, files: Sequence[int], schema: pa.Schema) -> ds.InMemoryDataset:
+        """IPC streams (and IPC files beside them) read whole, in order, as an in-memory
+        dataset of the unified schema (a unit is a whole file for IPC)."""
+        batches = []
+        for f in files:
+            path = self.entries[f].path
+            try:
+                table = retry(lambda: read_ipc(self.filesystem, path, f in self._streams, self.is_local),
+                              retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
+            except FileNotFoundError as exc:
+                raise PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path) from exc
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise CorruptFileError(f"cannot read the Arrow IPC {'stream' if f in self._streams else 'file'} "
+                                       f"{path!r}: {exc}; the file is truncated or corrupt; remove or "
+                                       "rewrite it", path) from exc
+            batches.extend(conform(table, schema, self._partition_values[f]).to_batches())
+        return ds.InMemoryDataset(batches, schema=schema)
 
     @property
     def is_local(self) -> bool:
