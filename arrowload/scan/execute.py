@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from ..errors import ArrowloadError, CorruptFileError, ExpressionError
-from ..options import Options
+from ..options import Options, ScanOptions
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.retry import retry
@@ -48,9 +48,19 @@ def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False
         batch_readahead=1 if streaming else options.scan.batch_readahead,
         fragment_readahead=1 if streaming else options.scan.fragment_readahead,
     )
-    if src.kind == "parquet":
-        kwargs["fragment_scan_options"] = ds.ParquetFragmentScanOptions(pre_buffer=options.scan.pre_buffer)
+    kwargs.update(_fragment_options(src, options))
     return ds.Scanner.from_dataset(dataset, **kwargs)
+
+
+def _fragment_options(src, options: Options) -> dict:
+    """Parquet fragment scan options of every read: pre-buffering and page checksums."""
+    if src.kind != "parquet":
+        return {}
+    return {"fragment_scan_options": ds.ParquetFragmentScanOptions(
+        pre_buffer=options.scan.pre_buffer, page_checksum_verification=options.scan.page_checksums)}
+
+
+_STRICT = Options(scan=ScanOptions(page_checksums=True))
 
 
 def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
@@ -61,7 +71,8 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
             path = src.entries[f].path
             units = [u.index for u in scan.selected_units() if u.file == f]
             try:
-                for _ in scanner(scan, Options(), units, streaming=True).to_batches():
+                # checksums verified here whatever the default: a bad page is the file's fault
+                for _ in scanner(scan, _STRICT, units, streaming=True).to_batches():
                     pass
             except Exception as inner:  # noqa: BLE001
                 if _decodes_plainly(scan, units):
@@ -82,9 +93,11 @@ def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
     if scan.projection is None and scan.predicate is None:
         return False
     try:
+        extra = {"fragment_scan_options": ds.ParquetFragmentScanOptions(page_checksum_verification=True)} \
+            if scan.source.kind == "parquet" else {}
         for _ in ds.Scanner.from_dataset(scan.source.dataset(units, statistics=False),
                                          columns=list(scan.read_columns),
-                                         batch_readahead=1, fragment_readahead=1).to_batches():
+                                         batch_readahead=1, fragment_readahead=1, **extra).to_batches():
             pass
     except Exception:  # noqa: BLE001
         return False
@@ -201,7 +214,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
 
 
-def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr) -> int:
+def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr, **scan_kwargs) -> int:
     """``count_rows`` of Parquet fragments that may hold a subset of their file's row groups.
 
     pyarrow (26) counts such a fragment as its whole file when the filter is decided true
@@ -212,7 +225,7 @@ def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr) -> int:
     total = 0
     for frag in dataset.get_fragments():
         one = ds.FileSystemDataset([frag], dataset.schema, dataset.format, dataset.filesystem)
-        n = one.count_rows(filter=expr)
+        n = one.count_rows(filter=expr, **scan_kwargs)
         groups = frag.row_groups
         if groups is not None:
             n = min(n, sum(g.num_rows for g in groups))
@@ -243,11 +256,12 @@ def count_rows(plan: Plan, options: Options) -> int:
             src = node.source
             expr = node.predicate.to_arrow(src.schema, predicate=True) if node.predicate else None
             try:
+                frag_opts = _fragment_options(src, options)
                 if expr is not None and node.units is not None and src.kind == "parquet":
-                    total = _count_row_group_subsets(src.dataset(node.units), expr)
+                    total = _count_row_group_subsets(src.dataset(node.units), expr, **frag_opts)
                 else:
-                    total = src.dataset(node.units).count_rows(filter=expr) if expr is not None \
-                        else src.dataset(node.units, statistics=False).count_rows()
+                    total = src.dataset(node.units).count_rows(filter=expr, **frag_opts) if expr is not None \
+                        else src.dataset(node.units, statistics=False).count_rows(**frag_opts)
             except _READ_ERRORS as exc:
                 if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                     raise

@@ -18,6 +18,7 @@ from ..errors import ArrowloadError, CorruptFileError, PathNotFoundError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .filesystem import FileEntry
+from .identity import identity_of
 from .footer import FooterCheck, check_footer, read_footer_bytes
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .hive import discover_partitions, partition_expression
@@ -87,9 +88,13 @@ def _is_side_json(path: str) -> bool:
     return path.lower().endswith(".json")
 
 
-def _file_format(fmt: str) -> ds.FileFormat:
+def _file_format(fmt: str, scan: ScanOptions | None = None) -> ds.FileFormat:
     if fmt == "parquet":
-        return ds.ParquetFileFormat()
+        # the default for every scan of this source's datasets (DuckDB's too); arrowload's
+        # own scanner passes the same setting with its other fragment options
+        verify = scan.page_checksums if scan is not None else ScanOptions().page_checksums
+        return ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+            page_checksum_verification=verify))
     if fmt == "ipc":
         return ds.IpcFileFormat()
     if fmt == "csv":
@@ -188,7 +193,7 @@ class FileSource(PicklableLock, Source):
         self.filesystem = filesystem
         self.entries = tuple(sorted(entries, key=lambda e: e.path))
         self.kind = fmt
-        self.format = _file_format(fmt)
+        self.format = _file_format(fmt, scan_options)
         if fmt == "json":
             # pyarrow's JSON dataset reader (26) can deadlock when files of several blocks
             # are read concurrently and no CPU thread is spare; one block per file avoids it
@@ -320,13 +325,17 @@ class FileSource(PicklableLock, Source):
         return len(self.entries)
 
     def changed_files(self) -> list[str]:
-        """Files whose size or modification time differ from when they were listed."""
+        """Files that are gone or differ from when they were listed: in size, modification
+        time (to the nanosecond, as the same filesystem reports it), or identity (S3 ETag /
+        VersionId, GCS generation, local inode; see identity.py), asked afresh."""
         infos = self.filesystem.get_file_info([e.path for e in self.entries])
         out = []
         for e, info in zip(self.entries, infos):
             mtime = info.mtime_ns if info.mtime is not None else None
             if info.type != pafs.FileType.File or info.size != e.size or \
-                    (mtime is not None and e.mtime_ns is not None and mtime // 1_000_000 != e.mtime_ns // 1_000_000):
+                    (mtime is not None and e.mtime_ns is not None and mtime != e.mtime_ns):
+                out.append(e.path)
+            elif e.identity is not None and identity_of(self.filesystem, e.path, fresh=True) != e.identity:
                 out.append(e.path)
         return out
 
@@ -433,6 +442,7 @@ class FileSource(PicklableLock, Source):
         for e in self.entries:
             # milliseconds: fsspec reports float seconds, pyarrow nanoseconds, for the same file
             mtime_ms = e.mtime_ns // 1_000_000 if e.mtime_ns is not None else None
-            h.update(f"{e.path}\t{e.size}\t{mtime_ms}\n".encode())
+            identity = f"\t{e.identity}" if e.identity is not None else ""
+            h.update(f"{e.path}\t{e.size}\t{mtime_ms}{identity}\n".encode())
         h.update(self._partition_schema.to_string().encode())
         return h.hexdigest()[:32]
