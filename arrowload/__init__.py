@@ -8,6 +8,7 @@
 from . import sql as _sql_package  # noqa: F401 - load before `sql` below shadows the name
 from .api import Dataset, dataset, sql
 from .errors import (
+    AmbiguousColumnError,
     ArrowloadError,
     ColumnNotFoundError,
     CorruptFileError,
@@ -26,6 +27,7 @@ from .scan.splits import Split
 __version__ = "0.1.0.dev0"
 
 __all__ = sorted([
+    "AmbiguousColumnError",
     "ArrowloadError",
     "ColumnNotFoundError",
     "CorruptFileError",

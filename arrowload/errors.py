@@ -134,3 +134,17 @@ class LakeTableError(ArrowloadError, ValueError):
                  table_root: str | None = None) -> None:
         super().__init__(message)
         self.path, self.table_format, self.table_root = path, table_format, table_root
+
+
+class AmbiguousColumnError(ArrowloadError, KeyError):
+    """A column name that several columns of a file share was selected, filtered or read.
+
+    ``column`` is the name; the message names the source and what would fix it.
+    """
+
+    def __init__(self, message: str, column: str | None = None) -> None:
+        super().__init__(message)
+        self.column = column
+
+    def __str__(self) -> str:  # KeyError's str() would repr() the message
+        return str(self.args[0])

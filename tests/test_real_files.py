@@ -368,3 +368,144 @@ def test_s3_rewrite_with_same_size_is_detected_by_etag(tmp_path):
         s3.pipe("snapshots/lake/part.parquet", second.getvalue().to_pybytes())
         assert src.changed_files() == ["snapshots/lake/part.parquet"]
         assert al.dataset("s3://snapshots/lake", storage_options=options).plan.source.fingerprint() != before
+
+
+# ---------------------------------------------------------------------------
+# types and writers pyarrow reads
+
+
+def test_duplicate_field_names_are_an_error_only_where_ambiguous(tmp_path):
+    path = str(tmp_path / "dup.parquet")
+    dup = pa.Table.from_arrays([pa.array([1, 2, 3]), pa.array([4, 5, 6]), pa.array([7, 8, 9])],
+                               names=["x", "x", "y"])
+    pq.write_table(dup, path)
+    truth = pq.ParquetFile(path).read()  # pyarrow's file reader keeps both x columns
+    d = al.dataset(path)
+    assert d.schema.names == truth.schema.names
+    assert d.count() == truth.num_rows
+    assert d.select("y").to_arrow().column("y").equals(truth.column(2))
+    assert d.filter("y > 7").select("y").to_arrow().column("y").to_pylist() == [8, 9]
+    assert [b["y"].tolist() for b in d.select("y").loader(3)] == [[7, 8, 9]]
+    described = d.describe().select("column", "max").rows()
+    assert described[-1] == ("y", "9") and [c for c, _ in described] == ["x", "x", "y"]
+    assert "x: int64, x: int64, y: int64" in repr(d)
+    for call in (d.to_arrow, lambda: d.head(1), lambda: list(d.loader(2))):
+        with pytest.raises(al.AmbiguousColumnError) as info:
+            call()
+        assert isinstance(info.value, KeyError) and info.value.column == "x"
+        assert "dup.parquet" in str(info.value) and "'y'" in str(info.value)
+
+
+def test_float16_describes_numbers_and_converts_to_float16(tmp_path):
+    import numpy as np
+    import pyarrow.compute as pc
+    values = np.array([1.5, -2.25, 65504.0, 0.0009765625, 3.0], dtype=np.float16)
+    path = str(tmp_path / "half.parquet")
+    pq.write_table(pa.table({"h": pa.array(values)}), path)
+    truth = pq.read_table(path).column("h")
+    lo_hi = pc.min_max(truth.cast(pa.float32())).as_py()
+    d = al.dataset(path)
+    for exact in (False, True):
+        row = dict(zip(("min", "max"), d.describe(exact=exact).select("min", "max").row(0)))
+        assert float(row["min"]) == lo_hi["min"] and float(row["max"]) == lo_hi["max"], (exact, row)
+    batch = next(iter(d.loader(5)))
+    assert batch["h"].dtype == np.float16 and batch["h"].tolist() == truth.to_numpy().tolist()
+
+
+def test_structs_of_timestamps_past_python_datetime(tmp_path):
+    import numpy as np
+    far = 253402300800000000 * 10  # microseconds: year 82269, past datetime.MAXYEAR
+    st = pa.array([{"t": far, "d": 10}, None, {"t": -far, "d": None}],
+                  pa.struct([("t", pa.timestamp("us")), ("d", pa.date32())]))
+    path = str(tmp_path / "far.parquet")
+    pq.write_table(pa.table({"st": st, "t2": pa.array([far, 0, None], pa.timestamp("us"))}), path)
+    truth = pq.read_table(path)
+    with pytest.raises(OverflowError):  # why: Python's datetime cannot hold these
+        truth.column("st").to_pylist()
+    d = al.dataset(path)
+    got = next(iter(d.select("st").loader(3)))["st"]
+    raw_t = truth.column("st").combine_chunks().field("t").view(pa.int64()).to_pylist()
+    assert got[1] is None
+    assert [np.datetime64(r["t"]).astype("datetime64[us]").astype(np.int64) for r in (got[0], got[2])] == \
+        [raw_t[0], raw_t[2]]
+    assert got[0]["d"] == np.datetime64(10, "D") and got[2]["d"] is None
+    for exact in (False, True):
+        row = d.describe(exact=exact).filter(__import__("polars").col("column") == "t2").row(0, named=True)
+        assert row["max"].startswith("82269-"), (exact, row)
+    assert d.head(3).equals(truth)
+
+
+def test_interval_uuid_json_and_view_types_read_as_pyarrow_reads_them(tmp_path, assert_tables_equal):
+    import uuid
+    ids = pa.array([1, 2, 3])
+    uuids = [uuid.UUID(int=i * 7919) for i in range(3)]
+    ipc_table = pa.table({
+        "id": ids,
+        "iv": pa.array([pa.MonthDayNano([1, 2, 3]), None, pa.MonthDayNano([-1, 0, 5])],
+                       pa.month_day_nano_interval()),
+        "sv": pa.array(["a", None, "ccc"], pa.string_view()),
+        "bv": pa.array([b"a", b"", None], pa.binary_view()),
+        "u": pa.array([u.bytes for u in uuids], pa.uuid()),
+    })
+    ipc_path = str(tmp_path / "types.arrow")
+    with pa.OSFile(ipc_path, "wb") as sink, pa.ipc.new_file(sink, ipc_table.schema) as w:
+        w.write_table(ipc_table)
+    truth = pa.ipc.open_file(ipc_path).read_all()
+    d = al.dataset(ipc_path)
+    assert d.schema == truth.schema
+    assert d.to_arrow().equals(truth)
+    batch = next(iter(d.loader(3)))
+    assert batch["iv"] == truth.column("iv").to_pylist()
+    assert batch["u"] == uuids
+    parquet_table = pa.table({"id": ids, "u": ipc_table["u"],
+                              "j": pa.array(['{"a": 1}', None, "[]"], pa.json_(pa.string())),
+                              "sv": ipc_table["sv"]})
+    pq_path = str(tmp_path / "types.parquet")
+    pq.write_table(parquet_table, pq_path)
+    truth = pq.read_table(pq_path)
+    d = al.dataset(pq_path)
+    assert d.schema == truth.schema
+    assert isinstance(d.schema.field("u").type, pa.UuidType)
+    assert d.to_arrow().equals(truth)
+    assert d.describe().height == 4
+
+
+def _writers_table():
+    import datetime as dt
+    return pa.table({
+        "id": pa.array(range(6), pa.int64()),
+        "f": pa.array([0.5, None, 3.25, -1.0, 2.0, 1e300]),
+        "s": ["a", None, "", "d%_\\", "ü", "f"],
+        "ts": pa.array([dt.datetime(2020, 1, 1), None, dt.datetime(1969, 12, 31, 23, 59),
+                        dt.datetime(2038, 1, 19), dt.datetime(2000, 2, 29), dt.datetime(1900, 1, 1)],
+                       pa.timestamp("us")),
+        "l": pa.array([[1, 2], [], None, [3], [4, 5, 6], [7]], pa.list_(pa.int64())),
+        "b": [True, False, None, True, True, False],
+    })
+
+
+@pytest.mark.parametrize("writer", ["pyarrow", "polars", "duckdb", "pandas"])
+def test_files_written_by_other_libraries(tmp_path, writer, assert_tables_equal):
+    t = _writers_table()
+    path = str(tmp_path / f"{writer}.parquet")
+    if writer == "pyarrow":
+        pq.write_table(t, path)
+    elif writer == "polars":
+        import polars as pl
+        pl.from_arrow(t).write_parquet(path)
+    elif writer == "duckdb":
+        import duckdb
+        con = duckdb.connect()
+        con.register("t", t)
+        con.execute(f"COPY (SELECT * FROM t) TO '{path}' (FORMAT parquet)")
+        con.close()
+    else:
+        t.to_pandas().to_parquet(path)
+    truth = pq.read_table(path)
+    d = al.dataset(path)
+    got = d.to_arrow()
+    assert got.schema.names == truth.schema.names
+    assert_tables_equal(got, truth)
+    assert d.count() == truth.num_rows
+    assert d.describe().height == len(truth.schema.names)
+    assert "Dataset" in repr(d) and "scan 0" in d.explain()

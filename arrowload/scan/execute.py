@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from ..errors import ArrowloadError, CorruptFileError, ExpressionError
+from ..errors import AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError
 from ..options import Options, ScanOptions
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
@@ -32,6 +32,7 @@ def _batch_rows(scan: Scan, options: Options) -> int:
 def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False) -> ds.Scanner:
     """A pyarrow Scanner for ``scan`` (or a subset of its ``units``)."""
     src = scan.source
+    _refuse_ambiguous(scan)
     # a filter makes pyarrow read column chunk statistics: the source checks footers first
     dataset = src.dataset(scan.units if units is None else units, statistics=scan.predicate is not None)
     schema = src.schema
@@ -50,6 +51,24 @@ def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False
     )
     kwargs.update(_fragment_options(src, options))
     return ds.Scanner.from_dataset(dataset, **kwargs)
+
+
+def _refuse_ambiguous(scan: Scan) -> None:
+    """Files may hold several columns of one name (pyarrow reads them, its datasets cannot
+    tell them apart): reading such a name is an error, the other columns read fine."""
+    names = scan.source.schema.names
+    if len(set(names)) == len(names):
+        return
+    dups = sorted({n for n in names if names.count(n) > 1})
+    read = scan.read_columns
+    hit = [n for n in dups if n in read]
+    if hit:
+        others = [n for n in dict.fromkeys(names) if n not in dups]
+        hint = f".select({', '.join(repr(n) for n in others[:5])})" if others else "a rewrite"
+        raise AmbiguousColumnError(
+            f"column {hit[0]!r} is ambiguous: {scan.source.display} has {names.count(hit[0])} columns "
+            f"named {hit[0]!r}, and reading it (or every column) cannot tell them apart; select the "
+            f"other columns by name ({hint}), or rewrite the file with unique column names", hit[0])
 
 
 def _fragment_options(src, options: Options) -> dict:
