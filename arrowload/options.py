@@ -40,7 +40,11 @@ class ScanOptions:
     written with ``write_page_checksum=True``); a mismatch raises ``CorruptFileError``
     instead of returning wrong values. Pages without a checksum are read as they are. Off
     by default: it costs 5-14% more CPU on a full scan (``benchmarks/bench_scan.py
-    --checksums``), above the 3% a default may cost.
+    --checksums``), above the 3% a default may cost. ``check_footers``: decode each
+    Parquet footer's column metadata in Python before pyarrow uses it (one more read of
+    each footer when a source is planned): pyarrow aborts the whole process on encrypted
+    or damaged column metadata, and with the check such files raise ``CorruptFileError``
+    instead. Turn it off only for files you trust, to save that read per file.
     """
 
     use_threads: bool = True
@@ -52,6 +56,7 @@ class ScanOptions:
     batch_readahead: int = 4
     fragment_readahead: int = 2
     page_checksums: bool = False
+    check_footers: bool = True
 
 
 @dataclass(frozen=True)

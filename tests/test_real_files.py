@@ -163,6 +163,29 @@ def test_damaged_column_metadata_never_aborts(tmp_path):
     assert "unreadable" in result["explain"]["text"] and "unreadable" in result["describe"]["text"]
 
 
+def test_footer_check_costs_one_exact_footer_read_and_can_be_switched_off(tmp_path):
+    """The check reads each footer once more, exactly its bytes, at planning; with
+    ``check_footers=False`` only pyarrow's own footer fetch remains."""
+    from _support import CountingLocalFileSystem, footer_size
+    paths = []
+    for k in range(3):
+        paths.append(str(tmp_path / f"part-{k}.parquet"))
+        pq.write_table(table(), paths[-1])
+    for check, per_file in ((True, 2), (False, 1)):
+        fs = CountingLocalFileSystem()
+        d = al.dataset(str(tmp_path), filesystem=fs, options=al.Options(scan=al.ScanOptions(check_footers=check)))
+        d.schema
+        reads = fs.stats.reads
+        assert sorted(r.path for r in reads) == sorted(per_file * paths), (check, reads)
+        if check:
+            exact = [r for r in reads if r.nbytes == footer_size(r.path)]
+            assert sorted(r.path for r in exact) == sorted(paths)
+        fs.stats.reset()
+        d.filter("a > 3").explain()
+        repr(d.filter("a > 3"))
+        assert fs.stats.bytes_read == 0  # nothing read after planning, whatever the setting
+
+
 def test_truncated_parquet_is_a_typed_error(tmp_path):
     path = str(tmp_path / "truncated.parquet")
     pq.write_table(table(), path)

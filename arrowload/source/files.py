@@ -247,8 +247,11 @@ class FileSource(PicklableLock, Source):
                 # the footer's bytes too (one read of the tail, like pyarrow's own): decoded
                 # and checked on first use of column chunk metadata (footer.py), so later
                 # calls (a display, a filtered query) read no more footers
-                self._footers[i] = read_footer_bytes(self.filesystem, path, self.entries[i].size)
-                return frag.physical_schema, frag.metadata
+                meta = frag.metadata
+                if self._scan.check_footers:
+                    self._footers[i] = read_footer_bytes(self.filesystem, path, self.entries[i].size,
+                                                         meta.serialized_size)
+                return frag.physical_schema, meta
             if self.kind == "ipc":
                 try:
                     return frag.physical_schema, frag.count_rows()

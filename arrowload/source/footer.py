@@ -107,15 +107,19 @@ class FooterCheck:
         return "the footer is damaged; rewrite the file from its source, or remove it"
 
 
-def read_footer_bytes(fs: pafs.FileSystem, path: str, size: int | None) -> bytes | None:
+def read_footer_bytes(fs: pafs.FileSystem, path: str, size: int | None,
+                      expected: int | None = None) -> bytes | None:
     """The Thrift bytes of a plaintext Parquet footer (None for an encrypted footer, which
-    pyarrow refuses with a Python exception of its own)."""
+    pyarrow refuses with a Python exception of its own). ``expected``: the footer's length
+    as pyarrow parsed it (``FileMetaData.serialized_size``), so that one read of exactly
+    the footer and its 8-byte tail suffices (a signed plaintext footer is longer: then a
+    second read)."""
     with fs.open_input_file(path) as f:
         if size is None:
             size = f.size()
         if size < 12:
             return None
-        take = min(size, TAIL_READ)
+        take = min(size, expected + 8 if expected else TAIL_READ)
         tail = f.read_at(take, size - take)
         if tail[-4:] != MAGIC:
             return None
