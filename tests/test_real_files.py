@@ -55,6 +55,8 @@ attempt("repr", lambda: repr(d))
 attempt("describe", lambda: d.describe().select("column", "source").rows())
 attempt("explain", lambda: d.explain())
 attempt("repr_filtered", lambda: repr(d.filter("a > 3")))
+attempt("explain_filtered", lambda: d.filter("a > 3").explain())
+attempt("describe_filtered", lambda: d.filter("a > 3").describe().select("column", "source").rows())
 attempt("count", lambda: d.count())
 attempt("to_arrow", lambda: d.to_arrow())
 attempt("filtered_count", lambda: d.filter("a > 3").count())
@@ -124,8 +126,10 @@ def write_damaged_type(path: str) -> None:
 
 
 def _assert_survives_and_refuses_reads(result: dict, path: str, column_word: str) -> None:
-    for name in ("repr", "describe", "explain", "repr_filtered", "count"):
+    for name in ("repr", "describe", "explain", "repr_filtered", "explain_filtered",
+                 "describe_filtered", "count"):
         assert result[name]["ok"], (name, result[name])
+    assert "unreadable" in result["explain_filtered"]["text"]
     for name in ("to_arrow", "filtered_count", "filtered_to_arrow", "loader"):
         r = result[name]
         assert not r["ok"] and r["corrupt"], (name, r)
