@@ -156,6 +156,7 @@ def test_encrypted_parquet_never_aborts(tmp_path, plaintext_footer):
         for name in ("describe", "explain", "to_arrow", "count"):
             assert not result[name]["ok"] and result[name]["corrupt"], (name, result[name])
             assert "secret.parquet" in result[name]["text"]
+            assert "footer is encrypted" in result[name]["text"] and "decrypt" in result[name]["text"]
 
 
 def test_damaged_column_metadata_never_aborts(tmp_path):

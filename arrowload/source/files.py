@@ -180,6 +180,15 @@ class _LazySizes(Mapping):
         return key in self._d()
 
 
+def _encrypted(path: str, exc: BaseException) -> CorruptFileError | None:
+    """The error for a Parquet file whose footer is encrypted (pyarrow says so), else None."""
+    if "encrypt" not in str(exc).lower():
+        return None
+    return CorruptFileError(f"cannot read {path!r}: its footer is encrypted (Parquet modular encryption) "
+                            "and arrowload cannot decrypt it; decrypt the file with "
+                            f"pyarrow.parquet.encryption and its keys, or select other files ({exc})", path)
+
+
 class FileSource(PicklableLock, Source):
     """Files of one format on one filesystem, sorted by path, with hive partitions.
 
@@ -269,14 +278,14 @@ class FileSource(PicklableLock, Source):
         except FileNotFoundError as exc:
             raise PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path) from exc
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise CorruptFileError(f"cannot read the {self.kind} footer/header of {path!r}: {exc}. "
-                                   "The file is truncated, corrupt or not "
-                                   f"{self.kind}; remove or rewrite it", path) from exc
+            raise _encrypted(path, exc) or CorruptFileError(
+                f"cannot read the {self.kind} footer/header of {path!r}: {exc}. The file is truncated, "
+                f"corrupt or not {self.kind}; remove or rewrite it", path) from exc
         except OSError as exc:
             if is_transient(exc):
                 raise ArrowloadError(f"reading {path!r} kept failing after "
                                      f"{self._scan.retries} retries: {exc}") from exc
-            raise CorruptFileError(f"cannot read {path!r}: {exc}", path) from exc
+            raise _encrypted(path, exc) or CorruptFileError(f"cannot read {path!r}: {exc}", path) from exc
         return frag, schema, meta
 
     def _ensure(self) -> tuple:
