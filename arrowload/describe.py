@@ -142,11 +142,10 @@ class _Acc:
 
 
 def _leaf_index(meta) -> dict[str, list[int]]:
+    from .source.footer import leaf_columns
     out: dict[str, list[int]] = {}
-    schema = meta.schema
-    for c in range(meta.num_columns):
-        path = schema.column(c).path
-        out.setdefault(path.split(".", 1)[0], []).append(c)
+    for c, name in enumerate(leaf_columns(meta)):
+        out.setdefault(name, []).append(c)
     return out
 
 
@@ -217,7 +216,7 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
             if not chunks:  # the column is missing from this file: it reads as nulls
                 acc.add_nulls(rg.num_rows)
                 continue
-            if len(chunks) != 1 or chunks[0].path_in_schema != c:
+            if len(chunks) != 1 or (c in types and pa.types.is_nested(types[c])):
                 acc.nulls = None  # nested: leaf statistics do not describe rows
                 acc.no_minmax()
                 continue

@@ -498,6 +498,27 @@ def test_interval_uuid_json_and_view_types_read_as_pyarrow_reads_them(tmp_path, 
     assert d.describe().height == 4
 
 
+def test_invalid_utf8_path_in_column_metadata(tmp_path):
+    """A column chunk whose ``path_in_schema`` is not UTF-8 (one byte of it rewritten; the
+    schema's own name intact): pyarrow reads the file; footers, describe and explain must
+    too (describe raised UnicodeDecodeError)."""
+    path = str(tmp_path / "badpath.parquet")
+    pq.write_table(pa.table({"abcdef": [1, 2, 3], "other": [4.0, 5.0, 6.0]}), path, compression="none")
+    data = bytearray(open(path, "rb").read())
+    at = data.rfind(b"abcdef", 0, len(data) - 8)  # the last one: the column chunk's path_in_schema
+    data[at] = 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(UnicodeDecodeError):  # why: the chunk's path is not UTF-8
+        pq.read_metadata(path).row_group(0).column(0).path_in_schema
+    truth = pq.read_table(path)
+    d = al.dataset(path)
+    assert d.to_arrow().equals(truth)
+    rows = {r[0]: r for r in d.describe().select("column", "min", "max", "compressed_bytes").rows()}
+    assert rows["abcdef"][1:3] == ("1", "3") and rows["other"][1:3] == ("4.0", "6.0")
+    assert rows["abcdef"][3] > 0
+    assert "~? of ?" not in d.select("abcdef").explain()
+
+
 def _writers_table():
     import datetime as dt
     return pa.table({

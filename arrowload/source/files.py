@@ -19,7 +19,7 @@ from ..options import ScanOptions
 from .base import Source, Unit
 from .filesystem import FileEntry
 from .identity import identity_of
-from .footer import FooterCheck, check_footer, read_footer_bytes
+from .footer import FooterCheck, check_footer, leaf_columns, read_footer_bytes
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .hive import discover_partitions, partition_expression
 from .retry import is_transient, retry
@@ -107,10 +107,6 @@ def _file_format(fmt: str, scan: ScanOptions | None = None) -> ds.FileFormat:
     raise AssertionError(fmt)
 
 
-def _top_level(path_in_schema: str) -> str:
-    return path_in_schema.split(".", 1)[0]
-
-
 class _ColumnSizes(PicklableLock):
     """Compressed bytes per top-level column and row group of one Parquet file, read from
     its footer on first use (only ``explain()``, splits and the loader's budget need them).
@@ -135,7 +131,7 @@ class _ColumnSizes(PicklableLock):
             with self._lock:
                 if self._table is None:
                     meta = self._meta
-                    names = [_top_level(meta.schema.column(c).path) for c in range(meta.num_columns)]
+                    names = leaf_columns(meta)
                     rows = []
                     for rg in range(meta.num_row_groups):
                         sizes: dict[str, int] = {}
@@ -362,8 +358,8 @@ class FileSource(PicklableLock, Source):
             with self._lock:
                 check = self._checks.get(i)
                 if check is None:
-                    leaves = [(_top_level(meta.schema.column(c).path), meta.schema.column(c).physical_type)
-                              for c in range(meta.num_columns)]
+                    leaves = list(zip(leaf_columns(meta),
+                                      (meta.schema.column(c).physical_type for c in range(meta.num_columns))))
                     path = self.entries[i].path
                     check = self._checks[i] = check_footer(path, self._footers.pop(i, None), leaves)
         return check

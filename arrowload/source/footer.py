@@ -70,6 +70,45 @@ class _Reader:
 
 
 # ---------------------------------------------------------------------------
+# leaf columns
+
+
+def _leaf_count(t) -> int:
+    import pyarrow as pa
+    if pa.types.is_struct(t):
+        return sum(_leaf_count(t.field(i).type) for i in range(t.num_fields)) or 1
+    if pa.types.is_map(t):
+        return _leaf_count(t.key_type) + _leaf_count(t.item_type)
+    if isinstance(t, pa.BaseExtensionType):
+        return _leaf_count(t.storage_type)
+    if hasattr(t, "value_type") and not pa.types.is_dictionary(t):  # list types
+        return _leaf_count(t.value_type)
+    return 1
+
+
+def leaf_columns(meta) -> list[str]:
+    """The top-level column each leaf column chunk of a Parquet file belongs to.
+
+    The names come from the Parquet schema; where one is not valid UTF-8 (pyarrow's
+    ``ColumnSchema.path`` raises UnicodeDecodeError), from the Arrow schema pyarrow reads
+    (its stored ``ARROW:schema`` or its own decoding), matched to the leaves in order."""
+    schema = meta.schema
+    try:
+        return [schema.column(c).path.split(".", 1)[0] for c in range(meta.num_columns)]
+    except UnicodeDecodeError:
+        pass
+    out: list[str] = []
+    try:
+        for f in schema.to_arrow_schema():
+            out.extend([f.name] * _leaf_count(f.type))
+    except Exception:  # noqa: BLE001 - names unknown: positions will do
+        out = []
+    if len(out) != meta.num_columns:
+        out = [f"<column {c}>" for c in range(meta.num_columns)]
+    return out
+
+
+# ---------------------------------------------------------------------------
 # the checks
 
 
