@@ -18,10 +18,10 @@ from ..errors import ArrowloadError, CorruptFileError, PathNotFoundError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .filesystem import FileEntry
-from .identity import identity_of
 from .footer import FooterCheck, check_footer, leaf_columns, read_footer_bytes
-from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .hive import discover_partitions, partition_expression
+from .identity import identity_of
+from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .retry import is_transient, retry
 from .schema import unify_schemas
 
