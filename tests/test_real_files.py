@@ -558,3 +558,24 @@ def test_files_written_by_other_libraries(tmp_path, writer, assert_tables_equal)
     assert d.count() == truth.num_rows
     assert d.describe().height == len(truth.schema.names)
     assert "Dataset" in repr(d) and "scan 0" in d.explain()
+
+
+def test_hive_partitioned_ipc_streams(tmp_path, assert_tables_equal):
+    """Stream files in hive folders: the partition column comes from the folder names, and
+    a filter on it returns what pyarrow's hive reading of the same rows gives."""
+    import pyarrow.compute as pc
+    parts = []
+    for k, country in enumerate(["DE", "US"]):
+        folder = tmp_path / f"country={country}"
+        folder.mkdir()
+        t = _hf_table(k * 100, 100)
+        with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink, \
+                pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        parts.append(t.append_column("country", pa.array([country] * t.num_rows)))
+    truth = pa.concat_tables(parts)
+    d = al.dataset(str(tmp_path))
+    assert_tables_equal(d.to_arrow(), truth)
+    got = d.filter("country = 'US' AND label = 1").to_arrow()
+    assert_tables_equal(got, truth.filter(pc.and_(pc.equal(truth["country"], "US"), pc.equal(truth["label"], 1))))
+    assert d.filter("country = 'DE'").count() == 100

@@ -15,8 +15,8 @@ def _prune(scan: Scan) -> Scan:
     src = scan.source
     if scan.predicate is None or not isinstance(src, FileSource) or len(src.partition_schema) == 0:
         return scan
-    if not set(src.partition_schema.names) & scan.predicate.columns:
-        return scan
+    if not set(src.partition_schema.names) & scan.predicate.columns or src.in_memory_reads:
+        return scan  # (files read whole into memory, IPC streams: the filter applies to the rows)
     units = scan.selected_units()
     files_before = sorted({u.file for u in units})
     expr = scan.predicate.to_arrow(src.schema, predicate=True)

@@ -416,6 +416,14 @@ class FileSource(PicklableLock, Source):
                 chosen.append(frag)
         return ds.FileSystemDataset(chosen, schema, self.format, self.filesystem)
 
+    @property
+    def in_memory_reads(self) -> bool:
+        """True when ``dataset()`` reads the chosen files whole into memory (IPC streams):
+        its fragments are then in-memory ones, with no path or partition expression (hive
+        partition values are columns of the data, and filters on them apply as on any)."""
+        self._ensure()
+        return bool(self._streams)
+
     def _read_whole(self, files: Sequence[int], schema: pa.Schema) -> ds.InMemoryDataset:
         """IPC streams (and IPC files beside them) read whole, in order, as an in-memory
         dataset of the unified schema (a unit is a whole file for IPC)."""
