@@ -8,6 +8,7 @@
 from . import sql as _sql_package  # noqa: F401 - load before `sql` below shadows the name
 from .api import Dataset, dataset, sql
 from .errors import (
+    AmbiguousColumnError,
     ArgumentTypeError,
     ArrowloadError,
     ColumnNotFoundError,
@@ -17,6 +18,7 @@ from .errors import (
     ExpressionError,
     ExternalAccessError,
     InvalidArgumentError,
+    LakeTableError,
     MissingDependencyError,
     PathEncodingError,
     PathNotFoundError,
@@ -35,6 +37,7 @@ from .scan.splits import Split
 __version__ = "0.1.0.dev0"
 
 __all__ = sorted([
+    "AmbiguousColumnError",
     "ArgumentTypeError",
     "ArrowloadError",
     "ColumnNotFoundError",
@@ -45,6 +48,7 @@ __all__ = sorted([
     "ExpressionError",
     "ExternalAccessError",
     "InvalidArgumentError",
+    "LakeTableError",
     "MissingDependencyError",
     "OptimizerOptions",
     "Options",

@@ -34,6 +34,7 @@ SOURCE_FOOTER_BOUNDS = "footer, before filter"
 SOURCE_PARTITION = "partition folders"
 SOURCE_SCAN = "scan"
 SOURCE_NONE = "no statistics"
+SOURCE_UNREADABLE = "footer unreadable"
 
 
 def format_value(value: Any, type_: pa.DataType | None = None) -> str | None:
@@ -48,6 +49,8 @@ def format_value(value: Any, type_: pa.DataType | None = None) -> str | None:
             import numpy as np
             return str(np.float32(value))
         return repr(value)
+    if type(value).__name__ == "datetime64":  # past Python's datetime range
+        return str(value).replace("T", " ")
     if isinstance(value, dt.datetime):
         return value.isoformat(sep=" ")
     if isinstance(value, (dt.date, dt.time)):
@@ -117,6 +120,7 @@ class _Acc:
     distinct: list = field(default_factory=list)
     compressed: int | None = 0
     uncompressed: int | None = 0
+    unreadable: str | None = None  # why some footer metadata of the column could not be read
 
     def no_minmax(self) -> None:
         self.minmax_known = False
@@ -138,16 +142,25 @@ class _Acc:
 
 
 def _leaf_index(meta) -> dict[str, list[int]]:
+    from .source.footer import leaf_columns
     out: dict[str, list[int]] = {}
-    schema = meta.schema
-    for c in range(meta.num_columns):
-        path = schema.column(c).path
-        out.setdefault(path.split(".", 1)[0], []).append(c)
+    for c, name in enumerate(leaf_columns(meta)):
+        out.setdefault(name, []).append(c)
     return out
 
 
-def _stat_value(stats, which: str) -> Any:
-    value = getattr(stats, which)
+def _stat_value(stats, which: str, type_: pa.DataType | None = None) -> Any:
+    """A min / max statistic as a Python value: float16 (stored as two bytes) as a float,
+    a timestamp past Python's ``datetime`` range as numpy ``datetime64``."""
+    try:
+        value = getattr(stats, which)
+    except (OverflowError, ValueError):
+        if type_ is None or not (pa.types.is_timestamp(type_) or pa.types.is_date(type_)):
+            raise
+        value = _datetime64(getattr(stats, which + "_raw"), type_)
+    if type_ is not None and pa.types.is_float16(type_) and isinstance(value, bytes) and len(value) == 2:
+        import numpy as np
+        value = float(np.frombuffer(value, dtype="<f2")[0])
     if isinstance(value, float) and math.isnan(value):
         raise ValueError("NaN statistic")
     return value
@@ -164,8 +177,11 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
     file_meta = getattr(src, "file_metadata", None)
     parquet = src.kind == "parquet" and file_meta is not None
     indexes: dict[int, dict[str, list[int]]] = {}
+    types = {f.name: f.type for f in src.schema}
+    footer_check = getattr(src, "footer_check", None)
     for u in units:
         meta = file_meta(u.file) if parquet else None
+        check = footer_check(u.file) if meta is not None and footer_check is not None else None
         if meta is not None and u.file not in indexes:
             indexes[u.file] = _leaf_index(meta)
         rg = meta.row_group(u.row_group) if meta is not None and u.row_group is not None else None
@@ -185,13 +201,22 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
                 acc.add_bytes(None, None)
                 continue
             leaves = indexes[u.file].get(c, [])
+            bad = [check.bad_chunks[(u.row_group, i)] for i in leaves
+                   if check is not None and (u.row_group, i) in check.bad_chunks]
+            if bad or (check is not None and check.problem is not None):
+                # pyarrow would abort on this chunk's metadata: nothing of it is read
+                acc.unreadable = acc.unreadable or (bad[0] if bad else check.problem)
+                acc.nulls = None
+                acc.no_minmax()
+                acc.add_bytes(None, None)
+                continue
             chunks = [rg.column(i) for i in leaves]
             acc.add_bytes(sum(ch.total_compressed_size for ch in chunks),
                           sum(ch.total_uncompressed_size for ch in chunks))
             if not chunks:  # the column is missing from this file: it reads as nulls
                 acc.add_nulls(rg.num_rows)
                 continue
-            if len(chunks) != 1 or chunks[0].path_in_schema != c:
+            if len(chunks) != 1 or (c in types and pa.types.is_nested(types[c])):
                 acc.nulls = None  # nested: leaf statistics do not describe rows
                 acc.no_minmax()
                 continue
@@ -204,7 +229,7 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
             acc.distinct.append(stats.distinct_count if getattr(stats, "has_distinct_count", False) else None)
             if stats.has_min_max:
                 try:
-                    acc.add_minmax(_stat_value(stats, "min"), _stat_value(stats, "max"))
+                    acc.add_minmax(_stat_value(stats, "min", types.get(c)), _stat_value(stats, "max", types.get(c)))
                 except Exception:  # noqa: BLE001 - a statistic pyarrow cannot convert is unknown
                     acc.no_minmax()
             elif not (stats.has_null_count and stats.null_count == rg.num_rows):
@@ -220,16 +245,52 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _type_of(schema: pa.Schema, name: str) -> pa.DataType:
+    """The type of column ``name`` (the first one, where a file repeats a name)."""
+    return schema.field(schema.names.index(name)).type
+
+
+def _first_row(table: pa.Table) -> dict[str, Any]:
+    """The first row as Python values; timestamps and dates past Python's ``datetime``
+    range (year 9999) as numpy ``datetime64`` instead of an OverflowError."""
+    out = {}
+    for name, col in zip(table.column_names, table.columns):
+        value = col[0]
+        try:
+            out[name] = value.as_py()
+        except (OverflowError, ValueError):
+            t = col.type
+            if not (pa.types.is_timestamp(t) or pa.types.is_date(t)):
+                raise
+            out[name] = _datetime64(value.cast(pa.int64() if not pa.types.is_date32(t) else pa.int32()).as_py(), t)
+    return out
+
+
+def _datetime64(count: int, type_: pa.DataType):
+    import numpy as np
+    unit = "D" if pa.types.is_date32(type_) else "ms" if pa.types.is_date64(type_) else type_.unit
+    return np.datetime64(int(count), unit)
+
+
+def _exact_view(dataset, names: Sequence[str], schema: pa.Schema):
+    """What DuckDB scans for ``exact=True``: the described columns, float16 widened to
+    float32 (DuckDB has no half-float type; the values are the same)."""
+    halves = [n for n in names if pa.types.is_float16(_type_of(schema, n))]
+    if not halves:
+        return dataset.select(*names) if list(names) != list(schema.names) else dataset
+    return dataset.select(**{n: f"CAST({_quote(n)} AS FLOAT)" if n in halves else _quote(n) for n in names})
+
+
 def _exact(dataset, names: Sequence[str], schema: pa.Schema) -> tuple[int, dict[str, tuple]]:
     """One DuckDB scan: rows, and per column (non-null count, min, max, distinct estimate)."""
     parts = ["count(*) AS __rows"]
     for i, n in enumerate(names):
         q = _quote(n)
         parts.append(f"count({q}) AS __n{i}")
-        if not _nested(schema.field(n).type):
+        if not _nested(_type_of(schema, n)):
             parts.append(f"min({q}) AS __lo{i}, max({q}) AS __hi{i}")
         parts.append(f"approx_count_distinct({q}) AS __d{i}")
-    row = dataset.sql("SELECT " + ", ".join(parts) + " FROM self").to_arrow().to_pylist()[0]
+    row = _first_row(dataset.sql("SELECT " + ", ".join(parts) + " FROM self").to_arrow())
     out = {}
     for i, n in enumerate(names):
         out[n] = (row[f"__n{i}"], row.get(f"__lo{i}"), row.get(f"__hi{i}"), row[f"__d{i}"])
@@ -274,11 +335,11 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
         has_stats = scan.source.has_statistics
     scanned: dict[str, tuple] = {}
     if exact:
-        sub = dataset.select(*names) if names != list(schema.names) else dataset
+        sub = _exact_view(dataset, names, schema)
         rows, scanned = _exact(sub, names, schema)
     records = []
     for n in names:
-        type_ = schema.field(n).type
+        type_ = _type_of(schema, n)
         acc = accs.get(mapping.get(n)) if mapping.get(n) is not None else None
         rec: dict[str, Any] = {"column": n, "type": str(type_), "rows": rows, "null_count": None,
                                "min": None, "max": None, "approx_distinct": None,
@@ -300,6 +361,8 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
             rec["source"] = SOURCE_PARTITION if partition else SOURCE_FOOTER
             if filtered:
                 rec["source"] += ", before filter"
+            if acc.unreadable:
+                rec["source"] = f"{SOURCE_UNREADABLE}: {acc.unreadable}"
         records.append(rec)
     return pl.DataFrame(records, schema={
         "column": pl.String, "type": pl.String, "rows": pl.Int64, "null_count": pl.Int64,

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .plan.explain import _fmt_bytes, render_tree, scan_stats
+from .plan.explain import _fmt_bytes, render_tree, scan_stats, unreadable_footers
 from .plan.nodes import Plan, Scan, SqlQuery, scans, walk
 
 MAX_SCHEMA_ROWS = 64
@@ -95,6 +95,7 @@ class ScanSummary:
     notes: list[tuple[str, str]] = field(default_factory=list)
     under_sql: bool = False
     error: str | None = None
+    unreadable: list[str] = field(default_factory=list)
 
     def source_line(self) -> str:
         if self.error:
@@ -153,6 +154,7 @@ def summarize_scan(scan: Scan, under_sql: bool = False) -> ScanSummary:
         if scan.limit is not None:
             s.pushed.append(f"limit {scan.limit}")
         s.notes = list(scan.notes)
+        s.unreadable = unreadable_footers(src)
     except Exception as exc:  # noqa: BLE001 - a display never raises
         s.error = f"{type(exc).__name__}: {exc}"
     return s
@@ -210,6 +212,8 @@ def dataset_text(ds) -> str:
             lines.append(f"  reads{tag}:   {sc.reads_line()}")
         if not sc.error:
             lines.append(f"  pushed{tag}:  {sc.pushed_line()}")
+        for what in sc.unreadable:
+            lines.append(f"  unreadable{tag}: {what}")
     if s.error:
         lines.append(f"  <plan unavailable: {s.error}>")
     lines.append("  plan: " + "\n        ".join(s.logical))
@@ -230,6 +234,8 @@ def dataset_html(ds) -> str:
             rows.append((f"reads{tag}", sc.reads_line()))
         if not sc.error:
             rows.append((f"pushed down{tag}", sc.pushed_line()))
+        for what in sc.unreadable:
+            rows.append((f"unreadable{tag}", what))
     if s.sql:
         rows.append(("runs in DuckDB", s.sql))
     if s.error:

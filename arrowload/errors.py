@@ -190,3 +190,30 @@ class ArgumentTypeError(ArrowloadError, TypeError):
     def __init__(self, message: str, argument: str | None = None) -> None:
         super().__init__(message)
         self.argument = argument
+
+
+class LakeTableError(ArrowloadError, ValueError):
+    """A Delta Lake or Iceberg table folder was given where plain files are read.
+
+    ``path`` is what was given, ``table_format`` ``"delta"`` or ``"iceberg"``,
+    ``table_root`` the table's folder (``path`` or one of its ancestors).
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, table_format: str | None = None,
+                 table_root: str | None = None) -> None:
+        super().__init__(message)
+        self.path, self.table_format, self.table_root = path, table_format, table_root
+
+
+class AmbiguousColumnError(ArrowloadError, KeyError):
+    """A column name that several columns of a file share was selected, filtered or read.
+
+    ``column`` is the name; the message names the source and what would fix it.
+    """
+
+    def __init__(self, message: str, column: str | None = None) -> None:
+        super().__init__(message)
+        self.column = column
+
+    def __str__(self) -> str:  # KeyError's str() would repr() the message
+        return str(self.args[0])

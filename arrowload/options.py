@@ -36,6 +36,15 @@ class ScanOptions:
     timeouts, throttling) on listing, footers and opening files; a missing file or a
     corrupt one is never retried. ``batch_rows`` caps rows per batch when streaming;
     ``None`` means row-group sized batches (the fast path: slicing later is free).
+    ``page_checksums``: verify the CRC of every Parquet page that carries one (files
+    written with ``write_page_checksum=True``); a mismatch raises ``CorruptFileError``
+    instead of returning wrong values. Pages without a checksum are read as they are. Off
+    by default: it costs 5-14% more CPU on a full scan (``benchmarks/bench_scan.py
+    --checksums``), above the 3% a default may cost. ``check_footers``: decode each
+    Parquet footer's column metadata in Python before pyarrow uses it (one more read of
+    each footer when a source is planned): pyarrow aborts the whole process on encrypted
+    or damaged column metadata, and with the check such files raise ``CorruptFileError``
+    instead. Turn it off only for files you trust, to save that read per file.
     """
 
     use_threads: bool = True
@@ -46,6 +55,8 @@ class ScanOptions:
     batch_rows: int | None = None
     batch_readahead: int = 4
     fragment_readahead: int = 2
+    page_checksums: bool = False
+    check_footers: bool = True
 
 
 @dataclass(frozen=True)

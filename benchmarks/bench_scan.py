@@ -638,6 +638,55 @@ the same benchmark is rerun at the same size. See README.md for what each column
 
 # -- main ----------------------------------------------------------------------------------
 
+def checksum_cost(rows: int, reps: int) -> str:
+    """Page checksum verification on vs off: one lake written with
+    ``write_page_checksum=True`` (same table and layout as the main lake), arrowload
+    ``to_arrow()`` of every column, both settings interleaved in each repetition (order
+    alternating), after one warm-up of each; medians of wall clock and process CPU."""
+    import pyarrow.parquet as pq
+
+    from arrowload.datagen import events_table
+
+    lake = DATA / f"checksums-{rows}"
+    if not lake.exists():
+        tmp = lake.with_name(lake.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        per = -(-rows // LAKE_PARAMS["shards"])
+        for s in range(LAKE_PARAMS["shards"]):
+            lo, hi = s * per, min(rows, (s + 1) * per)
+            t = events_table(hi - lo, start_id=lo, emb_dim=LAKE_PARAMS["emb_dim"])
+            pq.write_table(t, tmp / f"part-{s:05d}.parquet", row_group_size=LAKE_PARAMS["row_group_size"],
+                           compression="zstd", write_page_checksum=True)
+        tmp.rename(lake)
+    settings = {"on": al.ScanOptions(page_checksums=True), "off": al.ScanOptions(page_checksums=False)}
+
+    def run(setting: str) -> tuple[float, float, int]:
+        gc.collect()
+        w0, c0 = time.perf_counter(), time.process_time()
+        n = al.dataset(str(lake)).with_options(scan=settings[setting]).to_arrow().num_rows
+        return time.perf_counter() - w0, time.process_time() - c0, n
+
+    for k in settings:
+        run(k)  # warm-up: page cache, imports
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in settings}
+    for r in range(reps):
+        for k in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            wall, cpu, n = run(k)
+            assert n == rows, (n, rows)
+            samples[k].append((wall, cpu))
+    med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in samples.items()}
+    wall_pct = 100.0 * (med["on"][0] / med["off"][0] - 1)
+    cpu_pct = 100.0 * (med["on"][1] / med["off"][1] - 1)
+    lines = [f"page checksum verification, arrowload to_arrow() of {rows:,} rows "
+             f"({LAKE_PARAMS['shards']} files, zstd, write_page_checksum=True), {reps} interleaved reps, medians:",
+             "| verification | wall s | CPU s |", "|---|---:|---:|"]
+    for k in ("off", "on"):
+        lines.append(f"| {k} | {med[k][0]:.3f} | {med[k][1]:.3f} |")
+    lines.append(f"cost of verification: wall {wall_pct:+.1f}%, CPU {cpu_pct:+.1f}%")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -653,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-readahead", type=int, default=4, help="tuned pyarrow Scanner batch_readahead")
     p.add_argument("--fragment-readahead", type=int, default=2,
                    help="tuned pyarrow Scanner fragment_readahead")
+    p.add_argument("--checksums", action="store_true",
+                   help="only measure Parquet page checksum verification: a lake written with "
+                        "page checksums, arrowload to_arrow() with verification on vs off")
     args = p.parse_args(argv)
     rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
     reps = args.reps if args.reps is not None else (3 if args.quick else 7)
@@ -660,6 +712,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--reps must be at least 3 (medians of fewer runs are noise)")
     argv_used = sys.argv[1:] if argv is None else argv
     command = shlex.join(["python", os.path.relpath(Path(__file__).resolve(), REPO), *argv_used])
+
+    if args.checksums:
+        print(checksum_cost(rows, max(reps, 7)))
+        return 0
 
     t_start = time.perf_counter()
     lake = ensure_lake(rows)

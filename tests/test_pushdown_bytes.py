@@ -26,6 +26,12 @@ from _support import PYARROW_FOOTER_READ, CountingLocalFileSystem, lake_facts
 ROWS, SHARDS, ROW_GROUP = 100_000, 8, 2048
 
 
+# Each Parquet footer is read twice when a source is planned: pyarrow's own fetch, and
+# arrowload's read of the same tail, decoded in Python before pyarrow touches column chunk
+# metadata (pyarrow aborts the process on encrypted or damaged column metadata; see
+# arrowload/source/footer.py). Both happen once per file and source, before any data read.
+FOOTER_READS_PER_FILE = 2
+
 @pytest.fixture(scope="module")
 def lake(tmp_path_factory):
     """8 shards of 12,500 rows, row groups of 2,048 rows (7 per file, ids ascending)."""
@@ -87,7 +93,7 @@ def test_head_reads_one_row_group(lake):
     assert got.equals(plain(root).head(5))
 
     # footers of every shard (to plan), then one row group of the first file, nothing else
-    assert len(footer) == len(facts)
+    assert len(footer) == FOOTER_READS_PER_FILE * len(facts)
     assert {r.path for r in data} == {first.path}
     start, end = first.row_group_range(0)
     assert all(start <= r.offset and r.offset + r.nbytes <= end for r in data)
@@ -155,12 +161,12 @@ def test_count_reads_only_footers(lake):
 
     footer, data = split_reads(fs, facts)
     assert data == [], f"count() read data pages: {data[:3]}"
-    assert sorted(r.path for r in footer) == sorted(facts)  # each footer once
-    assert all(c == 1 for c in fs.stats.opens.values())
+    assert sorted(r.path for r in footer) == sorted(FOOTER_READS_PER_FILE * list(facts))  # each footer once (x2)
+    assert all(c == FOOTER_READS_PER_FILE for c in fs.stats.opens.values())
     footers = sum(f.footer for f in facts.values())
     # footer sizes plus pyarrow's speculative tail (at most one 64 KiB read per file)
-    assert fs.stats.bytes_read <= footers + len(facts) * PYARROW_FOOTER_READ
-    assert fs.stats.bytes_read * 20 < sum(f.size for f in facts.values())
+    assert fs.stats.bytes_read <= FOOTER_READS_PER_FILE * (footers + len(facts) * PYARROW_FOOTER_READ)
+    assert fs.stats.bytes_read * (20 // FOOTER_READS_PER_FILE) < sum(f.size for f in facts.values())
 
     print(f"\ncount(): {len(footer)} footer reads, {fs.stats.bytes_read} B "
           f"(the footers themselves: {footers} B; the files: "
@@ -247,9 +253,9 @@ def test_one_column_select_reads_that_column(lake):
     f3 = sum(f.chunk_bytes({"f3"}) for f in facts.values())
     everything = sum(f.chunk_bytes() for f in facts.values())
     data_bytes = sum(r.nbytes for r in data)
-    assert len(footer) == len(facts)
+    assert len(footer) == FOOTER_READS_PER_FILE * len(facts)
     assert f3 <= data_bytes <= f3 * 1.02 + 4096, (data_bytes, f3)
-    assert fs.stats.bytes_read <= f3 * 1.02 + 4096 + len(facts) * PYARROW_FOOTER_READ
+    assert fs.stats.bytes_read <= f3 * 1.02 + 4096 + FOOTER_READS_PER_FILE * len(facts) * PYARROW_FOOTER_READ
     assert fs.stats.bytes_read * 5 < everything
     # each data read lies inside an f3 column chunk
     for r in data:
@@ -291,8 +297,8 @@ def test_partition_pruning_never_reads_other_partitions(hive):
     assert got.equals(expected)
     for p in others:
         reads = fs.stats.reads_of(p)
-        assert fs.stats.opens[p] == 1 and len(reads) == 1, (p, reads)
-        assert facts[p].is_footer_read(reads[0]), reads[0]
+        assert fs.stats.opens[p] == FOOTER_READS_PER_FILE and len(reads) == FOOTER_READS_PER_FILE, (p, reads)
+        assert all(facts[p].is_footer_read(r) for r in reads), reads
     data_paths = {r.path for r in split_reads(fs, facts)[1]}
     assert data_paths and data_paths <= mine
 

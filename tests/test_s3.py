@@ -29,6 +29,10 @@ from _support import (ConcurrencyProbeFileSystem, CountingFileSystem, FaultInjec
 BUCKET = "arrowload-test"
 KEYS = {"key": "testing", "secret": "testing"}
 FAST_RETRIES = al.Options(scan=al.ScanOptions(retries=3, retry_backoff_s=0.001))
+# Planning opens and reads each Parquet footer twice: pyarrow's fetch, and arrowload's read
+# of the same tail, decoded in Python before pyarrow touches column chunk metadata (which
+# aborts the process on encrypted or damaged footers; see arrowload/source/footer.py).
+FOOTER_READS_PER_FILE = 2
 
 
 @pytest.fixture(scope="session")
@@ -144,7 +148,7 @@ def test_pushdown_reads_little_over_s3(lakes, s3_endpoint):
     assert ds.count() == 8000
     for r in fs.stats.reads:
         assert facts[os.path.basename(r.path)].is_footer_read(r), r
-    assert len(fs.stats.reads) == len(facts)
+    assert len(fs.stats.reads) == FOOTER_READS_PER_FILE * len(facts)
 
     fs.reset()
     got = ds.filter("id < 1200").select("f2").to_arrow()
@@ -167,7 +171,7 @@ def test_transient_open_errors_are_retried(lakes, s3_endpoint):
     assert ds.count() == 8000
     assert flaky.injected == 3
     # the three failed opens were tried again: one more attempt per fault
-    assert sum(flaky.open_attempts.values()) == 8 + 3
+    assert sum(flaky.open_attempts.values()) == FOOTER_READS_PER_FILE * 8 + 3
     assert max(flaky.open_attempts.values()) >= 2
 
 
@@ -177,7 +181,7 @@ def test_transient_read_errors_are_retried(lakes, s3_endpoint):
     ds = al.dataset(f"s3://{BUCKET}/lake/", filesystem=flaky, options=FAST_RETRIES)
     assert ds.schema == pds.dataset(flat, format="parquet").schema
     assert flaky.injected == 3
-    assert sum(flaky.open_attempts.values()) == 8 + 3
+    assert sum(flaky.open_attempts.values()) == FOOTER_READS_PER_FILE * 8 + 3
     assert ds.count() == 8000
 
 
@@ -214,7 +218,7 @@ def test_footers_are_fetched_concurrently(lakes, s3_endpoint):
     probe = ConcurrencyProbeFileSystem(make_s3fs(s3_endpoint))
     ds = al.dataset(f"s3://{BUCKET}/lake/", filesystem=probe)
     assert ds.count() == 8000
-    assert probe.opens == 8
+    assert probe.opens == FOOTER_READS_PER_FILE * 8
     assert probe.max_in_flight > 1 and not probe.gave_up
 
 

@@ -332,7 +332,56 @@ def _objects(name: str, arr: pa.Array, fill: Any) -> list:
         except _ARROW_ERRORS as exc:
             raise ConversionError(f"fill_null[{name!r}] cannot fill column {name!r} of type {arr.type}: {exc}",
                                   column=name) from exc
+    if _has_datetime_leaf(arr.type):
+        return _py_values(arr)
     return arr.to_pylist()
+
+
+@lru_cache(maxsize=1024)  # types are hashable; the loader sees a few per run
+def _has_datetime_leaf(t: pa.DataType) -> bool:
+    """Whether a nested type holds timestamps or dates somewhere below (a struct of
+    timestamps, a list of dates ...)."""
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return True
+    if isinstance(t, pa.BaseExtensionType):
+        return False  # extension values convert through their own class
+    if pa.types.is_struct(t):
+        return any(_has_datetime_leaf(t.field(i).type) for i in range(t.num_fields))
+    if _is_list(t) and not (pa.types.is_list_view(t) or pa.types.is_large_list_view(t)):
+        return _has_datetime_leaf(t.value_type)
+    return False
+
+
+def _py_values(arr: pa.Array) -> list:
+    """``arr.to_pylist()``, except that timestamps and dates inside structs and lists become
+    numpy ``datetime64`` scalars (as top-level ones become ``datetime64`` arrays): Python's
+    ``datetime`` stops at year 9999 and Arrow's timestamps do not (``to_pylist`` raises
+    OverflowError there)."""
+    t = arr.type
+    valid = None if not arr.null_count else (~pc.is_null(arr).to_numpy(zero_copy_only=False)).tolist()
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        unit = "D" if pa.types.is_date32(t) else "ms" if pa.types.is_date64(t) else t.unit
+        counts = arr.view(pa.int32() if pa.types.is_date32(t) else pa.int64())
+        counts = pc.fill_null(counts, 0) if arr.null_count else counts  # exact ints, nulls masked below
+        out = list(counts.to_numpy(zero_copy_only=False).astype(np.int64).astype(f"datetime64[{unit}]"))
+    elif pa.types.is_struct(t):
+        names = [t.field(i).name for i in range(t.num_fields)]
+        children = [_py_values(arr.field(i)) for i in range(t.num_fields)]
+        out = [dict(zip(names, row)) for row in zip(*children)] if children else [{} for _ in range(len(arr))]
+    elif pa.types.is_fixed_size_list(t):
+        k = t.list_size
+        child = _py_values(arr.values.slice(arr.offset * k, len(arr) * k))
+        out = [child[i * k:(i + 1) * k] for i in range(len(arr))]
+    elif _is_list(t):
+        offsets = arr.offsets.to_numpy(zero_copy_only=False)
+        start = int(offsets[0]) if len(offsets) else 0
+        child = _py_values(arr.values.slice(start, int(offsets[-1]) - start if len(offsets) else 0))
+        out = [child[int(offsets[i]) - start:int(offsets[i + 1]) - start] for i in range(len(arr))]
+    else:
+        return arr.to_pylist()
+    if valid is not None:
+        out = [v if ok else None for v, ok in zip(out, valid)]
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -15,12 +15,12 @@ def _prune(scan: Scan) -> Scan:
     src = scan.source
     if scan.predicate is None or not isinstance(src, FileSource) or len(src.partition_schema) == 0:
         return scan
-    if not set(src.partition_schema.names) & scan.predicate.columns:
-        return scan
+    if not set(src.partition_schema.names) & scan.predicate.columns or src.in_memory_reads:
+        return scan  # (files read whole into memory, IPC streams: the filter applies to the rows)
     units = scan.selected_units()
     files_before = sorted({u.file for u in units})
     expr = scan.predicate.to_arrow(src.schema, predicate=True)
-    kept_paths = {f.path for f in src.dataset(scan.units).get_fragments(filter=expr)}
+    kept_paths = {f.path for f in src.dataset(scan.units, statistics=False).get_fragments(filter=expr)}
     kept = tuple(u.index for u in units if u.path in kept_paths)
     files_after = len({u.file for u in units if u.path in kept_paths})
     return scan.keep_units(kept, "prune_partitions", f"files {len(files_before)} -> {files_after}")

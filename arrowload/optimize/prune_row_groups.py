@@ -14,9 +14,14 @@ def _prune(scan: Scan) -> Scan:
     if not units:
         return scan
     expr = scan.predicate.to_arrow(src.schema, predicate=True)
-    dataset = src.dataset(scan.units)
-    keep: set[tuple[str, int]] = set()
-    for frag in dataset.get_fragments():
+    # files whose column metadata cannot be read (encrypted, damaged: source/footer.py)
+    # are kept whole, unpruned: explain() still works, and reading them raises
+    check = getattr(src, "footer_check", None)
+    bad = {f for f in {u.file for u in units} if check is not None and not check(f).ok}
+    keep: set[tuple[str, int]] = {(u.path, u.row_group) for u in units if u.file in bad}
+    prunable = tuple(u.index for u in units if u.file not in bad)
+    dataset = src.dataset(scan.units if not bad else prunable)
+    for frag in (dataset.get_fragments() if prunable else ()):
         sub = frag.subset(filter=expr, schema=src.schema)
         keep.update((frag.path, rg.id) for rg in sub.row_groups)
     kept = tuple(u.index for u in units if (u.path, u.row_group) in keep)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ArrowloadError, StateMismatchError
+from ..errors import ArrowloadError
 from ..order import EpochOrder, ShuffleKind, num_batches, rank_range
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Scan, SqlQuery, scans, walk

@@ -43,6 +43,20 @@ def scan_stats(scan: Scan) -> dict:
     }
 
 
+def unreadable_footers(src) -> list[str]:
+    """One line per Parquet file whose column chunk metadata cannot be read (encrypted or
+    damaged; see source/footer.py), from checks already made or made now (footers only)."""
+    check = getattr(src, "footer_check", None)
+    if check is None or src.kind != "parquet":
+        return []
+    out = []
+    for f in range(src.num_files):
+        c = check(f)
+        if not c.ok:
+            out.append(f"{c.path}: {c.reason()}")
+    return out
+
+
 def describe_node(node: Plan) -> str:
     if isinstance(node, Scan):
         parts = [f"Scan {node.source.kind} {node.source.display}"]
@@ -93,5 +107,7 @@ def render_scan_stats(scan: Scan) -> list[str]:
                      else f"  rows        {s['rows']}")
     for rule, what in scan.notes:
         lines.append(f"  {rule:<18} {what}")
+    for what in unreadable_footers(scan.source):
+        lines.append(f"  unreadable  {what} (sizes and statistics unknown; reading it fails)")
     return lines
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from ..errors import ArrowloadError, CorruptFileError, ExpressionError
-from ..options import Options
+from ..errors import AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError
+from ..options import Options, ScanOptions
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.filesystem import storage_error
@@ -33,7 +33,9 @@ def _batch_rows(scan: Scan, options: Options) -> int:
 def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False) -> ds.Scanner:
     """A pyarrow Scanner for ``scan`` (or a subset of its ``units``)."""
     src = scan.source
-    dataset = src.dataset(scan.units if units is None else units)
+    _refuse_ambiguous(scan)
+    # a filter makes pyarrow read column chunk statistics: the source checks footers first
+    dataset = src.dataset(scan.units if units is None else units, statistics=scan.predicate is not None)
     schema = src.schema
     columns: list[str] | dict | None
     if scan.projection is not None:
@@ -48,9 +50,37 @@ def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False
         batch_readahead=1 if streaming else options.scan.batch_readahead,
         fragment_readahead=1 if streaming else options.scan.fragment_readahead,
     )
-    if src.kind == "parquet":
-        kwargs["fragment_scan_options"] = ds.ParquetFragmentScanOptions(pre_buffer=options.scan.pre_buffer)
+    kwargs.update(_fragment_options(src, options))
     return ds.Scanner.from_dataset(dataset, **kwargs)
+
+
+def _refuse_ambiguous(scan: Scan) -> None:
+    """Files may hold several columns of one name (pyarrow reads them, its datasets cannot
+    tell them apart): reading such a name is an error, the other columns read fine."""
+    names = scan.source.schema.names
+    if len(set(names)) == len(names):
+        return
+    dups = sorted({n for n in names if names.count(n) > 1})
+    read = scan.read_columns
+    hit = [n for n in dups if n in read]
+    if hit:
+        others = [n for n in dict.fromkeys(names) if n not in dups]
+        hint = f".select({', '.join(repr(n) for n in others[:5])})" if others else "a rewrite"
+        raise AmbiguousColumnError(
+            f"column {hit[0]!r} is ambiguous: {scan.source.display} has {names.count(hit[0])} columns "
+            f"named {hit[0]!r}, and reading it (or every column) cannot tell them apart; select the "
+            f"other columns by name ({hint}), or rewrite the file with unique column names", hit[0])
+
+
+def _fragment_options(src, options: Options) -> dict:
+    """Parquet fragment scan options of every read: pre-buffering and page checksums."""
+    if src.kind != "parquet":
+        return {}
+    return {"fragment_scan_options": ds.ParquetFragmentScanOptions(
+        pre_buffer=options.scan.pre_buffer, page_checksum_verification=options.scan.page_checksums)}
+
+
+_STRICT = Options(scan=ScanOptions(page_checksums=True))
 
 
 def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
@@ -61,7 +91,8 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
             path = src.entries[f].path
             units = [u.index for u in scan.selected_units() if u.file == f]
             try:
-                for _ in scanner(scan, Options(), units, streaming=True).to_batches():
+                # checksums verified here whatever the default: a bad page is the file's fault
+                for _ in scanner(scan, _STRICT, units, streaming=True).to_batches():
                     pass
             except Exception as inner:  # noqa: BLE001
                 typed = storage_error(inner, path, local=src.is_local)  # credentials, denied, endpoint
@@ -71,6 +102,9 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                     return ExpressionError(f"evaluating the selection on {path!r} failed: {inner}; the "
                                            "file itself reads fine: fix the filter / expression (e.g. "
                                            "filter out the values a CAST cannot convert)")
+                check = src.footer_check(f) if src.kind == "parquet" else None
+                if check is not None and not check.ok:  # say which column, and why
+                    return CorruptFileError(f"cannot read {path!r}: {check.reason()}; {check.fix()}", path)
                 return CorruptFileError(f"cannot read {path!r}: {inner}; the file is truncated or "
                                         "corrupt; remove or rewrite it", path)
     return ArrowloadError(f"scanning {src.display} failed: {exc}")
@@ -82,8 +116,11 @@ def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
     if scan.projection is None and scan.predicate is None:
         return False
     try:
-        for _ in ds.Scanner.from_dataset(scan.source.dataset(units), columns=list(scan.read_columns),
-                                         batch_readahead=1, fragment_readahead=1).to_batches():
+        extra = {"fragment_scan_options": ds.ParquetFragmentScanOptions(page_checksum_verification=True)} \
+            if scan.source.kind == "parquet" else {}
+        for _ in ds.Scanner.from_dataset(scan.source.dataset(units, statistics=False),
+                                         columns=list(scan.read_columns),
+                                         batch_readahead=1, fragment_readahead=1, **extra).to_batches():
             pass
     except Exception:  # noqa: BLE001
         return False
@@ -117,7 +154,7 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
                 remaining -= b.num_rows
             yield b
     except _READ_ERRORS as exc:
-        if isinstance(exc, FileNotFoundError):
+        if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
             raise
         raise _read_error(scan, exc) from exc
     except Exception as exc:  # botocore's errors are not OSErrors
@@ -199,7 +236,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
             return retry(lambda: scanner(plan, options).to_table(), retries=options.scan.retries,
                          backoff_s=options.scan.retry_backoff_s)
         except _READ_ERRORS as exc:
-            if isinstance(exc, FileNotFoundError):
+            if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                 raise
             raise _read_error(plan, exc) from exc
         except Exception as exc:  # botocore's errors are not OSErrors
@@ -210,7 +247,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
 
 
-def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr) -> int:
+def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr, **scan_kwargs) -> int:
     """``count_rows`` of Parquet fragments that may hold a subset of their file's row groups.
 
     pyarrow (26) counts such a fragment as its whole file when the filter is decided true
@@ -221,7 +258,7 @@ def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr) -> int:
     total = 0
     for frag in dataset.get_fragments():
         one = ds.FileSystemDataset([frag], dataset.schema, dataset.format, dataset.filesystem)
-        n = one.count_rows(filter=expr)
+        n = one.count_rows(filter=expr, **scan_kwargs)
         groups = frag.row_groups
         if groups is not None:
             n = min(n, sum(g.num_rows for g in groups))
@@ -252,13 +289,14 @@ def count_rows(plan: Plan, options: Options) -> int:
             src = node.source
             expr = node.predicate.to_arrow(src.schema, predicate=True) if node.predicate else None
             try:
+                frag_opts = _fragment_options(src, options)
                 if expr is not None and node.units is not None and src.kind == "parquet":
-                    total = _count_row_group_subsets(src.dataset(node.units), expr)
+                    total = _count_row_group_subsets(src.dataset(node.units), expr, **frag_opts)
                 else:
-                    total = src.dataset(node.units).count_rows(filter=expr) if expr is not None \
-                        else src.dataset(node.units).count_rows()
+                    total = src.dataset(node.units).count_rows(filter=expr, **frag_opts) if expr is not None \
+                        else src.dataset(node.units, statistics=False).count_rows(**frag_opts)
             except _READ_ERRORS as exc:
-                if isinstance(exc, FileNotFoundError):
+                if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                     raise
                 raise _read_error(node, exc) from exc
         return total if node.limit is None else min(total, node.limit)

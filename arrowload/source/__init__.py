@@ -12,8 +12,10 @@ from ..errors import ArgumentTypeError, InvalidArgumentError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
-from .filesystem import (FileEntry, check_path, filesystem_for, list_files, protocol_of,
-                         to_pyarrow_fs)
+from .filesystem import (_GLOB_CHARS, FileEntry, check_path, filesystem_for, list_files,
+                         protocol_of, to_pyarrow_fs)
+from .identity import identity_of
+from .lake import refuse_lake_table
 from .memory import MemorySource
 
 __all__ = ["FileSource", "MemorySource", "Source", "Unit", "open_source"]
@@ -57,7 +59,8 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         fmt = {"parquet": "parquet", "ipc": "ipc", "csv": "csv", "json": "json"}.get(
             source.format.default_extname, None) or format_of_path(files[0]) or "parquet"
         infos = fs.get_file_info(files)
-        entries = [FileEntry(i.path, i.size, i.mtime_ns if i.mtime is not None else None) for i in infos]
+        entries = [FileEntry(i.path, i.size, i.mtime_ns if i.mtime is not None else None,
+                             identity_of(fs, i.path)) for i in infos]
         base = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
         return FileSource(fs, entries, fmt, base, f"pyarrow dataset ({len(files)} files)",
                           partitioning, scan_options)
@@ -83,6 +86,10 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
     for p, url in zip(stripped, paths):
         base, found = list_files(pafs, p, retries=scan_options.retries,
                                  backoff=scan_options.retry_backoff_s, url=url)
+        if _GLOB_CHARS & set(p) or not (len(found) == 1 and found[0].path == p):
+            # a folder or glob (not a file the caller named): refuse lake table folders
+            refuse_lake_table(pafs, base, url, retries=scan_options.retries,
+                              backoff=scan_options.retry_backoff_s)
         bases.append(base)
         for e in found:
             entries.setdefault(e.path, e)

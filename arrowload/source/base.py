@@ -29,8 +29,8 @@ class Unit:
     partition: Mapping[str, object] = field(default_factory=dict)
 
     def bytes_for(self, columns: Sequence[str] | None) -> int | None:
-        if self.column_bytes is None:
-            return None
+        if self.column_bytes is None or not getattr(self.column_bytes, "known", True):
+            return None  # no sizes in the format, or a footer whose column metadata is unreadable
         if "*" in self.column_bytes:  # a format read whole, whatever the projection
             return self.column_bytes["*"]
         if columns is None:
@@ -59,8 +59,9 @@ class Source:
     def units(self) -> tuple[Unit, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def dataset(self, units: Sequence[int] | None) -> ds.Dataset:  # pragma: no cover - abstract
-        """A pyarrow dataset reading exactly ``units`` (all when None), in order."""
+    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.Dataset:  # pragma: no cover
+        """A pyarrow dataset reading exactly ``units`` (all when None), in order.
+        ``statistics=False``: the caller neither filters nor prunes with it (a plain read)."""
         raise NotImplementedError
 
     @property

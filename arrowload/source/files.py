@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import threading
@@ -17,7 +18,10 @@ from ..errors import ArrowloadError, CorruptFileError, InvalidArgumentError, Pat
 from ..options import ScanOptions
 from .base import Source, Unit
 from .filesystem import FileEntry, storage_error
+from .footer import FooterCheck, check_footer, leaf_columns, read_footer_bytes
 from .hive import discover_partitions, partition_expression
+from .identity import identity_of
+from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .retry import is_transient, retry
 from .schema import unify_schemas
 
@@ -55,13 +59,19 @@ def infer_format(entries: Sequence[FileEntry]) -> tuple[str, list[FileEntry]]:
     """The one format of a set of files, from their extensions.
 
     Files with no recognised extension are ignored when the others agree (``README``, a
-    ``.crc`` file); two recognised formats in one source are an error.
+    ``.crc`` file), and so are ``.json`` files beside Parquet or Arrow files: they are side
+    files (Hugging Face's ``dataset_info.json`` / ``state.json``, a ``metadata.json``), not
+    JSON-lines data (``.jsonl`` / ``.ndjson`` always count). Two recognised data formats in
+    one source are an error.
     """
     by_format: dict[str, list[FileEntry]] = {}
     for e in entries:
         fmt = format_of_path(e.path)
         if fmt is not None:
             by_format.setdefault(fmt, []).append(e)
+    if "json" in by_format and ("parquet" in by_format or "ipc" in by_format) and \
+            all(_is_side_json(e.path) for e in by_format["json"]):
+        del by_format["json"]
     if len(by_format) == 1:
         (fmt, kept), = by_format.items()
         return fmt, kept
@@ -74,9 +84,17 @@ def infer_format(entries: Sequence[FileEntry]) -> tuple[str, list[FileEntry]]:
                                "or point at one kind of file")
 
 
-def _file_format(fmt: str) -> ds.FileFormat:
+def _is_side_json(path: str) -> bool:
+    return path.lower().endswith(".json")
+
+
+def _file_format(fmt: str, scan: ScanOptions | None = None) -> ds.FileFormat:
     if fmt == "parquet":
-        return ds.ParquetFileFormat()
+        # the default for every scan of this source's datasets (DuckDB's too); arrowload's
+        # own scanner passes the same setting with its other fragment options
+        verify = scan.page_checksums if scan is not None else ScanOptions().page_checksums
+        return ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+            page_checksum_verification=verify))
     if fmt == "ipc":
         return ds.IpcFileFormat()
     if fmt == "csv":
@@ -89,31 +107,38 @@ def _file_format(fmt: str) -> ds.FileFormat:
     raise AssertionError(fmt)
 
 
-def _top_level(path_in_schema: str) -> str:
-    return path_in_schema.split(".", 1)[0]
-
-
 class _ColumnSizes(PicklableLock):
     """Compressed bytes per top-level column and row group of one Parquet file, read from
-    its footer on first use (only ``explain()``, splits and the loader's budget need them)."""
+    its footer on first use (only ``explain()``, splits and the loader's budget need them).
+    ``check()`` says whether the footer's column chunks are safe to read (see footer.py):
+    where they are not, sizes are unknown."""
 
-    def __init__(self, meta) -> None:
+    def __init__(self, meta, check) -> None:
         self._meta = meta
+        self._check = check
         self._lock = threading.Lock()
         self._table: list[dict[str, int]] | None = None
+        self._known: bool | None = None
+
+    @property
+    def known(self) -> bool:
+        if self._known is None:
+            self._known = self._check().ok
+        return self._known
 
     def table(self) -> list[dict[str, int]]:
         if self._table is None:
             with self._lock:
                 if self._table is None:
                     meta = self._meta
-                    names = [_top_level(meta.schema.column(c).path) for c in range(meta.num_columns)]
+                    names = leaf_columns(meta)
                     rows = []
                     for rg in range(meta.num_row_groups):
-                        rgm = meta.row_group(rg)
                         sizes: dict[str, int] = {}
-                        for c, key in enumerate(names):
-                            sizes[key] = sizes.get(key, 0) + rgm.column(c).total_compressed_size
+                        if self.known:
+                            rgm = meta.row_group(rg)
+                            for c, key in enumerate(names):
+                                sizes[key] = sizes.get(key, 0) + rgm.column(c).total_compressed_size
                         rows.append(sizes)
                     self._table = rows
         return self._table
@@ -123,12 +148,17 @@ class _ColumnSizes(PicklableLock):
 
 
 class _LazySizes(Mapping):
-    """One row group's column sizes, computed with the whole file's on first access."""
+    """One row group's column sizes, computed with the whole file's on first access;
+    ``known`` is False where the footer's column metadata cannot be read."""
 
     __slots__ = ("_sizes", "_rg")
 
     def __init__(self, sizes: _ColumnSizes, rg: int) -> None:
         self._sizes, self._rg = sizes, rg
+
+    @property
+    def known(self) -> bool:
+        return self._sizes.known
 
     def _d(self) -> dict[str, int]:
         return self._sizes.table()[self._rg]
@@ -146,6 +176,15 @@ class _LazySizes(Mapping):
         return key in self._d()
 
 
+def _encrypted(path: str, exc: BaseException) -> CorruptFileError | None:
+    """The error for a Parquet file whose footer is encrypted (pyarrow says so), else None."""
+    if "encrypt" not in str(exc).lower():
+        return None
+    return CorruptFileError(f"cannot read {path!r}: its footer is encrypted (Parquet modular encryption) "
+                            "and arrowload cannot decrypt it; decrypt the file with "
+                            f"pyarrow.parquet.encryption and its keys, or select other files ({exc})", path)
+
+
 class FileSource(PicklableLock, Source):
     """Files of one format on one filesystem, sorted by path, with hive partitions.
 
@@ -159,7 +198,7 @@ class FileSource(PicklableLock, Source):
         self.filesystem = filesystem
         self.entries = tuple(sorted(entries, key=lambda e: e.path))
         self.kind = fmt
-        self.format = _file_format(fmt)
+        self.format = _file_format(fmt, scan_options)
         if fmt == "json":
             # pyarrow's JSON dataset reader (26) can deadlock when files of several blocks
             # are read concurrently and no CPU thread is spare; one block per file avoids it
@@ -172,6 +211,9 @@ class FileSource(PicklableLock, Source):
         self._scan = scan_options or ScanOptions()
         self._lock = threading.Lock()
         self._facts: tuple | None = None
+        self._checks: dict[int, FooterCheck] = {}
+        self._footers: dict[int, bytes | None] = {}
+        self._streams: set[int] = set()  # IPC stream files (read whole, see ipc.py)
         paths = [e.path for e in self.entries]
         if partitioning is False:
             self._partition_schema, self._partition_values = pa.schema([]), [{} for _ in paths]
@@ -207,9 +249,24 @@ class FileSource(PicklableLock, Source):
         def load():
             if self.kind == "parquet":
                 frag.ensure_complete_metadata()
-                return frag.physical_schema, frag.metadata
+                # the footer's bytes too (one read of the tail, like pyarrow's own): decoded
+                # and checked on first use of column chunk metadata (footer.py), so later
+                # calls (a display, a filtered query) read no more footers
+                meta = frag.metadata
+                if self._scan.check_footers:
+                    self._footers[i] = read_footer_bytes(self.filesystem, path, self.entries[i].size,
+                                                         meta.serialized_size)
+                return frag.physical_schema, meta
             if self.kind == "ipc":
-                return frag.physical_schema, frag.count_rows()
+                try:
+                    return frag.physical_schema, frag.count_rows()
+                except pa.ArrowInvalid as exc:
+                    if not not_an_ipc_file(exc):
+                        raise
+                    # an IPC stream (Hugging Face datasets' .arrow files), not an IPC file
+                    schema, rows = stream_facts(self.filesystem, path, self.is_local)
+                    self._streams.add(i)
+                    return schema, rows
             return frag.physical_schema, None
 
         try:
@@ -217,9 +274,9 @@ class FileSource(PicklableLock, Source):
         except FileNotFoundError as exc:
             raise PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path) from exc
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise CorruptFileError(f"cannot read the {self.kind} footer/header of {path!r}: {exc}. "
-                                   "The file is truncated, corrupt or not "
-                                   f"{self.kind}; remove or rewrite it", path) from exc
+            raise _encrypted(path, exc) or CorruptFileError(
+                f"cannot read the {self.kind} footer/header of {path!r}: {exc}. The file is truncated, "
+                f"corrupt or not {self.kind}; remove or rewrite it", path) from exc
         except OSError as exc:
             typed = storage_error(exc, path, local=self.is_local)  # credentials, denied, endpoint
             if typed is not None:
@@ -227,7 +284,7 @@ class FileSource(PicklableLock, Source):
             if is_transient(exc):
                 raise ArrowloadError(f"reading {path!r} kept failing after "
                                      f"{self._scan.retries} retries: {exc}") from exc
-            raise CorruptFileError(f"cannot read {path!r}: {exc}", path) from exc
+            raise _encrypted(path, exc) or CorruptFileError(f"cannot read {path!r}: {exc}", path) from exc
         except Exception as exc:  # botocore's errors are not OSErrors
             typed = storage_error(exc, path, local=self.is_local)
             if typed is None:
@@ -265,7 +322,7 @@ class FileSource(PicklableLock, Source):
     def _units_of(self, i: int, meta, start: int) -> list[Unit]:
         path, part = self.entries[i].path, self._partition_values[i]
         if self.kind == "parquet":
-            sizes = _ColumnSizes(meta)
+            sizes = _ColumnSizes(meta, functools.partial(self.footer_check, i))
             return [Unit(start + rg, i, path, rg, meta.row_group(rg).num_rows, sizes.of(rg), part)
                     for rg in range(meta.num_row_groups)]
         size = self.entries[i].size
@@ -284,15 +341,45 @@ class FileSource(PicklableLock, Source):
         return len(self.entries)
 
     def changed_files(self) -> list[str]:
-        """Files whose size or modification time differ from when they were listed."""
+        """Files that are gone or differ from when they were listed: in size, modification
+        time (to the nanosecond, as the same filesystem reports it), or identity (S3 ETag /
+        VersionId, GCS generation, local inode; see identity.py), asked afresh."""
         infos = self.filesystem.get_file_info([e.path for e in self.entries])
         out = []
         for e, info in zip(self.entries, infos):
             mtime = info.mtime_ns if info.mtime is not None else None
             if info.type != pafs.FileType.File or info.size != e.size or \
-                    (mtime is not None and e.mtime_ns is not None and mtime // 1_000_000 != e.mtime_ns // 1_000_000):
+                    (mtime is not None and e.mtime_ns is not None and mtime != e.mtime_ns):
+                out.append(e.path)
+            elif e.identity is not None and identity_of(self.filesystem, e.path, fresh=True) != e.identity:
                 out.append(e.path)
         return out
+
+    def footer_check(self, i: int) -> FooterCheck:
+        """Whether file ``i``'s column chunk metadata can be read safely (Parquet only):
+        decoded from the footer's bytes on first use, in Python, and cached. pyarrow
+        aborts the process on encrypted or inconsistent column metadata; nothing hands
+        such a chunk to it (see footer.py)."""
+        check = self._checks.get(i)
+        if check is None:
+            meta = self._ensure()[0][i].metadata  # fetched the footer's bytes with the footer
+            with self._lock:
+                check = self._checks.get(i)
+                if check is None:
+                    leaves = list(zip(leaf_columns(meta),
+                                      (meta.schema.column(c).physical_type for c in range(meta.num_columns))))
+                    path = self.entries[i].path
+                    check = self._checks[i] = check_footer(path, self._footers.pop(i, None), leaves)
+        return check
+
+    def _refuse_unreadable(self, files) -> None:
+        if self.kind != "parquet":
+            return
+        for f in files:
+            check = self.footer_check(f)
+            if not check.ok:
+                raise CorruptFileError(f"cannot read {check.path!r}: {check.reason()}; {check.fix()}",
+                                       check.path)
 
     def file_metadata(self, i: int):
         """The Parquet ``FileMetaData`` of file ``i`` (statistics per row group and column
@@ -301,10 +388,21 @@ class FileSource(PicklableLock, Source):
             return None
         return self._ensure()[0][i].metadata
 
-    def dataset(self, units: Sequence[int] | None) -> ds.FileSystemDataset:
+    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.FileSystemDataset:
+        """A dataset over ``units``. ``statistics=True`` (default): the caller may filter or
+        prune with it, which makes pyarrow read column chunk metadata, so every file's
+        footer is checked first (one read of its tail, once) and an unreadable one raises
+        CorruptFileError. ``statistics=False``: a plain read of the columns, where pyarrow
+        raises a Python error of its own on such a file."""
         fragments, schema, all_units = self._ensure()
+        if self._streams:
+            files = list(range(len(fragments))) if units is None else \
+                list(dict.fromkeys(all_units[u].file for u in units))
+            return self._read_whole(files, schema)
         if units is None:
             chosen = list(fragments)
+            if statistics:
+                self._refuse_unreadable(range(len(fragments)))
         else:
             chosen = []
             groups: dict[int, list[int]] = {}
@@ -316,6 +414,8 @@ class FileSource(PicklableLock, Source):
                     order.append(unit.file)
                 if unit.row_group is not None:
                     groups[unit.file].append(unit.row_group)
+            if statistics:
+                self._refuse_unreadable(order)
             for f in order:
                 frag = fragments[f]
                 rgs = groups[f]
@@ -323,6 +423,32 @@ class FileSource(PicklableLock, Source):
                     frag = frag.subset(row_group_ids=rgs)
                 chosen.append(frag)
         return ds.FileSystemDataset(chosen, schema, self.format, self.filesystem)
+
+    @property
+    def in_memory_reads(self) -> bool:
+        """True when ``dataset()`` reads the chosen files whole into memory (IPC streams):
+        its fragments are then in-memory ones, with no path or partition expression (hive
+        partition values are columns of the data, and filters on them apply as on any)."""
+        self._ensure()
+        return bool(self._streams)
+
+    def _read_whole(self, files: Sequence[int], schema: pa.Schema) -> ds.InMemoryDataset:
+        """IPC streams (and IPC files beside them) read whole, in order, as an in-memory
+        dataset of the unified schema (a unit is a whole file for IPC)."""
+        batches = []
+        for f in files:
+            path = self.entries[f].path
+            try:
+                table = retry(lambda: read_ipc(self.filesystem, path, f in self._streams, self.is_local),
+                              retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
+            except FileNotFoundError as exc:
+                raise PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path) from exc
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise CorruptFileError(f"cannot read the Arrow IPC {'stream' if f in self._streams else 'file'} "
+                                       f"{path!r}: {exc}; the file is truncated or corrupt; remove or "
+                                       "rewrite it", path) from exc
+            batches.extend(conform(table, schema, self._partition_values[f]).to_batches())
+        return ds.InMemoryDataset(batches, schema=schema)
 
     @property
     def is_local(self) -> bool:
@@ -340,6 +466,7 @@ class FileSource(PicklableLock, Source):
         for e in self.entries:
             # milliseconds: fsspec reports float seconds, pyarrow nanoseconds, for the same file
             mtime_ms = e.mtime_ns // 1_000_000 if e.mtime_ns is not None else None
-            h.update(f"{e.path}\t{e.size}\t{mtime_ms}\n".encode())
+            identity = f"\t{e.identity}" if e.identity is not None else ""
+            h.update(f"{e.path}\t{e.size}\t{mtime_ms}{identity}\n".encode())
         h.update(self._partition_schema.to_string().encode())
         return h.hexdigest()[:32]

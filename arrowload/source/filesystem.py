@@ -20,6 +20,7 @@ from ..errors import (ArgumentTypeError, InvalidArgumentError, MissingDependency
                       PathEncodingError, PathNotFoundError, StorageAccessError,
                       StorageEndpointError)
 from .retry import DENIED, ENDPOINT, PERMANENT, classify, retry
+from .identity import identity_of
 
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _GLOB_CHARS = set("*?[")
@@ -27,15 +28,19 @@ _GLOB_CHARS = set("*?[")
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a source: its path on the filesystem, size and change marker.
+    """One file of a source: its path on the filesystem, size and change markers.
 
-    ``mtime_ns`` is the modification time where the filesystem reports one; with the
-    size it identifies the file's version (the snapshot key later stages cache on).
+    ``mtime_ns`` is the modification time where the filesystem reports one;
+    ``identity`` what else names this version of the file (S3 ETag / VersionId, GCS
+    generation, local inode: see identity.py), None where the filesystem has nothing.
+    Together with the size they identify the file's version (the snapshot key later
+    stages cache on).
     """
 
     path: str
     size: int | None
     mtime_ns: int | None
+    identity: str | None = None
 
 
 def protocol_of(path: str) -> str | None:
@@ -278,15 +283,15 @@ def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
         matched = [i for i in infos if fnmatch.fnmatchcase(i.path, path)]
         if not matched:
             raise PathNotFoundError(f"no files match the glob {url!r}; check the pattern", path)
-        return base, sorted((_entry(i) for i in matched), key=lambda e: e.path)
+        return base, sorted((_entry(i, fs) for i in matched), key=lambda e: e.path)
     info = _info(fs, path, retries, backoff, url)
     if info.type == pafs.FileType.NotFound:
         raise PathNotFoundError(f"no such file or directory: {url!r}; check the path "
                                 "(and storage_options / filesystem for remote URIs)", path)
     if info.type == pafs.FileType.File:
-        return os.path.dirname(path), [_entry(info)]
+        return os.path.dirname(path), [_entry(info, fs)]
     infos = _list_dir(fs, path, retries, backoff, original=url)
-    entries = sorted((_entry(i) for i in infos if not _is_hidden(i.path[len(path):].lstrip("/"))),
+    entries = sorted((_entry(i, fs) for i in infos if not _is_hidden(i.path[len(path):].lstrip("/"))),
                      key=lambda e: e.path)
     if not entries:
         raise PathNotFoundError(f"directory {url!r} holds no data files", path)
@@ -310,9 +315,9 @@ def _list_dir(fs: pafs.FileSystem, base: str, retries: int, backoff: float,
     return [i for i in infos if i.type == pafs.FileType.File]
 
 
-def _entry(info: pafs.FileInfo) -> FileEntry:
+def _entry(info: pafs.FileInfo, fs: pafs.FileSystem | None = None) -> FileEntry:
     mtime = info.mtime_ns if info.mtime is not None else None
-    return FileEntry(info.path, info.size, mtime)
+    return FileEntry(info.path, info.size, mtime, identity_of(fs, info.path) if fs is not None else None)
 
 
 def _undecodable_message(fs: pafs.FileSystem, base: str, original: str, exc: BaseException) -> str:

@@ -1,0 +1,360 @@
+"""Parquet footers checked before pyarrow touches their column chunks.
+
+pyarrow (26) aborts the process, with an uncaught C++ exception, when a column chunk's
+metadata is encrypted (a plaintext-footer file read without keys) or inconsistent (a
+physical type that disagrees with the schema, an unknown codec, byte-array sizes on a
+non-byte-array column): ``RowGroupMetaData.column(i)`` and the statistics used by
+row-group pruning throw from C++ code that Python cannot catch. So the footer's Thrift
+bytes are decoded here, in Python, and every column chunk is checked first; a file with
+an unreadable chunk is never handed to those accessors: ``explain()``, ``describe()`` and
+``repr()`` say what could not be read, and reading it raises ``CorruptFileError`` naming
+the file and the column.
+
+The decoder walks the Thrift compact protocol and keeps only the fields the checks need
+(statistics, histograms and the schema are skipped unbuilt).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import pyarrow.fs as pafs
+
+MAGIC = b"PAR1"
+ENCRYPTED_MAGIC = b"PARE"
+TAIL_READ = 64 << 10
+
+# parquet.thrift enums
+_PHYSICAL = ("BOOLEAN", "INT32", "INT64", "INT96", "FLOAT", "DOUBLE", "BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY")
+_CODECS = range(0, 8)            # UNCOMPRESSED .. LZ4_RAW
+_ENCODINGS = {0, 2, 3, 4, 5, 6, 7, 8, 9}
+_BYTE_ARRAY = 6
+
+
+class FooterDecodeError(ValueError):
+    """The footer bytes are not valid Thrift compact protocol."""
+
+
+# ---------------------------------------------------------------------------
+# Thrift compact protocol: just enough to walk any struct
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf, self.pos = buf, 0
+
+    def byte(self) -> int:
+        if self.pos >= len(self.buf):
+            raise FooterDecodeError("footer ends inside a value")
+        b = self.buf[self.pos]
+        self.pos += 1
+        return b
+
+    def varint(self) -> int:
+        shift = result = 0
+        while True:
+            b = self.byte()
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+            if shift > 70:
+                raise FooterDecodeError("varint too long")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+
+# ---------------------------------------------------------------------------
+# leaf columns
+
+
+def _leaf_count(t) -> int:
+    import pyarrow as pa
+    if pa.types.is_struct(t):
+        return sum(_leaf_count(t.field(i).type) for i in range(t.num_fields)) or 1
+    if pa.types.is_map(t):
+        return _leaf_count(t.key_type) + _leaf_count(t.item_type)
+    if isinstance(t, pa.BaseExtensionType):
+        return _leaf_count(t.storage_type)
+    if hasattr(t, "value_type") and not pa.types.is_dictionary(t):  # list types
+        return _leaf_count(t.value_type)
+    return 1
+
+
+def leaf_columns(meta) -> list[str]:
+    """The top-level column each leaf column chunk of a Parquet file belongs to.
+
+    The names come from the Parquet schema; where one is not valid UTF-8 (pyarrow's
+    ``ColumnSchema.path`` raises UnicodeDecodeError), from the Arrow schema pyarrow reads
+    (its stored ``ARROW:schema`` or its own decoding), matched to the leaves in order."""
+    schema = meta.schema
+    try:
+        return [schema.column(c).path.split(".", 1)[0] for c in range(meta.num_columns)]
+    except UnicodeDecodeError:
+        pass
+    out: list[str] = []
+    try:
+        for f in schema.to_arrow_schema():
+            out.extend([f.name] * _leaf_count(f.type))
+    except Exception:  # noqa: BLE001 - names unknown: positions will do
+        out = []
+    if len(out) != meta.num_columns:
+        out = [f"<column {c}>" for c in range(meta.num_columns)]
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the checks
+
+
+@dataclass(frozen=True)
+class FooterCheck:
+    """What could not be read in one Parquet file's footer.
+
+    ``bad_chunks`` maps ``(row group, leaf column index)`` to a reason; ``columns`` are
+    the affected top-level column names; ``encrypted`` is True when the file (or a column
+    of it) is encrypted.
+    """
+
+    path: str
+    bad_chunks: dict[tuple[int, int], str] = field(default_factory=dict)
+    columns: tuple[str, ...] = ()
+    encrypted: bool = False
+    problem: str | None = None  # the footer as a whole could not be decoded
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad_chunks and self.problem is None
+
+    def reason(self) -> str:
+        if self.problem is not None:
+            return self.problem
+        (rg, _), why = next(iter(sorted(self.bad_chunks.items())))
+        cols = ", ".join(repr(c) for c in self.columns)
+        what = f"column {cols}" if len(self.columns) == 1 else f"columns {cols}"
+        return f"{what}: {why} (first in row group {rg})"
+
+    def fix(self) -> str:
+        if self.encrypted:
+            return ("arrowload cannot decrypt Parquet modular encryption; decrypt the file with "
+                    "pyarrow.parquet.encryption and its keys, or select other files")
+        return "the footer is damaged; rewrite the file from its source, or remove it"
+
+
+def read_footer_bytes(fs: pafs.FileSystem, path: str, size: int | None,
+                      expected: int | None = None) -> bytes | None:
+    """The Thrift bytes of a plaintext Parquet footer (None for an encrypted footer, which
+    pyarrow refuses with a Python exception of its own). ``expected``: the footer's length
+    as pyarrow parsed it (``FileMetaData.serialized_size``), so that one read of exactly
+    the footer and its 8-byte tail suffices (a signed plaintext footer is longer: then a
+    second read)."""
+    with fs.open_input_file(path) as f:
+        if size is None:
+            size = f.size()
+        if size < 12:
+            return None
+        take = min(size, expected + 8 if expected else TAIL_READ)
+        tail = f.read_at(take, size - take)
+        if tail[-4:] != MAGIC:
+            return None
+        (length,) = struct.unpack("<i", tail[-8:-4])
+        if length <= 0 or length + 8 > size:
+            return None
+        if length + 8 > take:
+            tail = f.read_at(length + 8, size - length - 8)
+        return bytes(tail[-8 - length:-8])
+
+
+def check_footer(path: str, footer: bytes | None, leaves: list[tuple[str, str]]) -> FooterCheck:
+    """Check every column chunk of a footer against the schema's leaves (``[(top-level
+    name, physical type)]`` from pyarrow's parsed schema, which is safe to read)."""
+    if footer is None:
+        return FooterCheck(path)
+    try:
+        encrypted, row_groups = _decode_file(_Reader(footer))
+    except FooterDecodeError as exc:
+        return FooterCheck(path, problem=f"the footer cannot be decoded ({exc})")
+    bad: dict[tuple[int, int], str] = {}
+    for r, chunks in enumerate(row_groups):
+        if len(chunks) != len(leaves):
+            bad[(r, 0)] = f"row group {r} has {len(chunks)} column chunks for {len(leaves)} columns"
+            continue
+        for c, chunk in enumerate(chunks):
+            why = _check_chunk(chunk, leaves[c][1])
+            if why is not None:
+                encrypted = encrypted or why.startswith("encrypted")
+                bad[(r, c)] = why
+    names = tuple(dict.fromkeys(leaves[c][0] if c < len(leaves) else "?" for _, c in sorted(bad)))
+    return FooterCheck(path, bad, names, encrypted)
+
+
+# FileMetaData -> RowGroup -> ColumnChunk -> ColumnMetaData: only the fields checked are
+# kept; everything else (schema, statistics, histograms ...) is skipped without building it.
+
+
+def _fields(r: _Reader):
+    """(field id, compact type) of each field of the struct at the reader, in order; the
+    caller reads or skips each value before asking for the next."""
+    last = 0
+    while True:
+        head = r.byte()
+        if head == 0:
+            return
+        delta, ctype = head >> 4, head & 0x0F
+        fid = last + delta if delta else r.zigzag()
+        yield fid, ctype
+        last = fid
+
+
+def _list_header(r: _Reader) -> tuple[int, int]:
+    head = r.byte()
+    size, etype = head >> 4, head & 0x0F
+    if size == 15:
+        size = r.varint()
+    if size > len(r.buf):
+        raise FooterDecodeError("list longer than the footer")
+    return size, etype
+
+
+def _skip(r: _Reader, ctype: int, depth: int = 0) -> None:
+    if depth > 64:
+        raise FooterDecodeError("footer nests too deeply")
+    if ctype in (1, 2):
+        return
+    if ctype == 3:
+        r.pos += 1
+    elif ctype in (4, 5, 6):
+        buf, pos = r.buf, r.pos
+        while True:
+            if pos >= len(buf):
+                raise FooterDecodeError("footer ends inside a value")
+            b = buf[pos]
+            pos += 1
+            if not b & 0x80:
+                break
+        r.pos = pos
+    elif ctype == 7:
+        r.pos += 8
+    elif ctype == 8:
+        n = r.varint()
+        r.pos += n
+    elif ctype in (9, 10):
+        size, etype = _list_header(r)
+        if etype in (1, 2):
+            r.pos += size
+        else:
+            for _ in range(size):
+                _skip(r, etype, depth + 1)
+    elif ctype == 11:
+        size = r.varint()
+        if size:
+            types = r.byte()
+            for _ in range(size):
+                _skip(r, types >> 4, depth + 1)
+                _skip(r, types & 0x0F, depth + 1)
+    elif ctype == 12:
+        for _, t in _fields(r):
+            _skip(r, t, depth + 1)
+    else:
+        raise FooterDecodeError(f"unknown Thrift type {ctype}")
+    if r.pos > len(r.buf):
+        raise FooterDecodeError("a value runs past the footer")
+
+
+def _expect(ctype: int, want: int) -> None:
+    if ctype != want:
+        raise FooterDecodeError(f"a field has Thrift type {ctype}, expected {want}")
+
+
+def _decode_file(r: _Reader) -> tuple[bool, list[list[dict]]]:
+    encrypted, row_groups = False, None
+    for fid, ctype in _fields(r):
+        if fid == 4:
+            _expect(ctype, 9)
+            size, etype = _list_header(r)
+            _expect(etype, 12)
+            row_groups = [_decode_row_group(r) for _ in range(size)]
+        else:
+            encrypted = encrypted or fid == 8  # encryption_algorithm: a plaintext-footer encrypted file
+            _skip(r, ctype)
+    if row_groups is None:
+        raise FooterDecodeError("the footer has no row groups field")
+    return encrypted, row_groups
+
+
+def _decode_row_group(r: _Reader) -> list[dict]:
+    chunks: list[dict] = []
+    for fid, ctype in _fields(r):
+        if fid == 1:
+            _expect(ctype, 9)
+            size, etype = _list_header(r)
+            _expect(etype, 12)
+            chunks = [_decode_chunk(r) for _ in range(size)]
+        else:
+            _skip(r, ctype)
+    return chunks
+
+
+def _decode_chunk(r: _Reader) -> dict:
+    out: dict = {}
+    for fid, ctype in _fields(r):
+        if fid == 3 and ctype == 12:
+            out[3] = _decode_column_meta(r)
+        else:
+            if fid in (8, 9):
+                out[fid] = True
+            _skip(r, ctype)
+    return out
+
+
+def _decode_column_meta(r: _Reader) -> dict:
+    out: dict = {}
+    for fid, ctype in _fields(r):
+        if fid in (1, 4, 5, 6, 7, 9) and ctype in (5, 6):
+            out[fid] = r.zigzag()
+        elif fid == 2 and ctype == 9:
+            size, etype = _list_header(r)
+            _expect(etype, 5)
+            out[2] = [r.zigzag() for _ in range(size)]
+        elif fid == 16 and ctype == 12:
+            present = {}
+            for sid, stype in _fields(r):
+                present[sid] = True
+                _skip(r, stype)
+            out[16] = present
+        else:
+            _skip(r, ctype)
+    return out
+
+
+def _check_chunk(chunk, physical: str) -> str | None:
+    if not isinstance(chunk, dict):
+        return "a column chunk is not a struct"
+    if 8 in chunk or 9 in chunk:
+        return "encrypted column metadata (no decryption keys)"
+    cmd = chunk.get(3)
+    if not isinstance(cmd, dict):
+        return "the column chunk has no column metadata"
+    ptype = cmd.get(1)
+    if not isinstance(ptype, int) or not 0 <= ptype < len(_PHYSICAL):
+        return f"unknown physical type {ptype!r} in the column metadata"
+    if _PHYSICAL[ptype] != physical:
+        return f"column metadata says {_PHYSICAL[ptype]} but the schema says {physical}"
+    codec = cmd.get(4)
+    if codec not in _CODECS:
+        return f"unknown compression codec {codec!r}"
+    encodings = cmd.get(2)
+    if not isinstance(encodings, list) or any(e not in _ENCODINGS for e in encodings):
+        return f"unknown encodings {encodings!r}"
+    for fid in (5, 6, 7, 9):  # num_values, sizes, data page offset
+        if not isinstance(cmd.get(fid), int) or cmd[fid] < 0:
+            return "negative or missing sizes / offsets in the column metadata"
+    sizes = cmd.get(16)  # SizeStatistics
+    if isinstance(sizes, dict) and 1 in sizes and ptype != _BYTE_ARRAY:
+        return f"byte-array size statistics on a {physical} column"
+    return None

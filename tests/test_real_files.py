@@ -1,0 +1,581 @@
+"""Real-world files: encrypted and damaged Parquet footers never abort the process;
+formats and types pyarrow reads are read the same way.
+
+Calls that used to abort (an uncaught C++ exception in pyarrow's column-chunk accessors)
+run in a subprocess: an abort fails the test (exit code), it does not kill pytest.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(al.__file__)))
+
+# ---------------------------------------------------------------------------
+# helpers
+
+
+def run_isolated(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter with this checkout first on the path; it must
+    exit 0 (no abort) and print one JSON object as its last line."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, f"the process died (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+RISKY_CALLS = r"""
+import json, sys
+import arrowload as al
+path = sys.argv[1] if len(sys.argv) > 1 else PATH
+out = {}
+def attempt(name, fn):
+    try:
+        value = fn()
+        out[name] = {"ok": True, "text": str(value)}
+    except Exception as exc:
+        out[name] = {"ok": False, "type": type(exc).__name__, "text": str(exc),
+                     "arrowload": isinstance(exc, al.ArrowloadError),
+                     "corrupt": isinstance(exc, al.CorruptFileError),
+                     "path": getattr(exc, "path", None)}
+d = al.dataset(path)
+attempt("repr", lambda: repr(d))
+attempt("describe", lambda: d.describe().select("column", "source").rows())
+attempt("explain", lambda: d.explain())
+attempt("repr_filtered", lambda: repr(d.filter("a > 3")))
+attempt("explain_filtered", lambda: d.filter("a > 3").explain())
+attempt("describe_filtered", lambda: d.filter("a > 3").describe().select("column", "source").rows())
+attempt("count", lambda: d.count())
+attempt("to_arrow", lambda: d.to_arrow())
+attempt("filtered_count", lambda: d.filter("a > 3").count())
+attempt("filtered_to_arrow", lambda: d.filter("a > 3").to_arrow())
+attempt("loader", lambda: sum(len(b["a"]) for b in d.loader(16)))
+print(json.dumps(out))
+"""
+
+
+def risky_calls(path: str) -> dict:
+    return run_isolated(f"PATH = {path!r}\n" + RISKY_CALLS)
+
+
+def table() -> pa.Table:
+    return pa.table({"a": pa.array(range(100), pa.int64()), "s": [f"v{i}" for i in range(100)]})
+
+
+class _InTestKms:
+    """A KMS client for pyarrow.parquet.encryption that wraps keys in base64 (test only)."""
+
+    @staticmethod
+    def factory():
+        import pyarrow.parquet.encryption as pe
+
+        class Client(pe.KmsClient):
+            def __init__(self, config):
+                super().__init__()
+
+            def wrap_key(self, key_bytes, master_key_identifier):
+                return base64.b64encode(key_bytes)
+
+            def unwrap_key(self, wrapped_key, master_key_identifier):
+                return base64.b64decode(wrapped_key)
+
+        return Client
+
+
+def write_encrypted(path: str, plaintext_footer: bool) -> None:
+    import pyarrow.parquet.encryption as pe
+    factory = pe.CryptoFactory(lambda config: _InTestKms.factory()(config))
+    config = pe.EncryptionConfiguration(footer_key="footer", column_keys={"col": ["a"]},
+                                        plaintext_footer=plaintext_footer, double_wrapping=False)
+    props = factory.file_encryption_properties(pe.KmsConnectionConfig(), config)
+    t = table()
+    with pq.ParquetWriter(path, t.schema, encryption_properties=props) as w:
+        w.write_table(t)
+
+
+def write_damaged_type(path: str) -> None:
+    """A file whose footer says column ``a`` (INT64) holds DOUBLE values: the physical type
+    in its ColumnMetaData is rewritten (Thrift compact: ColumnChunk field 3 header 0x1C,
+    then ColumnMetaData field 1 header 0x15 and zigzag(2 = INT64) = 0x04)."""
+    pq.write_table(table().select(["a"]), path, compression="none", write_statistics=True)
+    data = bytearray(open(path, "rb").read())
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    start = len(data) - 8 - footer_len
+    pattern = b"\x1c\x15\x04"
+    at = data.find(pattern, start)
+    assert at > 0 and data.find(pattern, at + 1) == -1, "the footer layout changed; rebuild the test"
+    data[at + 2] = 0x0A  # zigzag(5) = DOUBLE
+    open(path, "wb").write(bytes(data))
+    assert pq.read_metadata(path).num_rows == 100  # the footer still parses
+
+
+# ---------------------------------------------------------------------------
+# never abort
+
+
+def _assert_survives_and_refuses_reads(result: dict, path: str, column_word: str) -> None:
+    for name in ("repr", "describe", "explain", "repr_filtered", "explain_filtered",
+                 "describe_filtered", "count"):
+        assert result[name]["ok"], (name, result[name])
+    assert "unreadable" in result["explain_filtered"]["text"]
+    for name in ("to_arrow", "filtered_count", "filtered_to_arrow", "loader"):
+        r = result[name]
+        assert not r["ok"] and r["corrupt"], (name, r)
+        assert os.path.basename(path) in r["text"] and column_word in r["text"], (name, r["text"])
+        assert r["path"] is not None and r["path"].endswith(os.path.basename(path))
+    assert result["count"]["text"] == "100"  # row counts live in the readable part of the footer
+
+
+@pytest.mark.parametrize("plaintext_footer", [True, False], ids=["plaintext-footer", "encrypted-footer"])
+def test_encrypted_parquet_never_aborts(tmp_path, plaintext_footer):
+    path = str(tmp_path / "secret.parquet")
+    write_encrypted(path, plaintext_footer)
+    # the truth: pyarrow without keys cannot read it either
+    with pytest.raises(Exception):
+        pq.read_table(path)
+    result = risky_calls(path)
+    if plaintext_footer:
+        _assert_survives_and_refuses_reads(result, path, "'a'")
+        assert "encrypt" in result["explain"]["text"] and "encrypt" in result["repr"]["text"]
+        assert "encrypt" in result["describe"]["text"]
+        assert "decrypt" in result["to_arrow"]["text"]  # says what would fix it
+    else:  # the footer itself is encrypted: nothing is known, every call says so
+        assert result["repr"]["ok"] and "encrypted" in result["repr"]["text"]
+        for name in ("describe", "explain", "to_arrow", "count"):
+            assert not result[name]["ok"] and result[name]["corrupt"], (name, result[name])
+            assert "secret.parquet" in result[name]["text"]
+            assert "footer is encrypted" in result[name]["text"] and "decrypt" in result[name]["text"]
+
+
+def test_damaged_column_metadata_never_aborts(tmp_path):
+    path = str(tmp_path / "damaged.parquet")
+    write_damaged_type(path)
+    result = risky_calls(path)
+    _assert_survives_and_refuses_reads(result, path, "'a'")
+    assert "DOUBLE" in result["to_arrow"]["text"] and "INT64" in result["to_arrow"]["text"]
+    assert "unreadable" in result["explain"]["text"] and "unreadable" in result["describe"]["text"]
+
+
+def test_footer_check_costs_one_exact_footer_read_and_can_be_switched_off(tmp_path):
+    """The check reads each footer once more, exactly its bytes, at planning; with
+    ``check_footers=False`` only pyarrow's own footer fetch remains."""
+    from _support import CountingLocalFileSystem, footer_size
+    paths = []
+    for k in range(3):
+        paths.append(str(tmp_path / f"part-{k}.parquet"))
+        pq.write_table(table(), paths[-1])
+    for check, per_file in ((True, 2), (False, 1)):
+        fs = CountingLocalFileSystem()
+        d = al.dataset(str(tmp_path), filesystem=fs, options=al.Options(scan=al.ScanOptions(check_footers=check)))
+        d.schema
+        reads = fs.stats.reads
+        assert sorted(r.path for r in reads) == sorted(per_file * paths), (check, reads)
+        if check:
+            exact = [r for r in reads if r.nbytes == footer_size(r.path)]
+            assert sorted(r.path for r in exact) == sorted(paths)
+        fs.stats.reset()
+        d.filter("a > 3").explain()
+        repr(d.filter("a > 3"))
+        assert fs.stats.bytes_read == 0  # nothing read after planning, whatever the setting
+
+
+def test_truncated_parquet_is_a_typed_error(tmp_path):
+    path = str(tmp_path / "truncated.parquet")
+    pq.write_table(table(), path)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    result = risky_calls(path)
+    assert result["repr"]["ok"]
+    for name in ("describe", "explain", "to_arrow", "count"):
+        assert not result[name]["ok"] and result[name]["corrupt"], (name, result[name])
+        assert "truncated.parquet" in result[name]["text"]
+
+
+def test_good_file_beside_damaged_one_reads_when_selected_alone(tmp_path):
+    """The check is per file: a good shard in the same folder still reads on its own (as
+    pyarrow reads it), and the folder describes itself, naming the damaged shard."""
+    good = str(tmp_path / "good.parquet")
+    pq.write_table(table(), good)
+    write_damaged_type(str(tmp_path / "zz_damaged.parquet"))
+    result = run_isolated(f"""
+        import json
+        import arrowload as al
+        good = al.dataset({good!r}).to_arrow().to_pydict()
+        both = al.dataset({str(tmp_path)!r}).select("a")
+        described = dict(both.describe().select("column", "source").rows())
+        try:
+            both.to_arrow()
+            error = None
+        except al.CorruptFileError as exc:
+            error = str(exc)
+        print(json.dumps({{"good": good, "described": described, "error": error}}))
+    """)
+    assert result["good"] == pq.read_table(good).to_pydict()
+    assert result["described"]["a"].startswith("footer unreadable")
+    assert result["error"] is not None and "zz_damaged.parquet" in result["error"]
+
+
+# ---------------------------------------------------------------------------
+# Arrow IPC streams and Hugging Face save_to_disk folders
+
+
+def _hf_table(start: int, n: int) -> pa.Table:
+    ids = list(range(start, start + n))
+    return pa.table({"id": pa.array(ids, pa.int64()), "text": [f"row {i}" for i in ids],
+                     "label": pa.array([i % 3 for i in ids], pa.int64()),
+                     "emb": pa.array([[float(i), float(-i)] for i in ids], pa.list_(pa.float32(), 2))})
+
+
+def write_hf_folder(folder) -> list[str]:
+    """The layout ``datasets.Dataset.save_to_disk`` writes: IPC *stream* shards named
+    ``data-0000k-of-0000n.arrow`` beside ``dataset_info.json`` and ``state.json``."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for k, (start, n) in enumerate([(0, 700), (700, 500)]):
+        path = os.path.join(folder, f"data-{k:05d}-of-00002.arrow")
+        t = _hf_table(start, n)
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, t.schema) as w:
+            for batch in t.to_batches(max_chunksize=256):
+                w.write_batch(batch)
+        paths.append(path)
+    with open(os.path.join(folder, "dataset_info.json"), "w") as f:
+        json.dump({"citation": "", "description": "", "features": {"id": {"dtype": "int64"}}}, f, indent=2)
+    with open(os.path.join(folder, "state.json"), "w") as f:
+        json.dump({"_data_files": [{"filename": os.path.basename(p)} for p in paths],
+                   "_fingerprint": "abc", "_format_type": None}, f, indent=2)
+    return paths
+
+
+def _read_streams(paths) -> pa.Table:
+    return pa.concat_tables(pa.ipc.open_stream(p).read_all() for p in paths)
+
+
+def test_hugging_face_save_to_disk_folder_reads_like_pyarrow(tmp_path, assert_tables_equal):
+    folder = str(tmp_path / "hf")
+    paths = write_hf_folder(folder)
+    truth = _read_streams(paths)
+    d = al.dataset(folder)
+    assert d.schema == truth.schema
+    assert d.count() == truth.num_rows
+    assert_tables_equal(d.to_arrow(), truth)
+    assert d.head(5).equals(truth.slice(0, 5))
+    import pyarrow.compute as pc
+    assert_tables_equal(d.filter("label = 1 AND id > 600").to_arrow(),
+                        truth.filter(pc.and_(pc.equal(truth["label"], 1), pc.greater(truth["id"], 600))))
+    assert d.filter("label = 2").count() == pc.sum(pc.equal(truth["label"], 2)).as_py()
+    seen = []
+    with d.loader(128, shuffle=True, seed=1) as loader:
+        for batch in loader:
+            seen.extend(batch["id"].tolist())
+            assert batch["emb"].shape[1:] == (2,)
+    assert sorted(seen) == truth.column("id").to_pylist()
+    assert "2 files" in repr(d) and "1,200 rows" in repr(d)
+
+
+def test_single_ipc_stream_file_and_a_mix_with_ipc_files(tmp_path, assert_tables_equal):
+    stream_path = str(tmp_path / "a.arrow")
+    t = _hf_table(0, 300)
+    with pa.OSFile(stream_path, "wb") as sink, pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    assert_tables_equal(al.dataset(stream_path).to_arrow(), pa.ipc.open_stream(stream_path).read_all())
+    file_path = str(tmp_path / "b.arrow")
+    u = _hf_table(300, 200)
+    with pa.OSFile(file_path, "wb") as sink, pa.ipc.new_file(sink, u.schema) as w:
+        w.write_table(u)
+    both = al.dataset(str(tmp_path))
+    assert both.count() == 500
+    assert_tables_equal(both.to_arrow(), pa.concat_tables([t, pa.ipc.open_file(file_path).read_all()]))
+
+
+def test_ipc_stream_on_a_remote_filesystem(tmp_path, assert_tables_equal):
+    """Through an fsspec filesystem (memory://): rows unknown until read, same result."""
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    t = _hf_table(0, 400)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        w.write_table(t)
+    fs.pipe("/hfremote/data-00000-of-00001.arrow", sink.getvalue().to_pybytes())
+    fs.pipe("/hfremote/state.json", b'{"_fingerprint": "x"}')
+    d = al.dataset("memory://hfremote")
+    assert d.count() == 400
+    assert_tables_equal(d.to_arrow(), t)
+
+
+# ---------------------------------------------------------------------------
+# integrity: page checksums, snapshot identity
+
+
+def write_corrupt_page(path: str) -> int:
+    """A file written with page checksums whose one data page has a flipped bit (the
+    footer intact); returns the row whose value the flip changed."""
+    values = pa.array(range(1000, 2000), pa.int64())
+    pq.write_table(pa.table({"x": values}), path, compression="none", use_dictionary=False,
+                   write_statistics=False, write_page_checksum=True)
+    data = bytearray(open(path, "rb").read())
+    at = data.find((1500).to_bytes(8, "little", signed=True))
+    assert at > 0 and data.count((1500).to_bytes(8, "little", signed=True)) == 1
+    data[at] ^= 0x01
+    open(path, "wb").write(bytes(data))
+    return 500
+
+
+def test_corrupt_page_raises_with_page_checksums(tmp_path, assert_tables_equal):
+    path = str(tmp_path / "bitrot.parquet")
+    row = write_corrupt_page(path)
+    # the truth: without verification the flip is silent, with it pyarrow refuses the page
+    assert pq.read_table(path).column("x")[row].as_py() == 1501
+    with pytest.raises(OSError, match="CRC"):
+        pq.read_table(path, page_checksum_verification=True)
+    checked = al.ScanOptions(page_checksums=True)
+    for d in (al.dataset(path, options=al.Options(scan=checked)), al.dataset(path).with_options(scan=checked)):
+        for call in (lambda: d.to_arrow(), lambda: d.filter("x > 1200").to_arrow(),
+                     lambda: d.filter("x > 1200").count(), lambda: list(d.loader(100)),
+                     lambda: d.head(600)):
+            with pytest.raises(al.CorruptFileError, match="bitrot.parquet") as info:
+                call()
+            assert "checksum" in str(info.value).lower()
+    # verification off: what pyarrow returns without it (the option is honoured both ways)
+    off = al.dataset(path).with_options(scan=al.ScanOptions(page_checksums=False))
+    assert off.to_arrow().equals(pq.read_table(path))
+    # an intact file with checksums reads the same with verification on
+    good = str(tmp_path / "good.parquet")
+    pq.write_table(table(), good, write_page_checksum=True)
+    assert_tables_equal(al.dataset(good, options=al.Options(scan=checked)).to_arrow(), pq.read_table(good), key="a")
+
+
+def test_local_rewrite_with_same_size_and_mtime_is_detected(tmp_path):
+    path = tmp_path / "part.parquet"
+    pq.write_table(pa.table({"x": [1, 2, 3]}), path)
+    d = al.dataset(str(tmp_path))
+    src = d.plan.source
+    before = src.fingerprint()
+    st = os.stat(path)
+    # a writer's usual rewrite: a new file renamed over the old one (a new inode), here with
+    # the same size and the old modification time to the nanosecond
+    tmp = tmp_path / "part.parquet.tmp"
+    pq.write_table(pa.table({"x": [7, 8, 9]}), tmp)
+    assert os.path.getsize(tmp) == st.st_size
+    os.replace(tmp, path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.stat(path).st_ino != st.st_ino
+    assert src.changed_files() == [str(path)]
+    assert al.dataset(str(tmp_path)).plan.source.fingerprint() != before
+    # and an untouched lake is not reported as changed
+    assert al.dataset(str(tmp_path)).plan.source.changed_files() == []
+
+
+def test_s3_rewrite_with_same_size_is_detected_by_etag(tmp_path):
+    import s3fs
+    from _support import moto_s3_server
+    with moto_s3_server() as url:
+        s3 = s3fs.S3FileSystem(endpoint_url=url, key="testing", secret="testing", skip_instance_cache=True)
+        s3.mkdir("snapshots")
+        first, second = pa.BufferOutputStream(), pa.BufferOutputStream()
+        pq.write_table(pa.table({"x": [1, 2, 3]}), first)
+        pq.write_table(pa.table({"x": [7, 8, 9]}), second)
+        assert first.getvalue().size == second.getvalue().size
+        s3.pipe("snapshots/lake/part.parquet", first.getvalue().to_pybytes())
+        options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
+        d = al.dataset("s3://snapshots/lake", storage_options=options)
+        src = d.plan.source
+        before = src.fingerprint()
+        assert src.changed_files() == []
+        s3.pipe("snapshots/lake/part.parquet", second.getvalue().to_pybytes())
+        assert src.changed_files() == ["snapshots/lake/part.parquet"]
+        assert al.dataset("s3://snapshots/lake", storage_options=options).plan.source.fingerprint() != before
+
+
+# ---------------------------------------------------------------------------
+# types and writers pyarrow reads
+
+
+def test_duplicate_field_names_are_an_error_only_where_ambiguous(tmp_path):
+    path = str(tmp_path / "dup.parquet")
+    dup = pa.Table.from_arrays([pa.array([1, 2, 3]), pa.array([4, 5, 6]), pa.array([7, 8, 9])],
+                               names=["x", "x", "y"])
+    pq.write_table(dup, path)
+    truth = pq.ParquetFile(path).read()  # pyarrow's file reader keeps both x columns
+    d = al.dataset(path)
+    assert d.schema.names == truth.schema.names
+    assert d.count() == truth.num_rows
+    assert d.select("y").to_arrow().column("y").equals(truth.column(2))
+    assert d.filter("y > 7").select("y").to_arrow().column("y").to_pylist() == [8, 9]
+    assert [b["y"].tolist() for b in d.select("y").loader(3)] == [[7, 8, 9]]
+    described = d.describe().select("column", "max").rows()
+    assert described[-1] == ("y", "9") and [c for c, _ in described] == ["x", "x", "y"]
+    assert "x: int64, x: int64, y: int64" in repr(d)
+    for call in (d.to_arrow, lambda: d.head(1), lambda: list(d.loader(2))):
+        with pytest.raises(al.AmbiguousColumnError) as info:
+            call()
+        assert isinstance(info.value, KeyError) and info.value.column == "x"
+        assert "dup.parquet" in str(info.value) and "'y'" in str(info.value)
+
+
+def test_float16_describes_numbers_and_converts_to_float16(tmp_path):
+    import numpy as np
+    import pyarrow.compute as pc
+    values = np.array([1.5, -2.25, 65504.0, 0.0009765625, 3.0], dtype=np.float16)
+    path = str(tmp_path / "half.parquet")
+    pq.write_table(pa.table({"h": pa.array(values)}), path)
+    truth = pq.read_table(path).column("h")
+    lo_hi = pc.min_max(truth.cast(pa.float32())).as_py()
+    d = al.dataset(path)
+    for exact in (False, True):
+        row = dict(zip(("min", "max"), d.describe(exact=exact).select("min", "max").row(0)))
+        assert float(row["min"]) == lo_hi["min"] and float(row["max"]) == lo_hi["max"], (exact, row)
+    batch = next(iter(d.loader(5)))
+    assert batch["h"].dtype == np.float16 and batch["h"].tolist() == truth.to_numpy().tolist()
+
+
+def test_structs_of_timestamps_past_python_datetime(tmp_path):
+    import numpy as np
+    far = 253402300800000000 * 10  # microseconds: year 82269, past datetime.MAXYEAR
+    st = pa.array([{"t": far, "d": 10}, None, {"t": -far, "d": None}],
+                  pa.struct([("t", pa.timestamp("us")), ("d", pa.date32())]))
+    path = str(tmp_path / "far.parquet")
+    pq.write_table(pa.table({"st": st, "t2": pa.array([far, 0, None], pa.timestamp("us"))}), path)
+    truth = pq.read_table(path)
+    with pytest.raises(OverflowError):  # why: Python's datetime cannot hold these
+        truth.column("st").to_pylist()
+    d = al.dataset(path)
+    got = next(iter(d.select("st").loader(3)))["st"]
+    raw_t = truth.column("st").combine_chunks().field("t").view(pa.int64()).to_pylist()
+    assert got[1] is None
+    assert [np.datetime64(r["t"]).astype("datetime64[us]").astype(np.int64) for r in (got[0], got[2])] == \
+        [raw_t[0], raw_t[2]]
+    assert got[0]["d"] == np.datetime64(10, "D") and got[2]["d"] is None
+    for exact in (False, True):
+        row = d.describe(exact=exact).filter(__import__("polars").col("column") == "t2").row(0, named=True)
+        assert row["max"].startswith("82269-"), (exact, row)
+    assert d.head(3).equals(truth)
+
+
+def test_interval_uuid_json_and_view_types_read_as_pyarrow_reads_them(tmp_path, assert_tables_equal):
+    import uuid
+    ids = pa.array([1, 2, 3])
+    uuids = [uuid.UUID(int=i * 7919) for i in range(3)]
+    ipc_table = pa.table({
+        "id": ids,
+        "iv": pa.array([pa.MonthDayNano([1, 2, 3]), None, pa.MonthDayNano([-1, 0, 5])],
+                       pa.month_day_nano_interval()),
+        "sv": pa.array(["a", None, "ccc"], pa.string_view()),
+        "bv": pa.array([b"a", b"", None], pa.binary_view()),
+        "u": pa.array([u.bytes for u in uuids], pa.uuid()),
+    })
+    ipc_path = str(tmp_path / "types.arrow")
+    with pa.OSFile(ipc_path, "wb") as sink, pa.ipc.new_file(sink, ipc_table.schema) as w:
+        w.write_table(ipc_table)
+    truth = pa.ipc.open_file(ipc_path).read_all()
+    d = al.dataset(ipc_path)
+    assert d.schema == truth.schema
+    assert d.to_arrow().equals(truth)
+    batch = next(iter(d.loader(3)))
+    assert batch["iv"] == truth.column("iv").to_pylist()
+    assert batch["u"] == uuids
+    parquet_table = pa.table({"id": ids, "u": ipc_table["u"],
+                              "j": pa.array(['{"a": 1}', None, "[]"], pa.json_(pa.string())),
+                              "sv": ipc_table["sv"]})
+    pq_path = str(tmp_path / "types.parquet")
+    pq.write_table(parquet_table, pq_path)
+    truth = pq.read_table(pq_path)
+    d = al.dataset(pq_path)
+    assert d.schema == truth.schema
+    assert isinstance(d.schema.field("u").type, pa.UuidType)
+    assert d.to_arrow().equals(truth)
+    assert d.describe().height == 4
+
+
+def test_invalid_utf8_path_in_column_metadata(tmp_path):
+    """A column chunk whose ``path_in_schema`` is not UTF-8 (one byte of it rewritten; the
+    schema's own name intact): pyarrow reads the file; footers, describe and explain must
+    too (describe raised UnicodeDecodeError)."""
+    path = str(tmp_path / "badpath.parquet")
+    pq.write_table(pa.table({"abcdef": [1, 2, 3], "other": [4.0, 5.0, 6.0]}), path, compression="none")
+    data = bytearray(open(path, "rb").read())
+    at = data.rfind(b"abcdef", 0, len(data) - 8)  # the last one: the column chunk's path_in_schema
+    data[at] = 0xFF
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(UnicodeDecodeError):  # why: the chunk's path is not UTF-8
+        pq.read_metadata(path).row_group(0).column(0).path_in_schema
+    truth = pq.read_table(path)
+    d = al.dataset(path)
+    assert d.to_arrow().equals(truth)
+    rows = {r[0]: r for r in d.describe().select("column", "min", "max", "compressed_bytes").rows()}
+    assert rows["abcdef"][1:3] == ("1", "3") and rows["other"][1:3] == ("4.0", "6.0")
+    assert rows["abcdef"][3] > 0
+    assert "~? of ?" not in d.select("abcdef").explain()
+
+
+def _writers_table():
+    import datetime as dt
+    return pa.table({
+        "id": pa.array(range(6), pa.int64()),
+        "f": pa.array([0.5, None, 3.25, -1.0, 2.0, 1e300]),
+        "s": ["a", None, "", "d%_\\", "ü", "f"],
+        "ts": pa.array([dt.datetime(2020, 1, 1), None, dt.datetime(1969, 12, 31, 23, 59),
+                        dt.datetime(2038, 1, 19), dt.datetime(2000, 2, 29), dt.datetime(1900, 1, 1)],
+                       pa.timestamp("us")),
+        "l": pa.array([[1, 2], [], None, [3], [4, 5, 6], [7]], pa.list_(pa.int64())),
+        "b": [True, False, None, True, True, False],
+    })
+
+
+@pytest.mark.parametrize("writer", ["pyarrow", "polars", "duckdb", "pandas"])
+def test_files_written_by_other_libraries(tmp_path, writer, assert_tables_equal):
+    t = _writers_table()
+    path = str(tmp_path / f"{writer}.parquet")
+    if writer == "pyarrow":
+        pq.write_table(t, path)
+    elif writer == "polars":
+        import polars as pl
+        pl.from_arrow(t).write_parquet(path)
+    elif writer == "duckdb":
+        import duckdb
+        con = duckdb.connect()
+        con.register("t", t)
+        con.execute(f"COPY (SELECT * FROM t) TO '{path}' (FORMAT parquet)")
+        con.close()
+    else:
+        t.to_pandas().to_parquet(path)
+    truth = pq.read_table(path)
+    d = al.dataset(path)
+    got = d.to_arrow()
+    assert got.schema.names == truth.schema.names
+    assert_tables_equal(got, truth)
+    assert d.count() == truth.num_rows
+    assert d.describe().height == len(truth.schema.names)
+    assert "Dataset" in repr(d) and "scan 0" in d.explain()
+
+
+def test_hive_partitioned_ipc_streams(tmp_path, assert_tables_equal):
+    """Stream files in hive folders: the partition column comes from the folder names, and
+    a filter on it returns what pyarrow's hive reading of the same rows gives."""
+    import pyarrow.compute as pc
+    parts = []
+    for k, country in enumerate(["DE", "US"]):
+        folder = tmp_path / f"country={country}"
+        folder.mkdir()
+        t = _hf_table(k * 100, 100)
+        with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink, \
+                pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+        parts.append(t.append_column("country", pa.array([country] * t.num_rows)))
+    truth = pa.concat_tables(parts)
+    d = al.dataset(str(tmp_path))
+    assert_tables_equal(d.to_arrow(), truth)
+    got = d.filter("country = 'US' AND label = 1").to_arrow()
+    assert_tables_equal(got, truth.filter(pc.and_(pc.equal(truth["country"], "US"), pc.equal(truth["label"], 1))))
+    assert d.filter("country = 'DE'").count() == 100
