@@ -388,19 +388,24 @@ def _py_values(arr: pa.Array) -> list:
 # nulls and scalars
 
 
+def null_fix(name: str, t: pa.DataType) -> str:
+    """What fixes nulls in column ``name`` on the way to arrays (the CLI rewrites it in flags)."""
+    leaf = leaf_type(t)
+    star = (" (or {'*': <value>} for every numeric column)"
+            if pa.types.is_integer(leaf) or pa.types.is_floating(leaf) else "")
+    return (f"pass fill_null={{{name!r}: <value>}}{star}, or filter the rows out: "
+            f".filter(\"{name} IS NOT NULL\")")
+
+
 def _fill(name: str, t: pa.DataType, host: Host, fill: Any, opts: ConvertOptions) -> np.ndarray:
     nulls = host.nulls
     if nulls is None or not nulls.any():
         return host.data
     if fill is None:
         count = int(nulls.sum())
-        leaf = leaf_type(t)
-        star = (" (or {'*': <value>} for every numeric column)"
-                if pa.types.is_integer(leaf) or pa.types.is_floating(leaf) else "")
         raise ConversionError(
             f"column {name!r} ({t}) has {count} null value(s) in this batch, and {opts.output} arrays cannot "
-            f"hold a null; pass fill_null={{{name!r}: <value>}}{star}, or filter the rows out: "
-            f".filter(\"{name} IS NOT NULL\")", column=name)
+            f"hold a null; {null_fix(name, t)}", column=name)
     value = host_scalar(name, fill, leaf_type(t), "fill_null")
     data = host.data
     if not (host.owned and data.flags.writeable):

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..convert.host import _check_names, _fill_for, array_valued
+from ..convert.host import _check_names, _fill_for, array_valued, null_fix
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError
 from ..plan.nodes import Plan, Scan
@@ -43,11 +43,6 @@ def _fix(name: str, longest: int | None = None) -> str:
     width = str(longest) if longest else "N"
     return (f"pass pad_lists=True, pad_to={width} (or pad_lists=({name!r},)) to pad it with pad_value "
             f"and get '{name}_lengths', or make it a fixed-size list in the plan")
-
-
-def _fill_hint(name: str) -> str:
-    return (f"pass fill_null={{{name!r}: <value>}} (or fill_null={{'*': 0}} for every numeric column), "
-            f"or filter them out: .filter(\"{name} IS NOT NULL\")")
 
 
 def check_plan(schema: pa.Schema, plan: Plan, opts: ConvertOptions, stack: Mapping[str, Any] | None) -> None:
@@ -100,7 +95,7 @@ def _check_table(table: pa.Table, opts: ConvertOptions) -> dict[str, int]:
                 nulls += pc.list_flatten(column).null_count if len(column) else 0
             if nulls:
                 raise ConversionError(f"column {name!r} ({field.type}) has {nulls} null(s) in the selection; "
-                                      f"{_fill_hint(name)}", column=name)
+                                      f"{null_fix(name, field.type)}", column=name)
     return widths
 
 
@@ -125,6 +120,9 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
     for unit in scan.selected_units():
         if unit.row_group is None:
             continue
+        if unit.file not in columns and hasattr(source, "refuse_unreadable"):
+            # encrypted / damaged column metadata aborts pyarrow's accessors: a typed error now
+            source.refuse_unreadable([unit.file])
         try:
             meta = source.file_metadata(unit.file)
             rg = meta.row_group(unit.row_group)
@@ -151,7 +149,7 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
             top = field.name
             if path == top and nulls and _fill_for(top, field.type, opts) is None:
                 raise ConversionError(f"column {top!r} ({field.type}) has {nulls} null(s) in {where} (Parquet "
-                                      f"footer statistics), which the loader reads; {_fill_hint(top)}",
+                                      f"footer statistics), which the loader reads; {null_fix(top, field.type)}",
                                       column=top)
             if top in lists and path != top and rows:
                 if values % rows:

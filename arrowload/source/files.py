@@ -372,7 +372,7 @@ class FileSource(PicklableLock, Source):
                     check = self._checks[i] = check_footer(path, self._footers.pop(i, None), leaves)
         return check
 
-    def _refuse_unreadable(self, files) -> None:
+    def refuse_unreadable(self, files) -> None:
         if self.kind != "parquet":
             return
         for f in files:
@@ -402,7 +402,7 @@ class FileSource(PicklableLock, Source):
         if units is None:
             chosen = list(fragments)
             if statistics:
-                self._refuse_unreadable(range(len(fragments)))
+                self.refuse_unreadable(range(len(fragments)))
         else:
             chosen = []
             groups: dict[int, list[int]] = {}
@@ -415,7 +415,7 @@ class FileSource(PicklableLock, Source):
                 if unit.row_group is not None:
                     groups[unit.file].append(unit.row_group)
             if statistics:
-                self._refuse_unreadable(order)
+                self.refuse_unreadable(order)
             for f in order:
                 frag = fragments[f]
                 rgs = groups[f]

@@ -50,7 +50,12 @@ def detect_lake_table(fs: pafs.FileSystem, folder: str, *,
     for c in candidates:
         probes.append(f"{c}/{DELTA_LOG}")
         probes.append(f"{c}/{ICEBERG_METADATA}")
-    infos = retry(lambda: fs.get_file_info(probes), retries=retries, backoff_s=backoff)
+    try:
+        infos = retry(lambda: fs.get_file_info(probes), retries=retries, backoff_s=backoff)
+    except OSError:
+        # a parent the caller may not list (credentials scoped to a prefix): probe one by one;
+        # a folder that cannot be looked at is not known to be a table
+        infos = [_probe(fs, p) for p in probes]
     for i, c in enumerate(candidates):
         delta, meta = infos[2 * i], infos[2 * i + 1]
         if delta.type == pafs.FileType.Directory:
@@ -60,9 +65,19 @@ def detect_lake_table(fs: pafs.FileSystem, folder: str, *,
     return None
 
 
+def _probe(fs: pafs.FileSystem, path: str) -> pafs.FileInfo:
+    try:
+        return fs.get_file_info(path)
+    except OSError:
+        return pafs.FileInfo(path, pafs.FileType.Unknown)
+
+
 def _has_iceberg_metadata(fs: pafs.FileSystem, folder: str, retries: int, backoff: float) -> bool:
     selector = pafs.FileSelector(folder, recursive=False, allow_not_found=True)
-    infos = retry(lambda: fs.get_file_info(selector), retries=retries, backoff_s=backoff)
+    try:
+        infos = retry(lambda: fs.get_file_info(selector), retries=retries, backoff_s=backoff)
+    except OSError:
+        return False
     return any(i.type == pafs.FileType.File and i.base_name.endswith(_ICEBERG_SUFFIX) for i in infos)
 
 
