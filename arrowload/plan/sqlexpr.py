@@ -376,7 +376,13 @@ class Compiler:
     def _compare(self, node, fn):
         a, b = self.visit(node.this), self.visit(node.expression)
         ea, eb = _unify(a, b)
-        return Typed(fn(ea, eb), pa.bool_())
+        out = fn(ea, eb)
+        # DuckDB orders NaN above every number: ``f > 5`` / ``5 < f`` keep NaN rows
+        greater = {exp.GT: "a", exp.GTE: "a", exp.LT: "b", exp.LTE: "b"}.get(type(node))
+        side = a if greater == "a" else b if greater == "b" else None
+        if side is not None and not side.is_literal and side.type is not None and pat.is_floating(side.type):
+            out = pc.or_kleene(out, pc.is_nan(side.expr))
+        return Typed(out, pa.bool_())
 
     def _arith(self, node, fname):
         a, b = self.visit(node.this), self.visit(node.expression)

@@ -11,15 +11,32 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from ..errors import ArrowloadError, CorruptFileError, ExpressionError
 from ..options import Options
+from ..plan import duckeval
+from ..plan.expr import SqlExpr
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.retry import retry
 
 _MAX_BATCH_ROWS = 1 << 20
+KEEP = "__arrowload_keep"
+
+
+def keep_rows(data):
+    """A scanner's batch (or table) with the pushed predicate applied: rows where the
+    ``KEEP`` column is true (null and false drop the row, as in SQL), without that column."""
+    names = data.schema.names
+    if not names or names[-1] != KEEP:
+        return data
+    mask = data.column(len(names) - 1)
+    data = data.drop_columns([KEEP]) if isinstance(data, pa.Table) else data.select(names[:-1])
+    if mask.null_count == 0 and pc.all(mask).as_py() is not False:
+        return data
+    return data.filter(mask)
 
 
 def _batch_rows(scan: Scan, options: Options) -> int:
@@ -39,9 +56,17 @@ def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False
         columns = {name: e.to_arrow(schema) for name, e in scan.projection}
     else:
         columns = list(scan.columns) if scan.columns is not None else None
+    if scan.predicate is not None:
+        # The predicate is computed as a column and applied by ``keep_rows``, never given to
+        # pyarrow as a scan filter: pyarrow would skip row groups by their statistics, which
+        # is unsound where statistics are missing NaN, corrupt or implausible. Pruning is the
+        # optimizer's job (prune_row_groups), which checks the statistics first.
+        if not isinstance(columns, dict):
+            columns = {n: pc.field(n) for n in (columns if columns is not None else schema.names)}
+        columns[KEEP] = scan.predicate.to_arrow(schema, predicate=True)
     kwargs = dict(
         columns=columns,
-        filter=scan.predicate.to_arrow(schema, predicate=True) if scan.predicate is not None else None,
+        filter=None,
         batch_size=_batch_rows(scan, options),
         use_threads=options.scan.use_threads,
         batch_readahead=1 if streaming else options.scan.batch_readahead,
@@ -104,6 +129,7 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
         else:
             batches = scanner(scan, options, streaming=remaining is not None).to_batches()
         for b in batches:
+            b = keep_rows(b)
             if b.num_rows == 0:
                 continue
             if remaining is not None:
@@ -139,10 +165,16 @@ def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    # the SQL items DuckDB computes run in one query over the batch
+    duck = [i for i, (_, e) in enumerate(node.items)
+            if isinstance(e, SqlExpr) and e.column_name() is None and not e.projectable_on(batch.schema)]
+    computed = dict(zip(duck, duckeval.evaluate_many(
+        batch, [(str(i), node.items[i][1].duck_sql, node.items[i][1].text) for i in duck],
+        frozenset().union(*(node.items[i][1].columns for i in duck))))) if duck else {}
     arrays = []
-    for (name, e), f in zip(node.items, schema):
+    for i, ((name, e), f) in enumerate(zip(node.items, schema)):
         ref = e.column_name()
-        arr = batch.column(ref) if ref is not None else e.evaluate(batch)
+        arr = batch.column(ref) if ref is not None else computed[i] if i in computed else e.evaluate(batch)
         arrays.append(arr if arr.type.equals(f.type) else arr.cast(f.type))
     if not arrays:
         return batch.select([])
@@ -187,7 +219,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     if isinstance(plan, Scan) and plan.limit is None:
         try:
             # a whole scan is idempotent: transient object-store errors are retried with backoff
-            return retry(lambda: scanner(plan, options).to_table(), retries=options.scan.retries,
+            return retry(lambda: keep_rows(scanner(plan, options).to_table()), retries=options.scan.retries,
                          backoff_s=options.scan.retry_backoff_s)
         except _READ_ERRORS as exc:
             if isinstance(exc, FileNotFoundError):
@@ -196,22 +228,23 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
 
 
-def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr) -> int:
-    """``count_rows`` of Parquet fragments that may hold a subset of their file's row groups.
-
-    pyarrow (26) counts such a fragment as its whole file when the filter is decided true
-    by the partition values alone (``country = 'DE'`` on ``country=DE/``): its fast path
-    returns the file's row count. A fragment never holds more rows than its row groups,
-    and in that case holds exactly them, so the count is capped there.
-    """
+def _count_scan(scan: Scan, options: Options) -> int:
+    """Rows of ``scan`` (before its limit) after its predicate, reading only the
+    predicate's columns. Statistics are never trusted to decide a count: pyarrow's
+    ``count_rows(filter=)`` would count whole row groups its statistics call all-true,
+    which is wrong where those statistics are missing NaN or corrupt."""
+    src = scan.source
+    dataset = src.dataset(scan.units)
+    if scan.predicate is None:
+        return dataset.count_rows()
+    expr = scan.predicate.to_arrow(src.schema, predicate=True)
+    kwargs = dict(columns={KEEP: expr}, use_threads=options.scan.use_threads,
+                  batch_size=_batch_rows(scan, options))
+    if src.kind == "parquet":
+        kwargs["fragment_scan_options"] = ds.ParquetFragmentScanOptions(pre_buffer=options.scan.pre_buffer)
     total = 0
-    for frag in dataset.get_fragments():
-        one = ds.FileSystemDataset([frag], dataset.schema, dataset.format, dataset.filesystem)
-        n = one.count_rows(filter=expr)
-        groups = frag.row_groups
-        if groups is not None:
-            n = min(n, sum(g.num_rows for g in groups))
-        total += n
+    for b in ds.Scanner.from_dataset(dataset, **kwargs).to_batches():
+        total += int(pc.sum(b.column(0)).as_py() or 0)
     return total
 
 
@@ -219,8 +252,8 @@ def count_rows(plan: Plan, options: Options) -> int:
     """Rows the plan returns, reading as little as the plan allows.
 
     Projections keep counts; a scan without predicate counts from footers (Parquet,
-    IPC, memory); a pushed predicate lets pyarrow answer from statistics where they
-    decide it and otherwise read only the predicate's columns.
+    IPC, memory); with a pushed predicate only the predicate's columns of the units
+    left after (sound) pruning are read.
     """
     node = plan
     while isinstance(node, Project):
@@ -235,14 +268,8 @@ def count_rows(plan: Plan, options: Options) -> int:
         if node.predicate is None and all(u.num_rows is not None for u in units):
             total = sum(u.num_rows for u in units)
         else:
-            src = node.source
-            expr = node.predicate.to_arrow(src.schema, predicate=True) if node.predicate else None
             try:
-                if expr is not None and node.units is not None and src.kind == "parquet":
-                    total = _count_row_group_subsets(src.dataset(node.units), expr)
-                else:
-                    total = src.dataset(node.units).count_rows(filter=expr) if expr is not None \
-                        else src.dataset(node.units).count_rows()
+                total = _count_scan(node, options)
             except _READ_ERRORS as exc:
                 if isinstance(exc, FileNotFoundError):
                     raise
