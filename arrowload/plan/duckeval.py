@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.types as pat
 
 from ..errors import ExpressionError, UnsupportedError
+from .rowselect import take_rows
 
 _ROW = "__arrowload_row"
 _OUT = "__arrowload_value"
@@ -151,7 +152,7 @@ def filter_batch(batch: pa.RecordBatch, sql: str, text: str, columns) -> pa.Reco
     idx = filter_mask_indices(batch, sql, text, columns)
     if idx.size == batch.num_rows:
         return batch
-    return batch.take(pa.array(idx))
+    return take_rows(batch, pa.array(idx))
 
 
 def evaluate_many(batch: pa.RecordBatch, items: list[tuple[str, str, str]], columns) -> list[pa.Array]:

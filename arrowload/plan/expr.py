@@ -18,6 +18,7 @@ from sqlglot import exp
 
 from ..errors import ColumnNotFoundError, ExpressionError
 from . import duckeval, pushable, sandbox, sqlexpr
+from .rowselect import filter_rows
 
 
 class Expr:
@@ -63,7 +64,7 @@ class Expr:
 
     def filter_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         try:
-            return batch.filter(self.to_arrow(batch.schema, predicate=True))
+            return filter_rows(batch, self.to_arrow(batch.schema, predicate=True))
         except _ARROW_ERRORS as e:
             raise ExpressionError(f"filter {self} failed: {e}; fix the expression, or write it "
                                   "as SQL text (DuckDB semantics)") from None

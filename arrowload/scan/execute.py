@@ -18,6 +18,7 @@ from ..errors import ArrowloadError, CorruptFileError, ExpressionError
 from ..options import Options
 from ..plan import duckeval
 from ..plan.expr import SqlExpr
+from ..plan.rowselect import filter_rows
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.retry import retry
@@ -36,7 +37,7 @@ def keep_rows(data):
     data = data.drop_columns([KEEP]) if isinstance(data, pa.Table) else data.select(names[:-1])
     if mask.null_count == 0 and pc.all(mask).as_py() is not False:
         return data
-    return data.filter(mask)
+    return filter_rows(data, mask)
 
 
 def _batch_rows(scan: Scan, options: Options) -> int:
