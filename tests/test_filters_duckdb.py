@@ -723,3 +723,11 @@ def test_explain_says_where_each_part_runs(parquet_lake):
     text = al.dataset(parquet_lake).filter("label = 1 AND id + 1 > 5").select("id", z="id * 2").explain()
     assert 'filter="label" = 1' in text
     assert "Filter [duckdb]" in text and "z := \"id\" * 2 [duckdb]" in text
+
+
+def test_sql_join_over_a_filtered_dataset_keeps_nan_rows(nan_omitted_from_stats):
+    """A filtered dataset bound in al.sql (a join runs in DuckDB) keeps the rows the
+    filter keeps: its pushed predicate is not handed to pyarrow as a dataset filter."""
+    t = al.dataset(str(nan_omitted_from_stats)).filter("f > 5")
+    got = al.sql("SELECT a.id FROM t a JOIN t b ON a.id = b.id", t=t).to_arrow().column("id").to_pylist()
+    assert sorted(got) == _truth(nan_omitted_from_stats, "f > 5")
