@@ -731,3 +731,25 @@ def test_sql_join_over_a_filtered_dataset_keeps_nan_rows(nan_omitted_from_stats)
     t = al.dataset(str(nan_omitted_from_stats)).filter("f > 5")
     got = al.sql("SELECT a.id FROM t a JOIN t b ON a.id = b.id", t=t).to_arrow().column("id").to_pylist()
     assert sorted(got) == _truth(nan_omitted_from_stats, "f > 5")
+
+
+@pytest.mark.parametrize("where", ["id < 1000", "country IN ('US', 'DE')", "day >= '2024-01-10'",
+                                   "label = 1 AND country = 'US'", "f0 < 0.5", "score > 0.5",
+                                   "country LIKE 'U%'", "ts BETWEEN '2024-01-01' AND '2024-01-05'",
+                                   "country IS NULL OR NOT (label = 0)"])
+def test_simple_filters_stay_in_the_pyarrow_scan(parquet_lake, where):
+    """The common, pushable filters run inside the pyarrow scan (pruning, no DuckDB call)."""
+    plan = al.dataset(parquet_lake).filter(where).optimized_plan()
+    assert type(plan).__name__ == "Scan" and plan.predicate is not None, where
+
+
+def test_duckdb_filters_from_many_threads(parquet_lake, duck, parquet_scan):
+    """Each thread evaluates on its own DuckDB connection; results are the same."""
+    from concurrent.futures import ThreadPoolExecutor
+    where = "id % 7 = 3 AND f0 * 2 > 0.5"
+    expected = duck(f"SELECT count(*) AS n FROM {parquet_scan(parquet_lake)} WHERE {where}").column(0)[0].as_py()
+    ds = al.dataset(parquet_lake).filter(where)
+    with ThreadPoolExecutor(4) as pool:
+        counts = list(pool.map(lambda _: ds.to_arrow().num_rows, range(8)))
+    assert counts == [expected] * 8
+    assert len(list(ds.loader(256, output="arrow"))) > 0

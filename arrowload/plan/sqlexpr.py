@@ -1,6 +1,10 @@
 """Compile SQL expressions (parsed by sqlglot, DuckDB dialect) into ``pyarrow.compute``
 expressions, with SQL's typing rules.
 
+Only trees that ``pushable.equivalent`` proves to mean the same in pyarrow as in DuckDB
+are compiled here (scan pushdown and pruning); DuckDB evaluates every other expression
+itself (``duckeval``), so the typing below needs to be right only for that grammar.
+
 Typing follows DuckDB, the engine the tests compare with: a literal takes the type of
 the column it meets (``price >= 0.05`` on a DECIMAL(10,2) column compares decimals;
 ``f32 = 0.1`` compares float32; ``day = '2024-01-01'`` compares dates), ``/`` is true
