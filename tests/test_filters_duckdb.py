@@ -753,3 +753,24 @@ def test_duckdb_filters_from_many_threads(parquet_lake, duck, parquet_scan):
         counts = list(pool.map(lambda _: ds.to_arrow().num_rows, range(8)))
     assert counts == [expected] * 8
     assert len(list(ds.loader(256, output="arrow"))) > 0
+
+
+def test_unusual_column_types_answer_or_say_unsupported():
+    """Interval, duration, UUID, map, dictionary and union columns: filters on other
+    columns work; a filter on the column answers as DuckDB does or raises a typed
+    UnsupportedError naming the type, never a pyarrow error."""
+    import uuid
+    union = pa.UnionArray.from_sparse(pa.array([0, 1], pa.int8()), [pa.array([1, 2]), pa.array(["a", "b"])])
+    cols = {"iv": pa.array([pa.MonthDayNano([1, 2, 3]), None], pa.month_day_nano_interval()),
+            "du": pa.array([1, 2], pa.duration("s")),
+            "u": pa.array([uuid.uuid4().bytes, uuid.uuid4().bytes], pa.uuid()),
+            "m": pa.array([[("a", 1)], None], pa.map_(pa.string(), pa.int64())),
+            "dic": pa.array(["a", None]).dictionary_encode(), "un": union}
+    for name, arr in cols.items():
+        ds = al.dataset(pa.table({"id": [0, 1], name: arr}))
+        assert ds.filter("id = 1").to_arrow().column("id").to_pylist() == [1], name
+        assert ds.filter("id + 0 = 1").to_arrow().column("id").to_pylist() == [1], name
+        try:
+            ds.filter(f"{name} IS NULL").to_arrow()
+        except al.UnsupportedError as e:
+            assert str(arr.type).split("<")[0] in str(e), (name, e)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.types as pat
 
 from ..errors import ExpressionError, UnsupportedError
-from .rowselect import take_rows
+from .rowselect import filter_rows
 
 _ROW = "__arrowload_row"
 _OUT = "__arrowload_value"
@@ -152,7 +152,9 @@ def filter_batch(batch: pa.RecordBatch, sql: str, text: str, columns) -> pa.Reco
     idx = filter_mask_indices(batch, sql, text, columns)
     if idx.size == batch.num_rows:
         return batch
-    return take_rows(batch, pa.array(idx))
+    mask = np.zeros(batch.num_rows, dtype=bool)
+    mask[idx] = True
+    return filter_rows(batch, pa.array(mask))
 
 
 def evaluate_many(batch: pa.RecordBatch, items: list[tuple[str, str, str]], columns) -> list[pa.Array]:
@@ -190,16 +192,28 @@ def canonical(arr: pa.Array) -> pa.Array:
     return arr if str(t) == str(arr.type) else arr.cast(t)
 
 
+def _empty(schema: pa.Schema, columns) -> pa.RecordBatch:
+    """No rows of the ``columns`` of ``schema`` (any type, unions included)."""
+    sub = pa.schema([f for f in schema if f.name in columns])
+    try:
+        table = sub.empty_table()
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        bad = ", ".join(f"{f.name!r} ({f.type})" for f in sub)
+        raise UnsupportedError(f"expressions over the column types {bad} are not supported ({e}); "
+                               "convert the column in a map() first") from None
+    return pa.RecordBatch.from_arrays([c.combine_chunks() for c in table.columns], schema=sub)
+
+
 def output_types(schema: pa.Schema, items: list[tuple[str, str, str]], columns) -> list[pa.DataType]:
     """The Arrow types DuckDB gives the expressions over ``schema`` (evaluated on no rows)."""
-    return [a.type for a in evaluate_many(pa.RecordBatch.from_pylist([], schema=schema), items, columns)]
+    return [a.type for a in evaluate_many(_empty(schema, columns), items, columns)]
 
 
 def check_predicate(schema: pa.Schema, sql: str, text: str, columns) -> None:
     """Bind the WHERE clause over ``schema`` now, so a type error or an unknown function
     fails at the call that wrote it, not at the first batch. A filter must be a boolean
     (or NULL): DuckDB would read ``WHERE id + 1`` as ``id + 1 <> 0``, almost always a typo."""
-    empty = pa.RecordBatch.from_pylist([], schema=schema)
+    empty = _empty(schema, columns)
     typ = evaluate_many(empty, [("_", sql, text)], columns)[0].type
     if not (pat.is_boolean(typ) or pat.is_null(typ)):
         raise ExpressionError(f"filter {text!r} is of type {typ}, not boolean; write a comparison "

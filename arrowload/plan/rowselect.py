@@ -11,6 +11,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.types as pat
 
+from ..errors import UnsupportedError
+
 
 def _plain(t: pa.DataType) -> pa.DataType | None:
     """The type to filter ``t`` as; None when pyarrow filters ``t`` itself."""
@@ -36,6 +38,21 @@ def _plain(t: pa.DataType) -> pa.DataType | None:
 
 
 def _select(data, how):
+    try:
+        return _select_plain(data, how)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        for f in data.schema:  # name the column pyarrow cannot select rows of
+            try:
+                how(type(data).from_arrays([data.column(f.name)], names=[f.name]))
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+                raise UnsupportedError(
+                    f"cannot keep the filtered rows of column {f.name!r} of type {f.type}: pyarrow "
+                    f"has no kernel to select rows of this type ({e}); leave the column out "
+                    "(select() the others) or convert it in a map() before filtering") from None
+        raise
+
+
+def _select_plain(data, how):
     schema = data.schema
     plain = [_plain(f.type) for f in schema]
     if all(p is None for p in plain):
