@@ -95,20 +95,27 @@ def _duck_type(t: pa.DataType) -> pa.DataType | None:
     return None
 
 
-def _input(batch: pa.RecordBatch, columns) -> pa.RecordBatch:
-    names = [n for n in batch.schema.names if n in columns]
+def _input(data, columns) -> pa.Table:
+    """The ``columns`` of ``data`` (a RecordBatch or Table) as a Table DuckDB can scan."""
     arrays, fields = [], []
-    for n in names:
-        arr = batch.column(n)
-        f = batch.schema.field(n)
+    for n in [n for n in data.schema.names if n in columns]:
+        arr = data.column(n)
+        f = data.schema.field(n)
         target = _duck_type(f.type)
         if target is not None:
             arr = arr.cast(target)
             f = f.with_type(target)
         arrays.append(arr)
         fields.append(f)
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields)) if fields else \
-        pa.RecordBatch.from_pydict({}, schema=pa.schema([]))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _with_row_index(data, columns) -> pa.Table:
+    table = _input(data, columns)
+    index = pa.array(np.arange(data.num_rows, dtype=np.int64))
+    if table.num_columns == 0:
+        return pa.table({_ROW: index})
+    return table.append_column(_ROW, index)
 
 
 def _relation(batch: pa.RecordBatch, text: str, what: str, columns):
@@ -136,10 +143,7 @@ def _fetch(build, text: str, what: str) -> pa.Table:
 def filter_mask_indices(batch: pa.RecordBatch, sql: str, text: str, columns) -> np.ndarray:
     """Positions of the rows of ``batch`` where the WHERE clause ``sql`` holds (DuckDB's
     WHERE semantics: NULL and false drop the row), in source order."""
-    n = batch.num_rows
-    data = _input(batch, columns)
-    data = pa.RecordBatch.from_arrays(list(data.columns) + [pa.array(np.arange(n, dtype=np.int64))],
-                                      names=data.schema.names + [_ROW])
+    data = _with_row_index(batch, columns)
     rel = _relation(data, text, "filter", set(columns) | {_ROW})
     out = _fetch(lambda: rel.filter(sql).project(f'"{_ROW}"'), text, "filter")
     idx = out.column(0).to_numpy()
@@ -148,7 +152,9 @@ def filter_mask_indices(batch: pa.RecordBatch, sql: str, text: str, columns) -> 
     return idx
 
 
-def filter_batch(batch: pa.RecordBatch, sql: str, text: str, columns) -> pa.RecordBatch:
+def filter_batch(batch, sql: str, text: str, columns):
+    """The rows of ``batch`` (a RecordBatch or a Table: one DuckDB call either way) where
+    the WHERE clause ``sql`` holds, in order."""
     idx = filter_mask_indices(batch, sql, text, columns)
     if idx.size == batch.num_rows:
         return batch
@@ -164,10 +170,8 @@ def evaluate_many(batch: pa.RecordBatch, items: list[tuple[str, str, str]], colu
         return []
     select = ", ".join(f'({sql}) AS "{i}"' for i, (_, sql, _) in enumerate(items))
     texts = "; ".join(t for _, _, t in items)
-    data = _input(batch, columns)
     # a scan of zero columns would yield no rows: a row index keeps the row count
-    data = pa.RecordBatch.from_arrays(list(data.columns) + [pa.array(np.arange(batch.num_rows))],
-                                      names=data.schema.names + [_ROW])
+    data = _with_row_index(batch, columns)
     rel = _relation(data, texts, "expression", set(columns) | {_ROW})
     out = _fetch(lambda: rel.project(select), texts, "expression")
     if out.num_rows != batch.num_rows:  # pragma: no cover - an aggregate would be refused earlier
