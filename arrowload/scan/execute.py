@@ -165,13 +165,25 @@ def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
     return as_record_batch(node.fn(batch), f"map function {node.name or node.fn!r}")
 
 
-def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    # the SQL items DuckDB computes run in one query over the batch
-    duck = [i for i, (_, e) in enumerate(node.items)
-            if isinstance(e, SqlExpr) and e.column_name() is None and not e.projectable_on(batch.schema)]
-    computed = dict(zip(duck, duckeval.evaluate_many(
-        batch, [(str(i), node.items[i][1].duck_sql, node.items[i][1].text) for i in duck],
-        frozenset().union(*(node.items[i][1].columns for i in duck))))) if duck else {}
+def _duck_items(node: Project, schema: pa.Schema) -> list[int]:
+    """Positions of the projection's items DuckDB computes."""
+    return [i for i, (_, e) in enumerate(node.items)
+            if isinstance(e, SqlExpr) and e.column_name() is None and not e.projectable_on(schema)]
+
+
+def _duck_values(node: Project, data, duck: list[int]) -> dict[int, pa.Array]:
+    """The DuckDB items over ``data`` (a batch or a table), in one query."""
+    if not duck:
+        return {}
+    items = [(str(i), node.items[i][1].duck_sql, node.items[i][1].text) for i in duck]
+    columns = frozenset().union(*(node.items[i][1].columns for i in duck))
+    return dict(zip(duck, duckeval.evaluate_many(data, items, columns)))
+
+
+def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema,
+             computed: dict[int, pa.Array] | None = None) -> pa.RecordBatch:
+    if computed is None:
+        computed = _duck_values(node, batch, _duck_items(node, batch.schema))
     arrays = []
     for i, ((name, e), f) in enumerate(zip(node.items, schema)):
         ref = e.column_name()
@@ -180,6 +192,18 @@ def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema) -> pa.Reco
     if not arrays:
         return batch.select([])
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _project_group(node: Project, group: list[pa.RecordBatch], schema: pa.Schema,
+                   duck: list[int]) -> Iterator[pa.RecordBatch]:
+    """Project a run of batches, the DuckDB items in one call over all of them."""
+    if not group:
+        return
+    values = _duck_values(node, pa.Table.from_batches(group, schema=group[0].schema), duck)
+    offset = 0
+    for b in group:
+        yield _project(node, b, schema, {i: v.slice(offset, b.num_rows) for i, v in values.items()})
+        offset += b.num_rows
 
 
 _DUCK_GROUP_ROWS = 1 << 20
@@ -220,8 +244,19 @@ def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) ->
         yield from _filter_group(pred, group, plan.child.schema)
     elif isinstance(plan, Project):
         schema = plan.schema
-        for b in iter_batches(plan.child, options, _under_limit=_under_limit):
-            yield _project(plan, b, schema)
+        duck = _duck_items(plan, plan.child.schema)
+        if _under_limit or not duck:
+            for b in iter_batches(plan.child, options, _under_limit=_under_limit):
+                yield _project(plan, b, schema)
+            return
+        group, rows = [], 0  # as for filters: one DuckDB call per run of batches
+        for b in iter_batches(plan.child, options):
+            group.append(b)
+            rows += b.num_rows
+            if rows >= _DUCK_GROUP_ROWS:
+                yield from _project_group(plan, group, schema, duck)
+                group, rows = [], 0
+        yield from _project_group(plan, group, schema, duck)
     elif isinstance(plan, Map):
         for b in iter_batches(plan.child, options, _under_limit=_under_limit):
             yield apply_map(plan, b)
