@@ -47,10 +47,11 @@ def _plausible(stats) -> bool:
         return False
 
 
-def sound_columns(fragment, schema: pa.Schema, columns) -> set[str]:
+def sound_columns(fragment, schema: pa.Schema, columns, implausible: set[str] | None = None) -> set[str]:
     """The columns among ``columns`` whose statistics in ``fragment`` (a Parquet file or a
     subset of its row groups) may be used to prune. Partition columns are always sound
-    (their values come from folder names, not statistics)."""
+    (their values come from folder names, not statistics). Columns left out because their
+    statistics are implausible are added to ``implausible``."""
     out = set()
     try:
         md = fragment.metadata
@@ -70,8 +71,11 @@ def sound_columns(fragment, schema: pa.Schema, columns) -> set[str]:
         try:
             if all(_plausible(md.row_group(g).column(i).statistics) for g in groups):
                 out.add(name)
+                continue
         except Exception:  # noqa: BLE001
-            continue
+            pass
+        if implausible is not None:
+            implausible.add(name)
     return out
 
 
@@ -115,8 +119,12 @@ def _prune(scan: Scan) -> Scan:
     parts = [(c, c.to_arrow(schema, predicate=True)) for c in conjuncts(scan.predicate)]
     dataset = src.dataset(scan.units)
     keep: set[tuple[str, int]] = set()
+    distrusted: dict[str, int] = {}
     for frag in dataset.get_fragments():
-        sound = sound_columns(frag, schema, scan.predicate.columns)
+        bad: set[str] = set()
+        sound = sound_columns(frag, schema, scan.predicate.columns, bad)
+        for name in bad:
+            distrusted[name] = distrusted.get(name, 0) + 1
         usable = [e for c, e in parts if c.columns <= sound and _nan_false(c, schema)]
         if not usable:
             keep.update((frag.path, rg.id) for rg in frag.row_groups)
@@ -127,7 +135,12 @@ def _prune(scan: Scan) -> Scan:
         sub = frag.subset(filter=expr, schema=schema)
         keep.update((frag.path, rg.id) for rg in sub.row_groups)
     kept = tuple(u.index for u in units if (u.path, u.row_group) in keep)
-    return scan.keep_units(kept, "prune_row_groups", f"row groups {len(units)} -> {len(kept)}")
+    out = scan.keep_units(kept, "prune_row_groups", f"row groups {len(units)} -> {len(kept)}")
+    if distrusted:  # say why a file was not pruned on a column (explain shows the notes)
+        what = ", ".join(f"{n!r} in {k} file{'s' if k > 1 else ''}" for n, k in sorted(distrusted.items()))
+        out = out.replace(notes=out.notes + (("prune_row_groups", f"statistics not used (NaN, "
+                                                                 f"implausible or unreadable): {what}"),))
+    return out
 
 
 def prune_row_groups(plan: Plan) -> Plan:
