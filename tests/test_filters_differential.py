@@ -26,8 +26,8 @@ Computed columns get the same treatment: ``select("id", v=expr)`` holds DuckDB's
 (and, for computed expressions, DuckDB's type), optimizer on and off (320 expressions).
 
 Each hypothesis example checks ``PER_EXAMPLE`` expressions over the one lake written for
-the module; ``CI=true`` selects a derandomized, database-free profile so CI is
-reproducible.
+the module; under ``CI=true`` these tests are derandomized and use no example database,
+so CI is reproducible.
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ from hypothesis import strategies as st
 import arrowload as al
 from arrowload.options import OptimizerOptions
 
-settings.register_profile("filters-ci", derandomize=True, database=None, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-if os.environ.get("CI") == "true":
-    settings.load_profile("filters-ci")
+# CI: derandomized and without the example database, so a run is reproducible (set on
+# these tests only, not as a global profile)
+_CI = dict(derandomize=True, database=None) if os.environ.get("CI") == "true" else {}
 
 EXAMPLES = int(os.environ.get("AL_DIFF_EXAMPLES", 130))
 PER_EXAMPLE = 16   # 130 x 16 = 2,080 expressions per run
@@ -276,7 +275,7 @@ _seen = {"n": 0}
 
 # no shrinking: each failure names its own expression, and shrinking 16 at a time is slow
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+          phases=[Phase.explicit, Phase.reuse, Phase.generate], **_CI)
 @given(exprs=st.lists(predicate(), min_size=PER_EXAMPLE, max_size=PER_EXAMPLE))
 def test_random_filters_match_duckdb(opened, con, lake, exprs):
     for e in exprs:
@@ -349,7 +348,8 @@ def check_projection(opened, con, lake: str, expr: str) -> None:
 
 
 @settings(max_examples=int(os.environ.get("AL_DIFF_PROJ_EXAMPLES", 40)), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow], phases=[Phase.explicit, Phase.reuse, Phase.generate])
+          suppress_health_check=[HealthCheck.too_slow], phases=[Phase.explicit, Phase.reuse, Phase.generate],
+          **_CI)
 @given(exprs=st.lists(st.one_of(operand("num"), operand("str"), atom()), min_size=8, max_size=8))
 def test_random_computed_columns_match_duckdb(opened, con, lake, exprs):
     for e in exprs:

@@ -1,9 +1,13 @@
 """Run a (usually optimized) plan: stream record batches, build tables, count rows.
 
 Scans go through pyarrow's dataset scanner over exactly the units the plan kept, with
-the pushed predicate and projection, ``pre_buffer`` (coalesced reads) and row-group
-sized batches; the GIL is released while it decodes. Nodes left above the scan (a
-polars filter, a map, an unpushed projection) run per batch in arrow compute.
+the pushed projection, ``pre_buffer`` (coalesced reads) and row-group sized batches; the
+GIL is released while it decodes. The pushed predicate is computed by the scanner as one
+more column and applied to each batch (``keep_rows``), never handed to pyarrow as a scan
+filter: pyarrow would skip row groups by statistics without asking whether they are
+sound (the optimizer's ``prune_row_groups`` does that). Nodes left above the scan run per
+batch: a residual SQL filter or computed column in DuckDB (one call per run of batches,
+``duckeval``), a polars filter in polars, a map in the user's function.
 """
 
 from __future__ import annotations
