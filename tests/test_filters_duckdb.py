@@ -797,3 +797,28 @@ def test_duckdb_syntax_means_what_duckdb_says(tmp_path, where):
     con.register("t", t)
     expected = sorted(r[0] for r in con.sql(f"SELECT id FROM t WHERE {where}").fetchall())
     assert sorted(al.dataset(t).filter(where).to_arrow().column("id").to_pylist()) == expected
+
+
+def test_evaluation_connections_are_per_thread_and_closed_with_it():
+    """DuckDB connections are not thread-safe: each thread has its own, closed when the
+    thread ends."""
+    import gc
+    import threading
+    from arrowload.plan import duckeval
+    seen = []
+    t = pa.table({"x": [1, 2, 3]})
+
+    def work():
+        assert al.dataset(t).filter("x + 1 > 2").count() == 2
+        seen.append(duckeval.connection())
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    gc.collect()
+    assert len(seen) == 2 and seen[0] is not seen[1] and seen[0] is not duckeval.connection()
+    for con in seen:
+        with pytest.raises(duckdb.Error):
+            con.sql("SELECT 1").fetchall()
