@@ -67,8 +67,3 @@ def _select_plain(data, how):
 def filter_rows(data, mask):
     """``data.filter(mask)`` (null drops the row) for any column types."""
     return _select(data, lambda d: d.filter(mask))
-
-
-def take_rows(data, indices):
-    """``data.take(indices)`` for any column types."""
-    return _select(data, lambda d: d.take(indices))

@@ -210,7 +210,9 @@ def _project_group(node: Project, group: list[pa.RecordBatch], schema: pa.Schema
         offset += b.num_rows
 
 
+# a run of batches evaluated in one DuckDB call holds at most this many rows / bytes
 _DUCK_GROUP_ROWS = 1 << 20
+_DUCK_GROUP_BYTES = 64 << 20
 
 
 def _filter_group(pred: SqlExpr, group: list[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
@@ -236,15 +238,15 @@ def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) ->
                     yield out
             return
         # DuckDB costs about a millisecond per call whatever the size: evaluate runs of
-        # batches (up to _DUCK_GROUP_ROWS rows, bounding the memory held) in one call
+        # batches (bounded in rows and bytes) in one call
         group: list[pa.RecordBatch] = []
-        rows = 0
+        rows = size = 0
         for b in iter_batches(plan.child, options):
             group.append(b)
-            rows += b.num_rows
-            if rows >= _DUCK_GROUP_ROWS:
+            rows, size = rows + b.num_rows, size + b.nbytes
+            if rows >= _DUCK_GROUP_ROWS or size >= _DUCK_GROUP_BYTES:
                 yield from _filter_group(pred, group, plan.child.schema)
-                group, rows = [], 0
+                group, rows, size = [], 0, 0
         yield from _filter_group(pred, group, plan.child.schema)
     elif isinstance(plan, Project):
         schema = plan.schema
@@ -253,13 +255,13 @@ def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) ->
             for b in iter_batches(plan.child, options, _under_limit=_under_limit):
                 yield _project(plan, b, schema)
             return
-        group, rows = [], 0  # as for filters: one DuckDB call per run of batches
+        group, rows, size = [], 0, 0  # as for filters: one DuckDB call per run of batches
         for b in iter_batches(plan.child, options):
             group.append(b)
-            rows += b.num_rows
-            if rows >= _DUCK_GROUP_ROWS:
+            rows, size = rows + b.num_rows, size + b.nbytes
+            if rows >= _DUCK_GROUP_ROWS or size >= _DUCK_GROUP_BYTES:
                 yield from _project_group(plan, group, schema, duck)
-                group, rows = [], 0
+                group, rows, size = [], 0, 0
         yield from _project_group(plan, group, schema, duck)
     elif isinstance(plan, Map):
         for b in iter_batches(plan.child, options, _under_limit=_under_limit):
