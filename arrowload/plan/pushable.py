@@ -11,15 +11,16 @@ itself (``duckeval``). The grammar is a whitelist by node type AND operand types
   (literals)``, ``col BETWEEN literal AND literal``, ``col IS [NOT] NULL``, and
   ``col <op> col`` of the very same type, combined with AND / OR / NOT and parentheses;
 * columns that are integers (signed or unsigned), ``string`` / ``large_string``,
-  ``bool``, ``date32`` and time-zone-naive timestamps; ``float32`` / ``float64`` against
+  ``bool``, ``date32``, time-zone-naive timestamps and ``decimal128`` (against plain
+  decimal literals the column's type holds exactly); ``float32`` / ``float64`` against
   literals the column's type represents exactly (never column against column, never in
   ``IN``), with ``>`` / ``>=`` keeping NaN rows (DuckDB: NaN is greater than every number);
 * integer literals that fit the column's type; string literals against strings, strict
   ISO dates / timestamps (no more fractional digits than the column keeps) against dates
   and timestamps; ``LIKE`` with a pattern of plain characters and ``%`` only.
 
-No NULL literal, arithmetic, function, CAST of a column, decimal, float16, dictionary or
-string_view column is in the grammar: DuckDB evaluates those.
+No NULL literal, arithmetic, function, CAST of a column, float16, decimal256, dictionary
+or string_view column is in the grammar: DuckDB evaluates those.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def _kind(t: pa.DataType) -> str | None:
         return "date"
     if pat.is_timestamp(t) and t.tz is None:
         return "ts"
+    if pat.is_decimal128(t):
+        return "dec"
     return None
 
 
@@ -144,6 +147,11 @@ def literal_fits(node: exp.Expression, t: pa.DataType) -> bool:
     if kind == "float":
         v = _number(node)
         return v is not None and _exact_float(v, t)
+    if kind == "dec":  # a plain decimal literal the column's type holds exactly
+        v = _number(node)
+        if v is None or "e" in _text(node).lower():
+            return False
+        return v.as_tuple().exponent >= -t.scale and abs(v) < Decimal(10) ** (t.precision - t.scale)
     if kind == "bool":
         while isinstance(node, exp.Paren):
             node = node.this
@@ -178,7 +186,7 @@ def _text(node: exp.Expression) -> str:
 def _compare_ok(a: exp.Expression, b: exp.Expression, schema: pa.Schema) -> bool:
     ta, tb = _column_type(a, schema), _column_type(b, schema)
     if ta is not None and tb is not None:  # column against column: same type, no NaN
-        return ta.equals(tb) and _kind(ta) in ("int", "str", "bool", "date", "ts")
+        return ta.equals(tb) and _kind(ta) in ("int", "str", "bool", "date", "ts", "dec")
     if ta is not None:
         return _kind(ta) is not None and literal_fits(b, ta)
     if tb is not None:
