@@ -77,8 +77,7 @@ class Dataset:
         ``"country IN ('US','DE') AND ts >= DATE '2024-01-01'"``), a
         ``pyarrow.compute.Expression`` or a polars expression. Lazy."""
         expr = make_expr(predicate, self.schema, "filter")
-        if expr.pushable:
-            expr.to_arrow(self.schema, predicate=True)  # type-check now: a non-boolean filter fails here
+        expr.check(self.schema, predicate=True)  # type-check now: a bad filter fails here
         return self._with(Filter(self._plan, expr))
 
     def select(self, *names: str, **exprs: Any) -> "Dataset":

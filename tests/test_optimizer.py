@@ -105,13 +105,17 @@ def _cases():
     s = mem_scan()
     sch = s.schema
     computed = Project(s, cols("a") + (("d", make_expr("a * 2", sch)),))
+    flagged = Project(s, cols("a") + (("big", make_expr("a > 2", sch)),))
     renamed = Project(s, (("x", make_expr("a", sch)),))
     with_udf = Project(s, cols("a") + (("p", udf_column(sch)),))
     return [
         # -- predicate pushdown
         ("filter through a computed column (SQL substitution)", pushdown_predicates,
          Filter(computed, sql("d > 4", computed)),
-         f'Project [a, d := "a" * 2]\n  {MEM} filter=("a" * 2) > 4'),
+         f'Project [a, d := "a" * 2 [duckdb]]\n  Filter [duckdb] ("a" * 2) > 4\n    {MEM}'),
+        ("filter through a computed boolean column goes into the scan", pushdown_predicates,
+         Filter(flagged, sql("big", flagged)),
+         f'Project [a, big := "a" > 2]\n  {MEM} filter=("a" > 2)'),
         ("filter through a rename", pushdown_predicates,
          Filter(renamed, sql("x > 2", renamed)),
          f'Project [x := "a"]\n  {MEM} filter="a" > 2'),
@@ -146,8 +150,11 @@ def _cases():
          Project(s, cols("c", "a")),
          f"{MEM} project=[c, a]"),
         ("unused columns dropped, computed column fused", pushdown_projection,
+         Project(Project(s, cols("a", "b") + (("e", make_expr("b > 1", sch)),)), cols("e")),
+         f'Project [e]\n  {MEM} project=[e := "b" > 1]'),
+        ("a column DuckDB computes stays above the scan", pushdown_projection,
          Project(Project(s, cols("a", "b") + (("e", make_expr("b + 1", sch)),)), cols("e")),
-         f'Project [e]\n  {MEM} project=[e := "b" + 1]'),
+         f'Project [e]\n  Project [e := "b" + 1 [duckdb]]\n    {MEM} columns=[b]'),
         ("the scan reads what a filter above it needs", pushdown_projection,
          Project(Filter(s, udf_filter(sch)), cols("a")),
          f"Project [a]\n  Filter <polars>\n    {MEM} columns=[a, b]"),

@@ -1,9 +1,111 @@
 """Row-group pruning: skip Parquet row groups whose min/max/null-count statistics prove
-the scan's predicate false for every row (footers only; no data page is read)."""
+the scan's predicate false for every row (footers only; no data page is read).
+
+Statistics are evidence only where they are sound. Per file, a column's statistics are
+used only when its type has an order pyarrow's pruning shares with DuckDB (integers,
+float32 / float64, strings, booleans, dates, timestamps) and every row group's
+statistics for it decode and are plausible: min <= max and neither is NaN. A column
+failing that (a writer that put NaN into the statistics, a corrupt or hand-edited
+footer, an unsupported type such as float16, decimals, intervals) is not used to prune
+in that file; the conjuncts of the predicate that read it are left out of the pruning
+expression there. Missing statistics simply prune nothing (pyarrow cannot prove a row
+group false without them). NaN rows a writer left out of min/max (pyarrow does) are safe:
+the pushed comparisons that DuckDB answers true for NaN (``f > 5``) carry an explicit
+``is_nan`` term that statistics cannot refute.
+"""
 
 from __future__ import annotations
 
+import math
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.types as pat
+
+from sqlglot import exp
+
+from ..plan.expr import SqlExpr, conjuncts
 from ..plan.nodes import Plan, Scan, transform_up
+
+
+def _orderable(t: pa.DataType) -> bool:
+    return (pat.is_integer(t) or pat.is_float32(t) or pat.is_float64(t) or pat.is_string(t)
+            or pat.is_large_string(t) or pat.is_boolean(t) or pat.is_date32(t) or pat.is_timestamp(t))
+
+
+def _plausible(stats) -> bool:
+    if stats is None:
+        return True  # nothing to prune with; pyarrow keeps the row group
+    try:
+        if not stats.has_min_max:
+            return True
+        lo, hi = stats.min, stats.max
+        if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi)):
+            return False
+        return not (lo > hi)
+    except Exception:  # noqa: BLE001 - undecodable statistics are not evidence
+        return False
+
+
+def sound_columns(fragment, schema: pa.Schema, columns, implausible: set[str] | None = None) -> set[str]:
+    """The columns among ``columns`` whose statistics in ``fragment`` (a Parquet file or a
+    subset of its row groups) may be used to prune. Partition columns are always sound
+    (their values come from folder names, not statistics). Columns left out because their
+    statistics are implausible are added to ``implausible``."""
+    out = set()
+    try:
+        md = fragment.metadata
+        leaves = {md.schema.column(i).path: i for i in range(md.num_columns)}
+        groups = [g.id for g in fragment.row_groups] if fragment.row_groups is not None \
+            else range(md.num_row_groups)
+        file_names = set(fragment.physical_schema.names)
+    except Exception:  # noqa: BLE001 - a damaged footer: prune nothing in this file
+        return out
+    for name in columns:
+        if name not in file_names:
+            out.add(name)  # a partition column (or missing: pyarrow fills nulls, no stats used)
+            continue
+        i = leaves.get(name)
+        if i is None or name not in schema.names or not _orderable(schema.field(name).type):
+            continue
+        try:
+            if all(_plausible(md.row_group(g).column(i).statistics) for g in groups):
+                out.add(name)
+                continue
+        except Exception:  # noqa: BLE001
+            pass
+        if implausible is not None:
+            implausible.add(name)
+    return out
+
+
+def _nan_false(part, schema: pa.Schema) -> bool:
+    """True when a NaN in any float column the conjunct reads makes that atom false: then
+    pruning on the float's statistics is sound although writers leave NaN out of min/max
+    (pyarrow's pruning assumes every value lies in [min, max]; it even replaces a column by
+    its value when min == max). Only SQL conjuncts without NOT / ``<>`` whose float
+    comparisons all point "less than" qualify; ``f > 5`` keeps NaN under DuckDB's order."""
+    floats = {n for n in part.columns if n in schema.names and pat.is_floating(schema.field(n).type)}
+    if not floats:
+        return True
+    if not isinstance(part, SqlExpr):
+        return False
+
+    def is_float(node) -> bool:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        return isinstance(node, exp.Column) and node.name in floats
+
+    for node in part.tree.walk():
+        if isinstance(node, (exp.Not, exp.NEQ)) and any(is_float(c) for c in node.find_all(exp.Column)):
+            return False
+        if isinstance(node, (exp.GT, exp.GTE)) and is_float(node.this):
+            return False
+        if isinstance(node, (exp.LT, exp.LTE)) and is_float(node.expression):
+            return False
+        if isinstance(node, exp.Like) and node.args.get("negate"):
+            return False
+    return True
 
 
 def _prune(scan: Scan) -> Scan:
@@ -13,19 +115,37 @@ def _prune(scan: Scan) -> Scan:
     units = scan.selected_units()
     if not units:
         return scan
-    expr = scan.predicate.to_arrow(src.schema, predicate=True)
+    schema = src.schema
+    parts = [(c, c.to_arrow(schema, predicate=True)) for c in conjuncts(scan.predicate)]
     # files whose column metadata cannot be read (encrypted, damaged: source/footer.py)
     # are kept whole, unpruned: explain() still works, and reading them raises
     check = getattr(src, "footer_check", None)
-    bad = {f for f in {u.file for u in units} if check is not None and not check(f).ok}
-    keep: set[tuple[str, int]] = {(u.path, u.row_group) for u in units if u.file in bad}
-    prunable = tuple(u.index for u in units if u.file not in bad)
-    dataset = src.dataset(scan.units if not bad else prunable)
+    unreadable = {f for f in {u.file for u in units} if check is not None and not check(f).ok}
+    keep: set[tuple[str, int]] = {(u.path, u.row_group) for u in units if u.file in unreadable}
+    prunable = tuple(u.index for u in units if u.file not in unreadable)
+    dataset = src.dataset(scan.units if not unreadable else prunable)
+    distrusted: dict[str, int] = {}
     for frag in (dataset.get_fragments() if prunable else ()):
-        sub = frag.subset(filter=expr, schema=src.schema)
+        bad: set[str] = set()
+        sound = sound_columns(frag, schema, scan.predicate.columns, bad)
+        for name in bad:
+            distrusted[name] = distrusted.get(name, 0) + 1
+        usable = [e for c, e in parts if c.columns <= sound and _nan_false(c, schema)]
+        if not usable:
+            keep.update((frag.path, rg.id) for rg in frag.row_groups)
+            continue
+        expr = usable[0]
+        for e in usable[1:]:
+            expr = pc.and_kleene(expr, e)
+        sub = frag.subset(filter=expr, schema=schema)
         keep.update((frag.path, rg.id) for rg in sub.row_groups)
     kept = tuple(u.index for u in units if (u.path, u.row_group) in keep)
-    return scan.keep_units(kept, "prune_row_groups", f"row groups {len(units)} -> {len(kept)}")
+    out = scan.keep_units(kept, "prune_row_groups", f"row groups {len(units)} -> {len(kept)}")
+    if distrusted:  # say why a file was not pruned on a column (explain shows the notes)
+        what = ", ".join(f"{n!r} in {k} file{'s' if k > 1 else ''}" for n, k in sorted(distrusted.items()))
+        out = out.replace(notes=out.notes + (("prune_row_groups", f"statistics not used (NaN, "
+                                                                 f"implausible or unreadable): {what}"),))
+    return out
 
 
 def prune_row_groups(plan: Plan) -> Plan:

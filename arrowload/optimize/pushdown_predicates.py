@@ -2,8 +2,9 @@
 
 A filter over a projection is rewritten in terms of the projection's inputs (SQL
 expressions substitute exactly; pyarrow / polars expressions pass only through columns
-that keep their names). Conjuncts that compile to pyarrow enter the Scan, where they also
-drive partition and row-group pruning; the rest stay as a Filter right above it.
+that keep their names). Conjuncts pyarrow evaluates exactly as DuckDB does
+(``plan.pushable``) enter the Scan, where they also drive partition and row-group
+pruning; the rest stay as a Filter right above it, evaluated by DuckDB per batch.
 Filters never cross a Limit or a Map.
 """
 
@@ -31,12 +32,13 @@ def _push(node: Filter) -> Plan:
         return Filter(out, rest) if rest is not None else out
     if isinstance(child, Scan) and child.limit is None and child.projection is None:
         parts = conjuncts(node.predicate)
-        pushable = [c for c in parts if c.pushable]
+        schema = child.source.schema
+        pushable = [c for c in parts if c.pushable_on(schema)]
         if not pushable:
             return node
         existing = conjuncts(child.predicate) if child.predicate is not None else []
         scan = child.replace(predicate=conjoin(existing + pushable))
-        rest = conjoin([c for c in parts if not c.pushable])
+        rest = conjoin([c for c in parts if not c.pushable_on(schema)])
         return Filter(scan, rest) if rest is not None else scan
     return node
 

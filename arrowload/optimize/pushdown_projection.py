@@ -17,7 +17,7 @@ def _prune(node: Plan, required: set[str] | None) -> Plan:
             items = ()
         needs: set[str] = set().union(*(e.columns for _, e in items)) if items else set()
         child = _prune(node.child, needs)
-        if isinstance(child, Scan) and child.projection is None and all(e.pushable for _, e in items):
+        if isinstance(child, Scan) and child.projection is None and all(e.projectable_on(child.source.schema) for _, e in items):
             names = child.source.schema.names
             return child.replace(projection=items,
                                  columns=tuple(n for n in names if n in needs))

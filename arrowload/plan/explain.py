@@ -1,5 +1,7 @@
 """Render plans as text: the tree, and per scan what pushdown and pruning kept, from
-footers alone (no data page is read to explain)."""
+footers alone (no data page is read to explain). A scan's ``filter=`` / ``project=``
+run in pyarrow inside the scan; a Filter or computed column marked ``[duckdb]`` is
+evaluated by DuckDB over each batch."""
 
 from __future__ import annotations
 
@@ -16,11 +18,21 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def _items(items) -> str:
+def _engine(e, schema, predicate: bool) -> str:
+    """`` [duckdb]`` where DuckDB evaluates the expression (pyarrow and polars unmarked)."""
+    try:
+        where = e.runs_in(schema, predicate)
+    except Exception:  # noqa: BLE001 - explain never fails on an expression
+        return ""
+    return " [duckdb]" if "duckdb" in where else ""
+
+
+def _items(items, schema=None) -> str:
     out = []
     for name, e in items:
         ref = e.column_name()
-        out.append(name if ref == name else f"{name} := {e}")
+        mark = _engine(e, schema, False) if schema is not None and ref is None else ""
+        out.append(name if ref == name else f"{name} := {e}{mark}")
     return ", ".join(out)
 
 
@@ -70,9 +82,9 @@ def describe_node(node: Plan) -> str:
             parts.append(f"limit={node.limit}")
         return " ".join(parts)
     if isinstance(node, Filter):
-        return f"Filter {node.predicate}"
+        return f"Filter{_engine(node.predicate, node.child.schema, True)} {node.predicate}"
     if isinstance(node, Project):
-        return f"Project [{_items(node.items)}]"
+        return f"Project [{_items(node.items, node.child.schema)}]"
     if isinstance(node, Map):
         cols = f" columns=[{', '.join(node.columns)}]" if node.columns is not None else ""
         return f"Map {node.name or getattr(node.fn, '__name__', 'fn')}{cols}"

@@ -8,6 +8,7 @@ rewrite it when a projection renames or computes the columns it reads.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -16,7 +17,8 @@ import pyarrow.dataset as ds
 from sqlglot import exp
 
 from ..errors import ColumnNotFoundError, ExpressionError
-from . import sqlexpr
+from . import duckeval, pushable, sandbox, sqlexpr
+from .rowselect import filter_rows
 
 
 class Expr:
@@ -28,6 +30,25 @@ class Expr:
     def pushable(self) -> bool:
         """True when the expression compiles to a pyarrow expression (scan pushdown)."""
         return True
+
+    def pushable_on(self, schema: pa.Schema) -> bool:
+        """True when, as a predicate over ``schema``, it runs inside the pyarrow scan."""
+        return self.pushable
+
+    def projectable_on(self, schema: pa.Schema) -> bool:
+        """True when, as a computed column over ``schema``, pyarrow evaluates it in the scan."""
+        return self.pushable
+
+    def check(self, schema: pa.Schema, predicate: bool = False) -> None:
+        """Type-check over ``schema`` now (a bad filter fails at the call that wrote it)."""
+        if predicate:
+            self.to_arrow(schema, predicate=True)
+        else:
+            self.output_type(schema)
+
+    def runs_in(self, schema: pa.Schema, predicate: bool = True) -> str:
+        """Which engine evaluates it (for ``explain()``)."""
+        return "pyarrow"
 
     def to_arrow(self, schema: pa.Schema, predicate: bool = False) -> pc.Expression:
         raise NotImplementedError
@@ -42,23 +63,43 @@ class Expr:
         return None
 
     def filter_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        return batch.filter(self.to_arrow(batch.schema, predicate=True))
+        try:
+            return filter_rows(batch, self.to_arrow(batch.schema, predicate=True))
+        except _ARROW_ERRORS as e:
+            raise ExpressionError(f"filter {self} failed: {e}; fix the expression, or write it "
+                                  "as SQL text (DuckDB semantics)") from None
 
     def evaluate(self, batch: pa.RecordBatch) -> pa.Array:
         e = self.to_arrow(batch.schema)
-        return ds.dataset(pa.Table.from_batches([batch])).to_table(columns={"_": e}).column("_").combine_chunks()
+        try:
+            return ds.dataset(pa.Table.from_batches([batch])).to_table(columns={"_": e}).column("_").combine_chunks()
+        except _ARROW_ERRORS as err:
+            raise ExpressionError(f"expression {self} failed: {err}; fix the expression, or write it "
+                                  "as SQL text (DuckDB semantics)") from None
 
     def output_type(self, schema: pa.Schema) -> pa.DataType:
         return sqlexpr._type_of(self.to_arrow(schema), schema)
 
 
-class SqlExpr(Expr):
-    """A SQL expression (DuckDB dialect), compiled to Arrow against the input schema."""
+_ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
 
-    def __init__(self, tree: exp.Expression, text: str | None = None) -> None:
+
+class SqlExpr(Expr):
+    """A SQL expression (DuckDB dialect) with DuckDB's semantics.
+
+    The parts ``pushable.equivalent`` proves to mean the same in pyarrow compile to a
+    pyarrow expression (scan pushdown, pruning); everything else is evaluated by DuckDB
+    over the Arrow batch (``duckeval``). Subqueries, table functions and file, network or
+    environment access are refused when it is built (``sandbox``).
+    """
+
+    def __init__(self, tree: exp.Expression, text: str | None = None,
+                 schema: pa.Schema | None = None) -> None:
         self.tree = tree
         self.text = text if text is not None else tree.sql(sqlexpr.DIALECT)
+        self.schema = schema
         self.columns = frozenset(c.name for c in tree.find_all(exp.Column))
+        sandbox.check_expression(tree, self.text)
 
     @classmethod
     def parse(cls, text: str, schema: pa.Schema, what: str = "expression") -> "SqlExpr":
@@ -68,22 +109,70 @@ class SqlExpr(Expr):
     def bind(cls, tree: exp.Expression, schema: pa.Schema, text: str | None = None) -> "SqlExpr":
         """Resolve the tree's column names against ``schema`` now, so an unknown column
         fails at the call that named it (unquoted names match case-insensitively)."""
+        sandbox.check_expression(tree, text)
+
         def fix(node):
             if isinstance(node, exp.Column):
                 quoted = bool(getattr(node.this, "quoted", False))
                 real = sqlexpr.resolve_column(node.name, schema, quoted)
                 return exp.column(real, quoted=True)
             return node
-        return cls(tree.transform(fix), text)
+        return cls(tree.transform(fix), text, schema)
 
     @classmethod
     def column(cls, name: str) -> "SqlExpr":
         return cls(exp.column(name, quoted=True), name)
 
+    @property
+    def pushable(self) -> bool:
+        return self.schema is not None and pushable.equivalent(self.tree, self.schema)
+
+    def pushable_on(self, schema: pa.Schema) -> bool:
+        return pushable.equivalent(self.tree, schema)
+
+    def projectable_on(self, schema: pa.Schema) -> bool:
+        return pushable.projection_equivalent(self.tree, schema)
+
+    def runs_in(self, schema: pa.Schema, predicate: bool = True) -> str:
+        ok = self.pushable_on(schema) if predicate else self.projectable_on(schema)
+        return "pyarrow" if ok else "duckdb"
+
+    @cached_property
+    def duck_sql(self) -> str:
+        """The SQL text DuckDB evaluates (regenerated from the bound tree)."""
+        return self.tree.sql(sqlexpr.DIALECT)
+
     def to_arrow(self, schema: pa.Schema, predicate: bool = False) -> pc.Expression:
+        ok = self.pushable_on(schema) if predicate else self.projectable_on(schema)
+        if not ok:
+            raise ExpressionError(f"{self.text!r} is evaluated by DuckDB, not compiled to a pyarrow "
+                                  "expression (its meaning in pyarrow compute would differ)")
         if predicate:
             return sqlexpr.compile_predicate(self.tree, schema, self.text)
         return sqlexpr.compile_expression(self.tree, schema, self.text)
+
+    def check(self, schema: pa.Schema, predicate: bool = False) -> None:
+        if predicate and self.pushable_on(schema):
+            self.to_arrow(schema, predicate=True)
+        elif predicate:
+            duckeval.check_predicate(schema, self.duck_sql, self.text, self.columns)
+        else:
+            self.output_type(schema)
+
+    def filter_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self.pushable_on(batch.schema):
+            return super().filter_batch(batch)
+        return duckeval.filter_batch(batch, self.duck_sql, self.text, self.columns)
+
+    def evaluate(self, batch: pa.RecordBatch) -> pa.Array:
+        if self.projectable_on(batch.schema):
+            return super().evaluate(batch)
+        return duckeval.evaluate_many(batch, [("_", self.duck_sql, self.text)], self.columns)[0]
+
+    def output_type(self, schema: pa.Schema) -> pa.DataType:
+        if self.projectable_on(schema):
+            return super().output_type(schema)
+        return duckeval.output_types(schema, [("_", self.duck_sql, self.text)], self.columns)[0]
 
     def column_name(self) -> str | None:
         return self.tree.name if isinstance(self.tree, exp.Column) else None
@@ -176,6 +265,12 @@ class PolarsExpr(Expr):
     def to_arrow(self, schema, predicate=False):
         raise ExpressionError("polars expressions do not compile to pyarrow")
 
+    def check(self, schema: pa.Schema, predicate: bool = False) -> None:
+        pass  # polars types it when it runs
+
+    def runs_in(self, schema: pa.Schema, predicate: bool = True) -> str:
+        return "polars"
+
     def substitute(self, mapping: Mapping[str, Expr]) -> Expr | None:
         if all(mapping.get(c) is not None and mapping[c].column_name() == c for c in self.columns):
             return self
@@ -214,6 +309,16 @@ class AndExpr(Expr):
     def pushable(self) -> bool:
         return all(p.pushable for p in self.parts)
 
+    def pushable_on(self, schema: pa.Schema) -> bool:
+        return all(p.pushable_on(schema) for p in self.parts)
+
+    def check(self, schema: pa.Schema, predicate: bool = False) -> None:
+        for p in self.parts:
+            p.check(schema, predicate=True)
+
+    def runs_in(self, schema: pa.Schema, predicate: bool = True) -> str:
+        return "+".join(sorted({p.runs_in(schema) for p in self.parts}))
+
     def to_arrow(self, schema, predicate=False):
         out = None
         for p in self.parts:
@@ -238,8 +343,10 @@ def conjuncts(e: Expr) -> list[Expr]:
     """Split a predicate at its top-level ANDs (so the pushable parts can go down alone)."""
     if isinstance(e, AndExpr):
         return [c for p in e.parts for c in conjuncts(p)]
-    if isinstance(e, SqlExpr) and isinstance(e.tree, exp.And):
-        return [SqlExpr(t) for t in e.tree.flatten()]
+    if isinstance(e, SqlExpr) and isinstance(e.tree, (exp.And, exp.Paren)):
+        inner = e.tree.unnest() if isinstance(e.tree, exp.Paren) else e.tree
+        if isinstance(inner, exp.And):
+            return [c for t in inner.flatten() for c in conjuncts(SqlExpr(t, schema=e.schema))]
     return [e]
 
 
@@ -252,7 +359,8 @@ def conjoin(parts: list[Expr]) -> Expr | None:
     merged: list[Expr] = []
     if sql:
         merged.append(sql[0] if len(sql) == 1 else
-                      SqlExpr(exp.and_(*[exp.paren(p.tree.copy(), copy=False) for p in sql], copy=False)))
+                      SqlExpr(exp.and_(*[exp.paren(p.tree.copy(), copy=False) for p in sql], copy=False),
+                              schema=sql[0].schema))
     merged.extend(rest)
     return merged[0] if len(merged) == 1 else AndExpr(tuple(merged))
 

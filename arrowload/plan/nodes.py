@@ -67,7 +67,7 @@ class Scan(Plan):
             _check_columns(self.columns, self.source.schema, self.source.display)
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"limit must be >= 0, got {self.limit}")
-        if self.predicate is not None and not self.predicate.pushable:
+        if self.predicate is not None and not self.predicate.pushable_on(self.source.schema):
             raise ValueError("a Scan predicate must compile to pyarrow")
 
     @cached_property

@@ -1,6 +1,10 @@
 """Compile SQL expressions (parsed by sqlglot, DuckDB dialect) into ``pyarrow.compute``
 expressions, with SQL's typing rules.
 
+Only trees that ``pushable.equivalent`` proves to mean the same in pyarrow as in DuckDB
+are compiled here (scan pushdown and pruning); DuckDB evaluates every other expression
+itself (``duckeval``), so the typing below needs to be right only for that grammar.
+
 Typing follows DuckDB, the engine the tests compare with: a literal takes the type of
 the column it meets (``price >= 0.05`` on a DECIMAL(10,2) column compares decimals;
 ``f32 = 0.1`` compares float32; ``day = '2024-01-01'`` compares dates), ``/`` is true
@@ -376,7 +380,13 @@ class Compiler:
     def _compare(self, node, fn):
         a, b = self.visit(node.this), self.visit(node.expression)
         ea, eb = _unify(a, b)
-        return Typed(fn(ea, eb), pa.bool_())
+        out = fn(ea, eb)
+        # DuckDB orders NaN above every number: ``f > 5`` / ``5 < f`` keep NaN rows
+        greater = {exp.GT: "a", exp.GTE: "a", exp.LT: "b", exp.LTE: "b"}.get(type(node))
+        side = a if greater == "a" else b if greater == "b" else None
+        if side is not None and not side.is_literal and side.type is not None and pat.is_floating(side.type):
+            out = pc.or_kleene(out, pc.is_nan(side.expr))
+        return Typed(out, pa.bool_())
 
     def _arith(self, node, fname):
         a, b = self.visit(node.this), self.visit(node.expression)

@@ -1,9 +1,13 @@
 """Run a (usually optimized) plan: stream record batches, build tables, count rows.
 
 Scans go through pyarrow's dataset scanner over exactly the units the plan kept, with
-the pushed predicate and projection, ``pre_buffer`` (coalesced reads) and row-group
-sized batches; the GIL is released while it decodes. Nodes left above the scan (a
-polars filter, a map, an unpushed projection) run per batch in arrow compute.
+the pushed projection, ``pre_buffer`` (coalesced reads) and row-group sized batches; the
+GIL is released while it decodes. The pushed predicate is computed by the scanner as one
+more column and applied to each batch (``keep_rows``), never handed to pyarrow as a scan
+filter: pyarrow would skip row groups by statistics without asking whether they are
+sound (the optimizer's ``prune_row_groups`` does that). Nodes left above the scan run per
+batch: a residual SQL filter or computed column in DuckDB (one call per run of batches,
+``duckeval``), a polars filter in polars, a map in the user's function.
 """
 
 from __future__ import annotations
@@ -11,16 +15,34 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from ..errors import AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError
 from ..options import Options, ScanOptions
+from ..plan import duckeval
+from ..plan.expr import SqlExpr
+from ..plan.rowselect import filter_rows
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.filesystem import storage_error
 from ..source.retry import retry
 
 _MAX_BATCH_ROWS = 1 << 20
+KEEP = "__arrowload_keep"
+
+
+def keep_rows(data):
+    """A scanner's batch (or table) with the pushed predicate applied: rows where the
+    ``KEEP`` column is true (null and false drop the row, as in SQL), without that column."""
+    names = data.schema.names
+    if not names or names[-1] != KEEP:
+        return data
+    mask = data.column(len(names) - 1)
+    data = data.drop_columns([KEEP]) if isinstance(data, pa.Table) else data.select(names[:-1])
+    if mask.null_count == 0 and pc.all(mask).as_py() is not False:
+        return data
+    return filter_rows(data, mask)
 
 
 def _batch_rows(scan: Scan, options: Options) -> int:
@@ -42,9 +64,17 @@ def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False
         columns = {name: e.to_arrow(schema) for name, e in scan.projection}
     else:
         columns = list(scan.columns) if scan.columns is not None else None
+    if scan.predicate is not None:
+        # The predicate is computed as a column and applied by ``keep_rows``, never given to
+        # pyarrow as a scan filter: pyarrow would skip row groups by their statistics, which
+        # is unsound where statistics are missing NaN, corrupt or implausible. Pruning is the
+        # optimizer's job (prune_row_groups), which checks the statistics first.
+        if not isinstance(columns, dict):
+            columns = {n: pc.field(n) for n in (columns if columns is not None else schema.names)}
+        columns[KEEP] = scan.predicate.to_arrow(schema, predicate=True)
     kwargs = dict(
         columns=columns,
-        filter=scan.predicate.to_arrow(schema, predicate=True) if scan.predicate is not None else None,
+        filter=None,
         batch_size=_batch_rows(scan, options),
         use_threads=options.scan.use_threads,
         batch_readahead=1 if streaming else options.scan.batch_readahead,
@@ -145,6 +175,7 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
         else:
             batches = scanner(scan, options, streaming=remaining is not None).to_batches()
         for b in batches:
+            b = keep_rows(b)
             if b.num_rows == 0:
                 continue
             if remaining is not None:
@@ -184,15 +215,60 @@ def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
     return as_record_batch(node.fn(batch), f"map function {node.name or node.fn!r}")
 
 
-def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+def _duck_items(node: Project, schema: pa.Schema) -> list[int]:
+    """Positions of the projection's items DuckDB computes."""
+    return [i for i, (_, e) in enumerate(node.items)
+            if isinstance(e, SqlExpr) and e.column_name() is None and not e.projectable_on(schema)]
+
+
+def _duck_values(node: Project, data, duck: list[int]) -> dict[int, pa.Array]:
+    """The DuckDB items over ``data`` (a batch or a table), in one query."""
+    if not duck:
+        return {}
+    items = [(str(i), node.items[i][1].duck_sql, node.items[i][1].text) for i in duck]
+    columns = frozenset().union(*(node.items[i][1].columns for i in duck))
+    return dict(zip(duck, duckeval.evaluate_many(data, items, columns)))
+
+
+def _project(node: Project, batch: pa.RecordBatch, schema: pa.Schema,
+             computed: dict[int, pa.Array] | None = None) -> pa.RecordBatch:
+    if computed is None:
+        computed = _duck_values(node, batch, _duck_items(node, batch.schema))
     arrays = []
-    for (name, e), f in zip(node.items, schema):
+    for i, ((name, e), f) in enumerate(zip(node.items, schema)):
         ref = e.column_name()
-        arr = batch.column(ref) if ref is not None else e.evaluate(batch)
+        arr = batch.column(ref) if ref is not None else computed[i] if i in computed else e.evaluate(batch)
         arrays.append(arr if arr.type.equals(f.type) else arr.cast(f.type))
     if not arrays:
         return batch.select([])
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _project_group(node: Project, group: list[pa.RecordBatch], schema: pa.Schema,
+                   duck: list[int]) -> Iterator[pa.RecordBatch]:
+    """Project a run of batches, the DuckDB items in one call over all of them."""
+    if not group:
+        return
+    values = _duck_values(node, pa.Table.from_batches(group, schema=group[0].schema), duck)
+    offset = 0
+    for b in group:
+        yield _project(node, b, schema, {i: v.slice(offset, b.num_rows) for i, v in values.items()})
+        offset += b.num_rows
+
+
+# a run of batches evaluated in one DuckDB call holds at most this many rows / bytes
+_DUCK_GROUP_ROWS = 1 << 20
+_DUCK_GROUP_BYTES = 64 << 20
+
+
+def _filter_group(pred: SqlExpr, group: list[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    if not group:
+        return
+    table = pred.filter_batch(pa.Table.from_batches(group, schema=schema)) if len(group) > 1 \
+        else pred.filter_batch(group[0])
+    for b in (table.to_batches() if isinstance(table, pa.Table) else [table]):
+        if b.num_rows:
+            yield b
 
 
 def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) -> Iterator[pa.RecordBatch]:
@@ -200,14 +276,39 @@ def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) ->
     if isinstance(plan, Scan):
         yield from scan_batches(plan, options, under_limit=_under_limit)
     elif isinstance(plan, Filter):
-        for b in iter_batches(plan.child, options, _under_limit=_under_limit):
-            out = plan.predicate.filter_batch(b)
-            if out.num_rows:
-                yield out
+        pred = plan.predicate
+        if _under_limit or not (isinstance(pred, SqlExpr) and pred.runs_in(plan.child.schema) == "duckdb"):
+            for b in iter_batches(plan.child, options, _under_limit=_under_limit):
+                out = pred.filter_batch(b)
+                if out.num_rows:
+                    yield out
+            return
+        # DuckDB costs about a millisecond per call whatever the size: evaluate runs of
+        # batches (bounded in rows and bytes) in one call
+        group: list[pa.RecordBatch] = []
+        rows = size = 0
+        for b in iter_batches(plan.child, options):
+            group.append(b)
+            rows, size = rows + b.num_rows, size + b.nbytes
+            if rows >= _DUCK_GROUP_ROWS or size >= _DUCK_GROUP_BYTES:
+                yield from _filter_group(pred, group, plan.child.schema)
+                group, rows, size = [], 0, 0
+        yield from _filter_group(pred, group, plan.child.schema)
     elif isinstance(plan, Project):
         schema = plan.schema
-        for b in iter_batches(plan.child, options, _under_limit=_under_limit):
-            yield _project(plan, b, schema)
+        duck = _duck_items(plan, plan.child.schema)
+        if _under_limit or not duck:
+            for b in iter_batches(plan.child, options, _under_limit=_under_limit):
+                yield _project(plan, b, schema)
+            return
+        group, rows, size = [], 0, 0  # as for filters: one DuckDB call per run of batches
+        for b in iter_batches(plan.child, options):
+            group.append(b)
+            rows, size = rows + b.num_rows, size + b.nbytes
+            if rows >= _DUCK_GROUP_ROWS or size >= _DUCK_GROUP_BYTES:
+                yield from _project_group(plan, group, schema, duck)
+                group, rows, size = [], 0, 0
+        yield from _project_group(plan, group, schema, duck)
     elif isinstance(plan, Map):
         for b in iter_batches(plan.child, options, _under_limit=_under_limit):
             yield apply_map(plan, b)
@@ -233,7 +334,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     if isinstance(plan, Scan) and plan.limit is None:
         try:
             # a whole scan is idempotent: transient object-store errors are retried with backoff
-            return retry(lambda: scanner(plan, options).to_table(), retries=options.scan.retries,
+            return retry(lambda: keep_rows(scanner(plan, options).to_table()), retries=options.scan.retries,
                          backoff_s=options.scan.retry_backoff_s)
         except _READ_ERRORS as exc:
             if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
@@ -247,31 +348,31 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
 
 
-def _count_row_group_subsets(dataset: ds.FileSystemDataset, expr, **scan_kwargs) -> int:
-    """``count_rows`` of Parquet fragments that may hold a subset of their file's row groups.
-
-    pyarrow (26) counts such a fragment as its whole file when the filter is decided true
-    by the partition values alone (``country = 'DE'`` on ``country=DE/``): its fast path
-    returns the file's row count. A fragment never holds more rows than its row groups,
-    and in that case holds exactly them, so the count is capped there.
-    """
-    total = 0
-    for frag in dataset.get_fragments():
-        one = ds.FileSystemDataset([frag], dataset.schema, dataset.format, dataset.filesystem)
-        n = one.count_rows(filter=expr, **scan_kwargs)
-        groups = frag.row_groups
-        if groups is not None:
-            n = min(n, sum(g.num_rows for g in groups))
-        total += n
-    return total
+def _count_scan(scan: Scan, options: Options) -> int:
+    """Rows of ``scan`` (before its limit) after its predicate, reading only the
+    predicate's columns. Statistics are never trusted to decide a count: pyarrow's
+    ``count_rows(filter=)`` would count whole row groups its statistics call all-true,
+    which is wrong where those statistics are missing NaN or corrupt."""
+    src = scan.source
+    dataset = src.dataset(scan.units)
+    frag_opts = _fragment_options(src, options)
+    if scan.predicate is None:
+        return dataset.count_rows(**frag_opts)
+    expr = scan.predicate.to_arrow(src.schema, predicate=True)
+    kwargs = dict(columns={KEEP: expr}, use_threads=options.scan.use_threads,
+                  batch_size=_batch_rows(scan, options), **frag_opts)
+    # one bool column: small even whole; to_table decodes on pyarrow's threads without
+    # handing each batch to Python in order
+    keep = ds.Scanner.from_dataset(dataset, **kwargs).to_table().column(0)
+    return int(pc.sum(keep).as_py() or 0)
 
 
 def count_rows(plan: Plan, options: Options) -> int:
     """Rows the plan returns, reading as little as the plan allows.
 
     Projections keep counts; a scan without predicate counts from footers (Parquet,
-    IPC, memory); a pushed predicate lets pyarrow answer from statistics where they
-    decide it and otherwise read only the predicate's columns.
+    IPC, memory); with a pushed predicate only the predicate's columns of the units
+    left after (sound) pruning are read.
     """
     node = plan
     while isinstance(node, Project):
@@ -286,15 +387,8 @@ def count_rows(plan: Plan, options: Options) -> int:
         if node.predicate is None and all(u.num_rows is not None for u in units):
             total = sum(u.num_rows for u in units)
         else:
-            src = node.source
-            expr = node.predicate.to_arrow(src.schema, predicate=True) if node.predicate else None
             try:
-                frag_opts = _fragment_options(src, options)
-                if expr is not None and node.units is not None and src.kind == "parquet":
-                    total = _count_row_group_subsets(src.dataset(node.units), expr, **frag_opts)
-                else:
-                    total = src.dataset(node.units).count_rows(filter=expr, **frag_opts) if expr is not None \
-                        else src.dataset(node.units, statistics=False).count_rows(**frag_opts)
+                total = _count_scan(node, options)
             except _READ_ERRORS as exc:
                 if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                     raise

@@ -97,7 +97,7 @@ def _lower_simple(tree: exp.Select, child: Plan) -> Plan:
     where = tree.args.get("where")
     if where is not None:
         plan = Filter(plan, SqlExpr.bind(where.this, schema, where.this.sql(DIALECT)))
-        plan.predicate.to_arrow(schema, predicate=True)  # compiles now: unsupported -> DuckDB
+        plan.predicate.check(schema, predicate=True)  # types now: an error -> DuckDB runs the query
     unnamed = []
     items: list[tuple[str, SqlExpr]] = []
     star_only = True

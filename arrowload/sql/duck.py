@@ -45,11 +45,11 @@ def arrow_source(plan: Plan, options: Options):
     pushed predicate, restricted to the plan's columns) when the plan is a plain scan —
     DuckDB then pushes its own projection and filters into it — else a stream of the
     plan's batches."""
-    if isinstance(plan, Scan) and plan.projection is None and plan.limit is None:
+    # a pushed predicate streams: as a pyarrow dataset filter it would prune row groups by
+    # statistics unsound for it (NaN left out of min/max, corrupt footers)
+    if isinstance(plan, Scan) and plan.projection is None and plan.limit is None and plan.predicate is None:
         src = plan.source
         dataset = src.dataset(plan.units)
-        if plan.predicate is not None:
-            dataset = dataset.filter(plan.predicate.to_arrow(src.schema, predicate=True))
         if plan.columns is not None:
             dataset = dataset.replace_schema(plan.schema)
         return dataset

@@ -1,0 +1,241 @@
+"""Which SQL expressions pyarrow compute evaluates exactly as DuckDB does.
+
+Filters follow DuckDB's semantics. pyarrow compute differs from DuckDB in many small
+ways (NaN ordering and equality, ``-0.0`` in ``IN`` lists, ``LIKE`` escapes and ``_`` on
+multi-byte characters, literal typing, overflow, casts to text ...), so only a small
+grammar whose meaning is the same in both is compiled to pyarrow, where it runs inside the
+scan and drives partition and row-group pruning. Everything else is evaluated by DuckDB
+itself (``duckeval``). The grammar is a whitelist by node type AND operand types:
+
+* ``col <op> literal`` / ``literal <op> col`` for ``= <> < <= > >=``, ``col [NOT] IN
+  (literals)``, ``col BETWEEN literal AND literal``, ``col IS [NOT] NULL``, and
+  ``col <op> col`` of the very same type, combined with AND / OR / NOT and parentheses;
+* columns that are integers (signed or unsigned), ``string`` / ``large_string``,
+  ``bool``, ``date32``, time-zone-naive timestamps and ``decimal128`` (against plain
+  decimal literals the column's type holds exactly); ``float32`` / ``float64`` against
+  literals the column's type represents exactly (never column against column, never in
+  ``IN``), with ``>`` / ``>=`` keeping NaN rows (DuckDB: NaN is greater than every number);
+* integer literals that fit the column's type; string literals against strings, strict
+  ISO dates / timestamps (no more fractional digits than the column keeps) against dates
+  and timestamps; ``LIKE`` with a pattern of plain characters and ``%`` only.
+
+No NULL literal, arithmetic, function, CAST of a column, float16, decimal256, dictionary
+or string_view column is in the grammar: DuckDB evaluates those.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from decimal import Decimal, InvalidOperation
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.types as pat
+from sqlglot import exp
+
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_TIMESTAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?)?$")
+_UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
+
+
+def _kind(t: pa.DataType) -> str | None:
+    if pat.is_integer(t):
+        return "int"
+    if pat.is_float32(t) or pat.is_float64(t):
+        return "float"
+    if pat.is_string(t) or pat.is_large_string(t):
+        return "str"
+    if pat.is_boolean(t):
+        return "bool"
+    if pat.is_date32(t):
+        return "date"
+    if pat.is_timestamp(t) and t.tz is None:
+        return "ts"
+    if pat.is_decimal128(t):
+        return "dec"
+    return None
+
+
+def _column_type(node: exp.Expression, schema: pa.Schema) -> pa.DataType | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Column) and node.name in schema.names:
+        return schema.field(node.name).type
+    return None
+
+
+def _number(node: exp.Expression) -> Decimal | None:
+    """The value of a numeric literal (``-`` allowed), else None."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    neg = False
+    while isinstance(node, exp.Neg):
+        neg, node = not neg, node.this
+        while isinstance(node, exp.Paren):
+            node = node.this
+    if not (isinstance(node, exp.Literal) and not node.is_string):
+        return None
+    try:
+        v = Decimal(node.this)
+    except InvalidOperation:
+        return None
+    if not v.is_finite():
+        return None
+    return -v if neg else v
+
+
+def _string(node: exp.Expression) -> str | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Literal) and node.is_string:
+        return node.this
+    return None
+
+
+def _typed_string(node: exp.Expression) -> tuple[str, str] | None:
+    """``DATE '...'`` / ``TIMESTAMP '...'`` / a plain string literal: (kind, text)."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    s = _string(node)
+    if s is not None:
+        return "str", s
+    if isinstance(node, exp.Cast) and _string(node.this) is not None:
+        t = node.to.this
+        T = exp.DataType.Type
+        if t == T.DATE:
+            return "date", _string(node.this)
+        if t in (T.TIMESTAMP, T.DATETIME):
+            return "ts", _string(node.this)
+    return None
+
+
+def _exact_float(v: Decimal, t: pa.DataType) -> bool:
+    f = float(v)
+    if not np.isfinite(f):
+        return False
+    if pat.is_float32(t):
+        f32 = np.float32(f)
+        return bool(np.isfinite(f32)) and Decimal(float(f32)) == v
+    return Decimal(f) == v
+
+
+def _valid_date(text: str) -> bool:
+    if not _DATE.match(text):
+        return False
+    try:
+        dt.date.fromisoformat(text)
+        return True
+    except ValueError:
+        return False
+
+
+def literal_fits(node: exp.Expression, t: pa.DataType) -> bool:
+    """True when literal ``node`` compared with a column of type ``t`` means the same in
+    pyarrow (after ``sqlexpr``'s literal typing) as in DuckDB."""
+    kind = _kind(t)
+    if kind == "int":
+        v = _number(node)
+        if v is None or v != v.to_integral_value() or "." in _text(node) or "e" in _text(node).lower():
+            return False
+        try:
+            pa.scalar(int(v), t)
+            return True
+        except (pa.ArrowInvalid, OverflowError):
+            return False
+    if kind == "float":
+        v = _number(node)
+        return v is not None and _exact_float(v, t)
+    if kind == "dec":  # a plain decimal literal the column's type holds exactly
+        v = _number(node)
+        if v is None or "e" in _text(node).lower():
+            return False
+        return v.as_tuple().exponent >= -t.scale and abs(v) < Decimal(10) ** (t.precision - t.scale)
+    if kind == "bool":
+        while isinstance(node, exp.Paren):
+            node = node.this
+        return isinstance(node, exp.Boolean)
+    typed = _typed_string(node)
+    if typed is None:
+        return False
+    lit_kind, text = typed
+    if kind == "str":
+        return lit_kind == "str"
+    if kind == "date":
+        return lit_kind in ("str", "date") and _valid_date(text)
+    if kind == "ts":
+        m = _TIMESTAMP.match(text)
+        if lit_kind not in ("str", "ts", "date") or m is None or not _valid_date(m.group(1)):
+            return False
+        if lit_kind == "date" and m.group(2) is not None:
+            return False
+        if m.group(2) is not None and not (int(m.group(2)) < 24 and int(m.group(3)) < 60 and int(m.group(4)) < 60):
+            return False
+        frac = m.group(5) or ""
+        return len(frac) <= _UNIT_DIGITS.get(t.unit, -1)
+    return False
+
+
+def _text(node: exp.Expression) -> str:
+    while isinstance(node, (exp.Paren, exp.Neg)):
+        node = node.this
+    return node.this if isinstance(node, exp.Literal) else ""
+
+
+def _compare_ok(a: exp.Expression, b: exp.Expression, schema: pa.Schema) -> bool:
+    ta, tb = _column_type(a, schema), _column_type(b, schema)
+    if ta is not None and tb is not None:  # column against column: same type, no NaN
+        return ta.equals(tb) and _kind(ta) in ("int", "str", "bool", "date", "ts", "dec")
+    if ta is not None:
+        return _kind(ta) is not None and literal_fits(b, ta)
+    if tb is not None:
+        return _kind(tb) is not None and literal_fits(a, tb)
+    return False
+
+
+def equivalent(node: exp.Expression, schema: pa.Schema) -> bool:
+    """True when predicate ``node`` compiles to pyarrow with exactly DuckDB's answer."""
+    if isinstance(node, exp.Paren):
+        return equivalent(node.this, schema)
+    if isinstance(node, (exp.And, exp.Or)):
+        return equivalent(node.this, schema) and equivalent(node.expression, schema)
+    if isinstance(node, exp.Not):
+        return equivalent(node.this, schema)
+    if isinstance(node, exp.Boolean):
+        return True
+    if isinstance(node, exp.Column):
+        t = _column_type(node, schema)
+        return t is not None and pat.is_boolean(t)
+    if isinstance(node, _COMPARISONS):
+        return _compare_ok(node.this, node.expression, schema)
+    if isinstance(node, exp.Is):
+        t = _column_type(node.this, schema)
+        return isinstance(node.expression, exp.Null) and t is not None and _kind(t) is not None
+    if isinstance(node, exp.In):
+        t = _column_type(node.this, schema)
+        if t is None or _kind(t) in (None, "float") or node.args.get("query") is not None \
+                or node.args.get("unnest") is not None or not node.expressions:
+            return False
+        return all(literal_fits(e, t) for e in node.expressions)
+    if isinstance(node, exp.Between):
+        t = _column_type(node.this, schema)
+        if t is None or _kind(t) is None or node.args.get("symmetric"):
+            return False
+        return literal_fits(node.args["low"], t) and literal_fits(node.args["high"], t)
+    if isinstance(node, exp.Like):
+        t = _column_type(node.this, schema)
+        pattern = _string(node.expression)
+        return (t is not None and _kind(t) == "str" and pattern is not None
+                and node.args.get("escape") is None and "\\" not in pattern and "_" not in pattern)
+    return False
+
+
+def projection_equivalent(node: exp.Expression, schema: pa.Schema) -> bool:
+    """True when computed column ``node`` is the same in pyarrow: a bare column reference,
+    or a boolean predicate of the grammar above."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Column):
+        return node.name in schema.names
+    return equivalent(node, schema) and not isinstance(node, exp.Boolean)

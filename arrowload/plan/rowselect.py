@@ -1,0 +1,69 @@
+"""Keep some rows of a batch or table, for every column type arrowload reads.
+
+pyarrow (26) has no ``filter`` / ``take`` kernel for ``string_view`` / ``binary_view``
+columns (nor for lists of them), so a filter on any other column of a file holding one
+would fail. Such columns go through their large (offset) equivalent and back, which
+keeps the values and the type the user sees.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.types as pat
+
+from ..errors import UnsupportedError
+
+
+def _plain(t: pa.DataType) -> pa.DataType | None:
+    """The type to filter ``t`` as; None when pyarrow filters ``t`` itself."""
+    if pat.is_string_view(t):
+        return pa.large_string()
+    if pat.is_binary_view(t):
+        return pa.large_binary()
+    if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
+        inner = _plain(t.value_type)
+        if inner is None:
+            return None
+        f = t.value_field.with_type(inner)
+        if pat.is_fixed_size_list(t):
+            return pa.list_(f, t.list_size)
+        return pa.large_list(f) if pat.is_large_list(t) else pa.list_(f)
+    if pat.is_struct(t):
+        fields = [t.field(i) for i in range(t.num_fields)]
+        inner = [_plain(f.type) for f in fields]
+        if all(i is None for i in inner):
+            return None
+        return pa.struct([f.with_type(i) if i is not None else f for f, i in zip(fields, inner)])
+    return None
+
+
+def _select(data, how):
+    try:
+        return _select_plain(data, how)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        for f in data.schema:  # name the column pyarrow cannot select rows of
+            try:
+                how(type(data).from_arrays([data.column(f.name)], names=[f.name]))
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+                raise UnsupportedError(
+                    f"cannot keep the filtered rows of column {f.name!r} of type {f.type}: pyarrow "
+                    f"has no kernel to select rows of this type ({e}); leave the column out "
+                    "(select() the others) or convert it in a map() before filtering") from None
+        raise
+
+
+def _select_plain(data, how):
+    schema = data.schema
+    plain = [_plain(f.type) for f in schema]
+    if all(p is None for p in plain):
+        return how(data)
+    cols = [c.cast(p) if p is not None else c for c, p in zip(data.columns, plain)]
+    tmp = type(data).from_arrays(cols, names=schema.names)
+    out = how(tmp)
+    cols = [c.cast(f.type) if p is not None else c for c, p, f in zip(out.columns, plain, schema)]
+    return type(data).from_arrays(cols, schema=schema)
+
+
+def filter_rows(data, mask):
+    """``data.filter(mask)`` (null drops the row) for any column types."""
+    return _select(data, lambda d: d.filter(mask))
