@@ -468,6 +468,8 @@ _CLI_TERMS = (
     ("pass format='parquet' | 'ipc' | 'csv' | 'json'", "pass --format parquet|ipc|csv|json"),
     ("pass format=", "pass --format"),
     ("bind one by keyword: al.sql('SELECT ... FROM t', t=...)", "bind one with --table t=PATH"),
+    ("Run queries with al.sql('SELECT ... FROM t WHERE ...', t=ds)",
+     "Run queries with arrowload sql \"SELECT ... FROM t WHERE ...\" --table t=PATH"),
     ("al.sql()", "arrowload sql"),
 )
 # the same with patterns: fill_null={'x': <value>} ..., .filter("x IS NOT NULL")
