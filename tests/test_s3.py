@@ -17,6 +17,7 @@ import urllib.request
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
+import pyarrow.parquet as pq
 import pyarrow.fs as pafs
 import pytest
 from fsspec.implementations.arrow import ArrowFSWrapper
@@ -464,3 +465,41 @@ def test_error_classes_of_real_library_exceptions():
     ]
     for exc, expected in cases:
         assert classify(exc) == expected, (exc, classify(exc), expected)
+
+
+class _ServiceUnavailable:
+    """botocore ``before-send`` hook: the first ``fail`` object reads (GET of a key, not a
+    listing) answer HTTP 503 ServiceUnavailable, as a busy S3 front end does."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail, self.failed = fail, 0
+
+    def __call__(self, request, **kwargs):
+        from aiobotocore.awsrequest import AioAWSResponse
+        if request.method != "GET" or "list-type=" in request.url or self.failed >= self.fail:
+            return None
+        self.failed += 1
+
+        class Body:
+            async def read(self):
+                return b"<Error><Code>ServiceUnavailable</Code><Message>try again</Message></Error>"
+        return AioAWSResponse(request.url, 503, {"Content-Type": "application/xml"}, Body())
+
+
+def test_reads_keep_the_clients_retries_of_transient_errors(s3_endpoint, tmp_path):
+    """Failing fast is for the listing (a wrong endpoint); reads through an s3fs arrowload
+    builds keep botocore's retries, so a 503 is retried by the client even where arrowload
+    itself does not retry (here: retries=0; in general: the middle of a streaming scan)."""
+    from aiobotocore.session import AioSession
+    s3 = make_s3fs(s3_endpoint)
+    s3.mkdir("retry-bucket")
+    table = pa.table({"x": list(range(1000))})
+    pq.write_table(table, tmp_path / "x.parquet")
+    s3.put(str(tmp_path / "x.parquet"), "retry-bucket/lake/x.parquet")
+    session = AioSession()
+    flaky = _ServiceUnavailable(fail=2)
+    session.register("before-send.s3", flaky)
+    ds = al.dataset("s3://retry-bucket/lake/", options=al.Options(scan=al.ScanOptions(retries=0)),
+                    storage_options={"endpoint_url": s3_endpoint, **KEYS, "session": session})
+    assert ds.to_arrow().equals(table)
+    assert flaky.failed == 2  # both 503s were sent, and retried by the client

@@ -71,7 +71,7 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         raise InvalidArgumentError("al.dataset() needs at least one path; got an empty list")
     paths = [check_path(os.fspath(p)) for p in paths]
     if filesystem is not None:
-        pafs = to_pyarrow_fs(filesystem)
+        pafs = list_fs = to_pyarrow_fs(filesystem)
         stripped = [_strip_for(filesystem, p) for p in paths]
     else:
         protocols = {protocol_of(p) or "file" for p in paths}
@@ -80,15 +80,16 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
                                        "dataset reads from one filesystem: open one dataset per "
                                        "filesystem")
         pafs, _ = filesystem_for(paths[0], storage_options)
+        list_fs, _ = filesystem_for(paths[0], storage_options, listing=True)
         stripped = [filesystem_for(p, storage_options)[1] for p in paths]
     entries: dict[str, FileEntry] = {}
     bases = []
     for p, url in zip(stripped, paths):
-        base, found = list_files(pafs, p, retries=scan_options.retries,
+        base, found = list_files(list_fs, p, retries=scan_options.retries,
                                  backoff=scan_options.retry_backoff_s, url=url)
         if _GLOB_CHARS & set(p) or not (len(found) == 1 and found[0].path == p):
             # a folder or glob (not a file the caller named): refuse lake table folders
-            refuse_lake_table(pafs, base, url, retries=scan_options.retries,
+            refuse_lake_table(list_fs, base, url, retries=scan_options.retries,
                               backoff=scan_options.retry_backoff_s)
         bases.append(base)
         for e in found:

@@ -106,8 +106,13 @@ def canonical_local_path(path: str) -> str:
     return p
 
 
-def filesystem_for(path: str, storage_options: dict | None) -> tuple[pafs.FileSystem, str]:
-    """Pick a filesystem for a path / URI and return it with the path stripped of its scheme."""
+def filesystem_for(path: str, storage_options: dict | None, *,
+                   listing: bool = False) -> tuple[pafs.FileSystem, str]:
+    """Pick a filesystem for a path / URI and return it with the path stripped of its scheme.
+
+    ``listing=True``: the filesystem for the first calls (listing, lake-table probes), which
+    fail fast on a wrong endpoint (see ``_default_options``); reads use the one built
+    without it, which keeps the client's own retries of transient errors."""
     proto = protocol_of(path)
     if proto in (None, "file", "local"):
         if storage_options:
@@ -120,7 +125,7 @@ def filesystem_for(path: str, storage_options: dict | None) -> tuple[pafs.FileSy
         import fsspec
     except ImportError as exc:  # pragma: no cover
         raise MissingDependencyError("fsspec is required for URIs: pip install fsspec") from exc
-    options = _default_options(proto, storage_options)
+    options = _default_options(proto, storage_options, listing)
     try:
         fs = fsspec.filesystem(proto, **options)
     except ImportError as exc:
@@ -147,16 +152,18 @@ def _type_name(proto: str) -> str:
     return f"{package}'s filesystem" if package else f"the {proto}:// filesystem"
 
 
-def _default_options(proto: str, storage_options: dict | None) -> dict:
+def _default_options(proto: str, storage_options: dict | None, listing: bool = False) -> dict:
     """The user's storage_options, plus arrowload's defaults for filesystems it creates.
 
-    s3fs: botocore retries once, quickly, unless ``config_kwargs={"retries": ...}`` says
-    otherwise. botocore cannot tell a refused connection (a wrong endpoint) from a blip and
-    by default retries it for seconds; arrowload retries what is transient itself (and s3fs
-    retries timeouts and throttling), so a wrong endpoint fails after one quick retry.
+    Listing on s3fs: botocore retries once, quickly, unless ``config_kwargs={"retries": ...}``
+    says otherwise. botocore cannot tell a refused connection (a wrong endpoint) from a blip
+    and by default retries it for seconds; the listing is the first request, and arrowload
+    retries what is transient there itself, so a wrong endpoint fails after one quick retry.
+    Reads keep botocore's default retries: a 500 / 503 in the middle of a streaming scan is
+    retried by the client, where arrowload could not restart the stream.
     """
     options = dict(storage_options or {})
-    if proto in ("s3", "s3a"):
+    if listing and proto in ("s3", "s3a"):
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("retries", {"mode": "standard", "max_attempts": 1})
         options["config_kwargs"] = config
