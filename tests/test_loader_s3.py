@@ -21,7 +21,7 @@ from arrowload.datagen import write_lake
 
 from _support import moto_s3_server
 
-BUCKET = "arrowload-test"
+BUCKET = "arrowload-loader-test"  # moto keeps one backend per process: a bucket name of its own
 PRED = "label = 0 OR f0 > 1.0"
 
 

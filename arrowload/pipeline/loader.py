@@ -37,7 +37,7 @@ from .chunks import ChunkConverter, HostChunk
 from .collate import BufferPool, resolve_stack, stack_batch
 from .device import DeviceBatch, TorchDeviceStage, jax_place, wants_cuda
 from .rowsource import ScanRowSource, TableRowSource, default_cache_dir, materialize
-from .state import STATE_FORMAT, STATE_VERSION, Position, batches_for, make_state, read_state  # noqa: F401
+from .state import Position, batches_for, make_state, read_state
 
 
 

@@ -22,9 +22,9 @@ import pyarrow.types as pat
 
 from ..errors import ExpressionError, UnsupportedError
 from .rowselect import filter_rows
+from .sandbox import DUCKDB_SANDBOX
 
 _ROW = "__arrowload_row"
-_OUT = "__arrowload_value"
 
 
 class _Connection:
@@ -32,13 +32,8 @@ class _Connection:
 
     def __init__(self) -> None:
         import duckdb
-        self.con = duckdb.connect(config={
-            "enable_external_access": False,
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-            "threads": 1,  # parallelism comes from arrowload's own threads
-        })
-        self.con.execute("SET lock_configuration = true")
+        # parallelism comes from arrowload's own threads
+        self.con = duckdb.connect(config={**DUCKDB_SANDBOX, "threads": 1})
 
     def close(self) -> None:
         con, self.con = self.con, None

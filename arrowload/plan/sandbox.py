@@ -16,6 +16,17 @@ from sqlglot import exp
 
 from ..errors import ExpressionError
 
+# DuckDB settings of a sandboxed connection: no files, URLs, extensions, Python variables
+# found by name, and no way to change that from SQL. Used for evaluating filters and
+# computed columns (``duckeval``) and for ``al.sql(..., external_access=False)``.
+DUCKDB_SANDBOX = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "python_enable_replacements": False,
+    "lock_configuration": True,
+}
+
 # Query-shaped nodes: anything that reads a relation rather than the current row.
 _QUERY_NODES = (exp.Query, exp.Subquery, exp.Exists, exp.Table, exp.From, exp.Join,
                 exp.Lateral, exp.Unnest, exp.Values, exp.Command, exp.Pragma, exp.Set)

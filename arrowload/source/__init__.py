@@ -12,9 +12,8 @@ from ..errors import ArgumentTypeError, InvalidArgumentError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
-from .filesystem import (_GLOB_CHARS, FileEntry, check_path, filesystem_for, list_files,
-                         protocol_of, to_pyarrow_fs)
-from .identity import identity_of
+from .filesystem import (_GLOB_CHARS, FileEntry, check_path, file_entry, filesystem_for,
+                         list_files, protocol_of, to_pyarrow_fs)
 from .lake import refuse_lake_table
 from .memory import MemorySource
 
@@ -59,8 +58,7 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         fmt = {"parquet": "parquet", "ipc": "ipc", "csv": "csv", "json": "json"}.get(
             source.format.default_extname, None) or format_of_path(files[0]) or "parquet"
         infos = fs.get_file_info(files)
-        entries = [FileEntry(i.path, i.size, i.mtime_ns if i.mtime is not None else None,
-                             identity_of(fs, i.path)) for i in infos]
+        entries = [file_entry(i, fs) for i in infos]
         base = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
         return FileSource(fs, entries, fmt, base, f"pyarrow dataset ({len(files)} files)",
                           partitioning, scan_options)

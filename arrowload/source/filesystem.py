@@ -282,6 +282,11 @@ def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
     path = check_path(path)
     path = path.rstrip("/") if len(path) > 1 else path
     url = url or path
+    inner = getattr(getattr(fs, "handler", None), "fs", None)
+    if inner is not None and hasattr(inner, "invalidate_cache"):
+        # fsspec filesystems are shared instances with listing caches: a new dataset lists
+        # what is there now (sizes, mtimes and ETags of files rewritten since included)
+        inner.invalidate_cache()
     if _GLOB_CHARS & set(path):
         parts = path.split("/")
         first = next(i for i, p in enumerate(parts) if _GLOB_CHARS & set(p))
@@ -290,15 +295,15 @@ def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
         matched = [i for i in infos if fnmatch.fnmatchcase(i.path, path)]
         if not matched:
             raise PathNotFoundError(f"no files match the glob {url!r}; check the pattern", path)
-        return base, sorted((_entry(i, fs) for i in matched), key=lambda e: e.path)
+        return base, sorted((file_entry(i, fs) for i in matched), key=lambda e: e.path)
     info = _info(fs, path, retries, backoff, url)
     if info.type == pafs.FileType.NotFound:
         raise PathNotFoundError(f"no such file or directory: {url!r}; check the path "
                                 "(and storage_options / filesystem for remote URIs)", path)
     if info.type == pafs.FileType.File:
-        return os.path.dirname(path), [_entry(info, fs)]
+        return os.path.dirname(path), [file_entry(info, fs)]
     infos = _list_dir(fs, path, retries, backoff, original=url)
-    entries = sorted((_entry(i, fs) for i in infos if not _is_hidden(i.path[len(path):].lstrip("/"))),
+    entries = sorted((file_entry(i, fs) for i in infos if not _is_hidden(i.path[len(path):].lstrip("/"))),
                      key=lambda e: e.path)
     if not entries:
         raise PathNotFoundError(f"directory {url!r} holds no data files", path)
@@ -322,7 +327,7 @@ def _list_dir(fs: pafs.FileSystem, base: str, retries: int, backoff: float,
     return [i for i in infos if i.type == pafs.FileType.File]
 
 
-def _entry(info: pafs.FileInfo, fs: pafs.FileSystem | None = None) -> FileEntry:
+def file_entry(info: pafs.FileInfo, fs: pafs.FileSystem | None = None) -> FileEntry:
     mtime = info.mtime_ns if info.mtime is not None else None
     return FileEntry(info.path, info.size, mtime, identity_of(fs, info.path) if fs is not None else None)
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 MAGIC = b"PAR1"
-ENCRYPTED_MAGIC = b"PARE"
 TAIL_READ = 64 << 10
 
 # parquet.thrift enums

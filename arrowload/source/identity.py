@@ -34,7 +34,9 @@ def identity_of(fs: pafs.FileSystem, path: str, *, fresh: bool = False) -> str |
             st = os.stat(path)
         except OSError:
             return None
-        return f"ino={st.st_dev}:{st.st_ino}"
+        # the inode alone: a device number can change across reboots and container restarts
+        # (overlay, NFS), which would refuse every saved state and rebuild every cache
+        return f"ino={st.st_ino}"
     inner = _fsspec_of(fs)
     if inner is None:
         return None

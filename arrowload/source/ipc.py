@@ -15,8 +15,6 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-FILE_MAGIC = b"ARROW1"
-
 
 def not_an_ipc_file(exc: BaseException) -> bool:
     """Whether pyarrow's IPC *file* reader refused the file for lacking the file magic."""
@@ -46,9 +44,12 @@ def stream_facts(fs: pafs.FileSystem, path: str, local: bool) -> tuple[pa.Schema
 def read_ipc(fs: pafs.FileSystem, path: str, stream: bool, local: bool) -> pa.Table:
     """A whole IPC stream or file as a Table (zero-copy over a memory map locally)."""
     source = _open(fs, path, local)
-    if stream:
-        return pa.ipc.open_stream(source).read_all()
-    return pa.ipc.open_file(source).read_all()
+    try:
+        reader = pa.ipc.open_stream(source) if stream else pa.ipc.open_file(source)
+        return reader.read_all()
+    finally:
+        if not local:  # locally the table's buffers are views of the memory map: it stays open
+            source.close()
 
 
 def conform(table: pa.Table, schema: pa.Schema, partition: dict) -> pa.Table:

@@ -22,17 +22,12 @@ from ..errors import (ArrowloadError, ColumnNotFoundError, ExpressionError, Exte
                       TableNotFoundError)
 from ..options import Options
 from ..plan.nodes import Plan, Scan, SqlQuery
+from ..plan.sandbox import DUCKDB_SANDBOX
 
 _BATCH_ROWS = 65_536
 
-# DuckDB settings of a sandboxed connection (see the module docstring).
-SANDBOX = {
-    "enable_external_access": False,
-    "autoinstall_known_extensions": False,
-    "autoload_known_extensions": False,
-    "python_enable_replacements": False,
-    "lock_configuration": True,
-}
+# DuckDB settings of a sandboxed connection (see the module docstring): the same as for filters.
+SANDBOX = DUCKDB_SANDBOX
 
 
 def _duckdb():
