@@ -347,6 +347,13 @@ def test_corrupt_page_raises_with_page_checksums(tmp_path, assert_tables_equal):
             with pytest.raises(al.CorruptFileError, match="bitrot.parquet") as info:
                 call()
             assert "checksum" in str(info.value).lower()
+    # SQL that DuckDB runs itself (aggregate, self-join) reads the table inside DuckDB: the
+    # failure is still the file's, not the query's
+    d = al.dataset(path, options=al.Options(scan=checked))
+    for query in ("SELECT count(*), sum(x) FROM t", "SELECT a.x FROM t a JOIN t b ON a.x = b.x"):
+        with pytest.raises(al.CorruptFileError, match="bitrot.parquet") as info:
+            al.sql(query, t=d).to_arrow()
+        assert "checksum" in str(info.value).lower()
     # verification off: what pyarrow returns without it (the option is honoured both ways)
     off = al.dataset(path).with_options(scan=al.ScanOptions(page_checksums=False))
     assert off.to_arrow().equals(pq.read_table(path))

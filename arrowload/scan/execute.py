@@ -113,7 +113,7 @@ def _fragment_options(src, options: Options) -> dict:
 _STRICT = Options(scan=ScanOptions(page_checksums=True))
 
 
-def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
+def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
     """Name the shard that failed: re-read the kept files one by one to find it."""
     src = scan.source
     if isinstance(src, FileSource):
@@ -187,7 +187,7 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
     except _READ_ERRORS as exc:
         if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
             raise
-        raise _read_error(scan, exc) from exc
+        raise read_error(scan, exc) from exc
     except Exception as exc:  # botocore's errors are not OSErrors
         typed = storage_error(exc, scan.source.display, local=getattr(scan.source, 'is_local', False))
         if typed is None:
@@ -339,7 +339,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
         except _READ_ERRORS as exc:
             if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                 raise
-            raise _read_error(plan, exc) from exc
+            raise read_error(plan, exc) from exc
         except Exception as exc:  # botocore's errors are not OSErrors
             typed = storage_error(exc, plan.source.display, local=getattr(plan.source, 'is_local', False))
             if typed is None:
@@ -392,6 +392,6 @@ def count_rows(plan: Plan, options: Options) -> int:
             except _READ_ERRORS as exc:
                 if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                     raise
-                raise _read_error(node, exc) from exc
+                raise read_error(node, exc) from exc
         return total if node.limit is None else min(total, node.limit)
     return sum(b.num_rows for b in iter_batches(node, options))
