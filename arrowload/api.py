@@ -77,8 +77,9 @@ class Dataset:
         ``"country IN ('US','DE') AND ts >= DATE '2024-01-01'"``), a
         ``pyarrow.compute.Expression`` or a polars expression. Lazy."""
         expr = make_expr(predicate, self.schema, "filter")
+        node = Filter(self._plan, expr)  # checks the columns it names (missing, ambiguous)
         expr.check(self.schema, predicate=True)  # type-check now: a bad filter fails here
-        return self._with(Filter(self._plan, expr))
+        return self._with(node)
 
     def select(self, *names: str, **exprs: Any) -> "Dataset":
         """Output these columns, in this order: names as they are, keywords as computed

@@ -429,6 +429,20 @@ def test_duplicate_field_names_are_an_error_only_where_ambiguous(tmp_path):
             call()
         assert isinstance(info.value, KeyError) and info.value.column == "x"
         assert "dup.parquet" in str(info.value) and "'y'" in str(info.value)
+    # naming the shared name is refused when the selection is built, whatever the spelling
+    import polars as pl
+    import pyarrow.compute as pc
+    for build in (lambda: d.select("x"), lambda: d.select(z="x + 1"), lambda: d.filter("x > 1"),
+                  lambda: d.filter(pc.field("x") > 1), lambda: d.filter(pl.col("x") > 1),
+                  lambda: d.filter("y > 7").select("y", "x"), lambda: d.map(lambda b: b, columns=["x"])):
+        with pytest.raises(al.AmbiguousColumnError) as info:
+            build()
+        assert isinstance(info.value, KeyError) and info.value.column == "x"
+        assert "dup.parquet" in str(info.value) and "'x'" in str(info.value) and "'y'" in str(info.value)
+    # the other columns keep working, computed ones included
+    assert d.select(z="y * 2").to_arrow().column("z").to_pylist() == \
+        pc.multiply(truth.column(2), 2).to_pylist()
+    assert "schema unavailable" not in repr(d.select("y"))
 
 
 def test_float16_describes_numbers_and_converts_to_float16(tmp_path):

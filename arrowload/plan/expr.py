@@ -198,7 +198,12 @@ class SqlExpr(Expr):
 
 def _arrow_columns(expr: pc.Expression, schema: pa.Schema) -> frozenset[str]:
     """Columns a pyarrow expression reads, found by binding it against the schema with
-    each column removed in turn (pyarrow exposes no field list)."""
+    each column removed in turn (pyarrow exposes no field list). A name several columns
+    share binds to its first: the plan node naming it then refuses it as ambiguous."""
+    if len(set(schema.names)) != len(schema.names):
+        firsts = {f.name: f for f in reversed(list(schema))}
+        schema = pa.schema([firsts[n] for n in dict.fromkeys(schema.names)])
+
     def binds(s: pa.Schema) -> str | None:
         try:
             ds.dataset(s.empty_table()).scanner(columns={"_": expr})

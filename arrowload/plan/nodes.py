@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ColumnNotFoundError
+from ..errors import AmbiguousColumnError, ColumnNotFoundError
 from ..source import Source
 from .expr import Expr
 
@@ -41,6 +41,25 @@ def _check_columns(names, schema: pa.Schema, where: str) -> None:
     for n in names:
         if n not in schema.names:
             raise ColumnNotFoundError(n, schema.names, where)
+
+
+def _check_unambiguous(names, child: "Plan", where: str) -> None:
+    """A name that several input columns share cannot be read (files may repeat a name;
+    pyarrow reads them, its datasets cannot tell them apart): refuse it when the node is
+    built, naming the source; the other columns stay usable."""
+    all_names = child.schema.names
+    if len(set(all_names)) == len(all_names):
+        return
+    for n in names:
+        if all_names.count(n) > 1:
+            found = scans(child)
+            origin = found[0].source.display if len(found) == 1 else "the input"
+            others = [c for c in dict.fromkeys(all_names) if all_names.count(c) == 1]
+            hint = f"select the other columns by name (.select({', '.join(map(repr, others[:5]))})) or " \
+                if others else ""
+            raise AmbiguousColumnError(
+                f"column {n!r} in {where} is ambiguous: {origin} has {all_names.count(n)} columns named "
+                f"{n!r}, which cannot be told apart; {hint}rewrite the file with unique column names", n)
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,6 +128,7 @@ class Filter(Plan):
 
     def __post_init__(self) -> None:
         _check_columns(sorted(self.predicate.columns), self.child.schema, "filter")
+        _check_unambiguous(sorted(self.predicate.columns), self.child, "filter")
 
     @property
     def children(self):
@@ -136,6 +156,7 @@ class Project(Plan):
             raise ValueError(f"select() names each output column once; repeated: {dupes}")
         for _, e in self.items:
             _check_columns(sorted(e.columns), self.child.schema, "select")
+            _check_unambiguous(sorted(e.columns), self.child, "select")
 
     @property
     def children(self):
@@ -177,6 +198,7 @@ class Map(Plan):
     def __post_init__(self) -> None:
         if self.columns is not None:
             _check_columns(self.columns, self.child.schema, "map(columns=...)")
+            _check_unambiguous(self.columns, self.child, "map(columns=...)")
 
     @property
     def children(self):
