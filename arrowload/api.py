@@ -238,8 +238,14 @@ class Dataset:
         return execute.iter_batches(self.optimized_plan(), self._options)
 
     def to_polars(self):
-        import polars as pl
-        return pl.from_arrow(self.to_arrow())
+        """The whole selection as a ``polars.DataFrame``. A column of a type polars cannot
+        import (intervals, unions, 256-bit decimals ...) raises ``UnsupportedError`` before
+        anything is read."""
+        from .convert.polars_frame import check_polars_schema, to_polars
+        found = scans(self._plan)
+        origin = found[0].source.display if len(found) == 1 else "the selection"
+        check_polars_schema(self.schema, origin)
+        return to_polars(self.to_arrow(), origin)
 
     def to_pandas(self):
         return self.to_arrow().to_pandas()
