@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from sqlglot import exp
 
-from ..errors import ColumnNotFoundError, ExpressionError
+from ..errors import ArgumentTypeError, ColumnNotFoundError, ExpressionError
 from . import duckeval, pushable, sandbox, sqlexpr
 from .rowselect import filter_rows
 
@@ -385,5 +385,6 @@ def make_expr(value: Any, schema: pa.Schema, what: str = "expression") -> Expr:
             if tree is not None:  # same meaning in SQL: push it into the scan
                 return SqlExpr.bind(tree, schema)
         return PolarsExpr.of(value, schema)
-    raise TypeError(f"{what} must be SQL text, a pyarrow.compute.Expression or a polars "
-                    f"expression, got {type(value).__name__}")
+    raise ArgumentTypeError(f"{what} must be SQL text, a pyarrow.compute.Expression or a polars "
+                            f"expression, got {value!r} ({type(value).__name__}); e.g. \"x > 1\" "
+                            "or pc.field('x') > 1", what)

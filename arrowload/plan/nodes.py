@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import AmbiguousColumnError, ColumnNotFoundError
+from ..errors import AmbiguousColumnError, ArgumentTypeError, ColumnNotFoundError, InvalidArgumentError
 from ..source import Source
 from .expr import Expr
 
@@ -153,7 +153,9 @@ class Project(Plan):
         names = [n for n, _ in self.items]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"select() names each output column once; repeated: {dupes}")
+            raise InvalidArgumentError(f"select() names each output column once; repeated: "
+                                       f"{', '.join(map(repr, dupes))}; give the computed one another "
+                                       "name (select('a', a2='a + 1'))", "select")
         for _, e in self.items:
             _check_columns(sorted(e.columns), self.child.schema, "select")
             _check_unambiguous(sorted(e.columns), self.child, "select")
@@ -228,8 +230,14 @@ class Limit(Plan):
     n: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 0:
-            raise ValueError(f"limit(n) needs an integer n >= 0, got {self.n!r}")
+        if not isinstance(self.n, bool) and hasattr(self.n, "__index__"):  # numpy integers too
+            object.__setattr__(self, "n", self.n.__index__())
+        if isinstance(self.n, bool) or not isinstance(self.n, int):
+            raise ArgumentTypeError(f"limit(n) / head(n) needs an integer n >= 0, got {self.n!r} "
+                                    f"({type(self.n).__name__}); pass int(n)", "n")
+        if self.n < 0:
+            raise InvalidArgumentError(f"limit(n) / head(n) needs an integer n >= 0, got {self.n}; "
+                                       "use 0 for no rows", "n")
 
     @property
     def children(self):

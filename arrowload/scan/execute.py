@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from ..errors import AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError
+from ..errors import (AmbiguousColumnError, ArgumentTypeError, ArrowloadError, CorruptFileError, ExpressionError,
+                      ScanError, StorageRetryError)
 from ..options import Options, ScanOptions
 from ..plan import duckeval
 from ..plan.expr import SqlExpr
@@ -26,7 +27,7 @@ from ..plan.rowselect import filter_rows
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.filesystem import storage_error
-from ..source.retry import retry
+from ..source.retry import is_transient, retry
 
 _MAX_BATCH_ROWS = 1 << 20
 KEEP = "__arrowload_keep"
@@ -128,6 +129,11 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                 typed = storage_error(inner, path, local=src.is_local)  # credentials, denied, endpoint
                 if typed is not None:
                     return typed
+                if is_transient(inner):  # the storage, not the file: retrying may succeed
+                    return StorageRetryError(
+                        f"reading {path!r} kept failing with transient storage errors: {inner}. The "
+                        "file is not at fault; try again later, or retry longer with "
+                        "al.Options(scan=al.ScanOptions(retries=..., retry_backoff_s=...))", path)
                 if _decodes_plainly(scan, units):
                     return ExpressionError(f"evaluating the selection on {path!r} failed: {inner}; the "
                                            "file itself reads fine: fix the filter / expression (e.g. "
@@ -137,7 +143,12 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                     return CorruptFileError(f"cannot read {path!r}: {check.reason()}; {check.fix()}", path)
                 return CorruptFileError(f"cannot read {path!r}: {inner}; the file is truncated or "
                                         "corrupt; remove or rewrite it", path)
-    return ArrowloadError(f"scanning {src.display} failed: {exc}")
+    if is_transient(exc):
+        return StorageRetryError(f"scanning {src.display} kept failing with transient storage errors: "
+                                 f"{exc}. Try again later, or "
+                                 "retry longer with al.ScanOptions(retries=..., retry_backoff_s=...)")
+    return ScanError(f"scanning {src.display} failed: {exc}; reading each file again on its own did not "
+                     "fail, so no file is at fault: retry the read")
 
 
 def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
@@ -204,8 +215,9 @@ def as_record_batch(out, what: str) -> pa.RecordBatch:
         return out.combine_chunks().to_batches()[0] if out.num_rows else \
             pa.RecordBatch.from_pylist([], schema=out.schema)
     if not isinstance(out, pa.RecordBatch):
-        raise TypeError(f"{what} must return a pyarrow RecordBatch (or Table / polars DataFrame), "
-                        f"got {type(out).__name__}")
+        raise ArgumentTypeError(f"{what} must return a pyarrow RecordBatch (or Table / polars DataFrame), "
+                                f"got {type(out).__name__}; return e.g. batch.append_column(...) or "
+                                "pa.RecordBatch.from_pydict({...})", "fn")
     return out
 
 

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from ..errors import (ArrowloadError, ColumnNotFoundError, ExpressionError, ExternalAccessError,
-                      TableNotFoundError)
+from ..errors import (ColumnNotFoundError, ExpressionError, ExternalAccessError, PathNotFoundError, QueryError,
+                      ScanError, TableNotFoundError)
 from ..options import Options
 from ..plan.nodes import Plan, Scan, SqlQuery
 
@@ -111,7 +111,7 @@ def _table_read_error(msg: str, node: SqlQuery) -> Exception | None:
     from ..scan.execute import read_error
     for scan in scans(node.tables[node.names.index(m.group(1))]):
         typed = read_error(scan, RuntimeError(msg))
-        if type(typed) is not ArrowloadError:  # the re-read named the file and the cause
+        if not isinstance(typed, ScanError):  # the re-read named the file and the cause
             return typed
     return None
 
@@ -152,7 +152,13 @@ def translate(exc: Exception, node: SqlQuery) -> Exception:
                         duckdb.OutOfRangeException, duckdb.TypeMismatchException,
                         duckdb.NotImplementedException)):
         return ExpressionError(f"SQL query failed: {msg}")
-    return ArrowloadError(f"DuckDB failed running the query: {msg}")
+    if isinstance(exc, duckdb.IOException):
+        m = re.search(r'No files found that match the pattern "([^"]*)"', msg)
+        if m:
+            return PathNotFoundError(
+                f"the query reads {m.group(1)!r}, which matches no file; fix the path, or bind the "
+                f"data as a table: al.sql('SELECT ... FROM t', t=al.dataset(PATH))", m.group(1))
+    return QueryError(f"DuckDB failed running the query: {msg}")
 
 
 def _errors():
