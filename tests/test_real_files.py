@@ -568,6 +568,34 @@ def test_to_polars_of_an_interval_cast_in_sql_and_cli_head(tmp_path):
     assert "MonthDayNano(months=1, days=2" in out.getvalue()
 
 
+@pytest.mark.filterwarnings("ignore::polars.exceptions.PolarsInefficientMapWarning")
+def test_polars_expressions_leave_the_other_columns_alone(tmp_path):
+    """A polars filter or computed column reads only its own columns: the others (an
+    interval polars cannot import, a UUID it would turn into binary) keep their values and
+    types; one naming an unimportable column is refused when built."""
+    import polars as pl
+    import pyarrow.compute as pc
+    t = pa.table({"id": [1, 2, 3],
+                  "iv": pa.array([pa.MonthDayNano([1, 2, 3]), None, pa.MonthDayNano([0, 0, 9])],
+                                 pa.month_day_nano_interval()),
+                  "u": pa.array([bytes([i]) * 16 for i in range(3)], pa.uuid())})
+    path = str(tmp_path / "mixed.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    truth = pa.ipc.open_file(path).read_all()
+    d = al.dataset(path)
+    # map_elements: no SQL translation, so polars evaluates it
+    odd = pl.col("id").map_elements(lambda v: v % 2 == 1, return_dtype=pl.Boolean)
+    assert d.filter(odd).to_arrow().equals(truth.filter(pc.equal(pc.bit_wise_and(truth["id"], 1), 1)))
+    assert d.filter(pl.col("id").sum() > 0).to_arrow().equals(truth)  # a scalar broadcasts
+    got = d.select("u", z=pl.col("id").cum_sum()).to_arrow()
+    assert got.column("u").equals(truth.column("u")) and got.column("z").to_pylist() == [1, 3, 6]
+    with pytest.raises(al.UnsupportedError, match="'iv'"):
+        d.filter(pl.col("iv").map_elements(lambda v: v is None, return_dtype=pl.Boolean))
+    with pytest.raises(al.ExpressionError, match="not booleans"):
+        d.filter(pl.col("id").cum_sum()).to_arrow()
+
+
 def test_invalid_utf8_path_in_column_metadata(tmp_path):
     """A column chunk whose ``path_in_schema`` is not UTF-8 (one byte of it rewritten; the
     schema's own name intact): pyarrow reads the file; footers, describe and explain must
