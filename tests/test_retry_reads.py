@@ -88,3 +88,18 @@ def test_transient_errors_past_the_retries_are_storage_errors_not_corrupt_files(
     # the truth: the file itself is intact
     fs.fail_reads = 0
     assert ds.select("id").to_arrow().equals(pads.dataset(lake).to_table(columns=["id"]))
+
+
+def test_a_read_failure_no_file_reproduces_is_a_scan_error(lake):
+    """A non-transient fault that happens once (so it is not retried) and not again when
+    each file is re-read: no file is blamed, the error is typed and an OSError."""
+    fs = FaultInjectingFileSystem(LocalFileSystem(), error=IsADirectoryError)
+    ds = al.dataset(lake, filesystem=fs)
+    _ = ds.schema
+    fs.fail_reads = 1
+    with pytest.raises(al.ScanError) as info:
+        ds.select("id").to_arrow()
+    assert isinstance(info.value, OSError) and "no file is at fault" in str(info.value)
+    assert fs.injected == 1
+    # the truth: read again, every row is there
+    assert ds.select("id").to_arrow().equals(pads.dataset(lake).to_table(columns=["id"]))
