@@ -107,6 +107,9 @@ class Dataset:
         """Apply a vectorized function to each ``pyarrow.RecordBatch`` (it may return a
         RecordBatch, Table or polars DataFrame). ``columns`` declares the inputs it reads so
         the scan decodes only those. Lazy; filters and limits are not moved across it."""
+        if isinstance(columns, str):
+            raise ArgumentTypeError(f"map(columns=...) takes a list of column names, got the string "
+                                    f"{columns!r}; write columns=[{columns!r}]", "columns")
         return self._with(Map(self._plan, fn, tuple(columns) if columns is not None else None,
                               output_schema, name))
 

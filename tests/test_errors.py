@@ -563,6 +563,17 @@ MISUSE = {  # name: (call, arrowload class, builtin, words the message must hold
                          al.UnsupportedError, NotImplementedError, ["splits()", "2 scans"]),
     "closed-loader": (lambda d: (lambda ld: (ld.close(), iter(ld)))(d.loader(2)), al.LoaderClosedError,
                       ValueError, ["closed", "Dataset.loader()"]),
+    "describe-columns-not-names": (lambda d: d.describe(5), al.ArgumentTypeError, TypeError,
+                                   ["describe(columns=...)", "5"]),
+    "sql-query-not-text": (lambda d: al.sql(5, t=d), al.ArgumentTypeError, TypeError, ["al.sql()", "int"]),
+    "map-not-a-function": (lambda d: d.map(5), al.ArgumentTypeError, TypeError, ["map()", "int"]),
+    "map-columns-a-string": (lambda d: d.map(lambda b: b, columns="ab"), al.ArgumentTypeError, TypeError,
+                             ["map(columns=...)", "['ab']"]),
+    "map-output-schema-not-a-schema": (lambda d: d.map(lambda b: b, output_schema=5), al.ArgumentTypeError,
+                                       TypeError, ["output_schema", "int"]),
+    "map-returns-other-than-its-schema": (lambda d: d.map(lambda b: b.select(["a"]), output_schema=d.schema)
+                                          .to_arrow(), al.SchemaMismatchError, TypeError,
+                                          ["output_schema", "a: int64, b: double"]),
     "sql-reads-a-missing-file": (lambda d: al.sql("SELECT * FROM t, read_csv('no/such/file.csv')", t=d)
                                  .to_arrow(), al.PathNotFoundError, FileNotFoundError, ["no/such/file.csv"]),
     "sql-io-error-in-duckdb": (lambda d: al.sql("SELECT * FROM t, read_text('/proc/self/mem')", t=d)

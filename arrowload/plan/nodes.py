@@ -198,6 +198,16 @@ class Map(Plan):
     name: str = field(default="")
 
     def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise ArgumentTypeError(f"map() takes a function of a pyarrow RecordBatch, got "
+                                    f"{type(self.fn).__name__}: map(lambda batch: ...)", "fn")
+        if self.output_schema is not None and not isinstance(self.output_schema, pa.Schema):
+            raise ArgumentTypeError(f"map(output_schema=...) takes a pyarrow.Schema, got "
+                                    f"{type(self.output_schema).__name__}; e.g. pa.schema([('x', pa.int64())])",
+                                    "output_schema")
+        if self.columns is not None and not all(isinstance(c, str) for c in self.columns):
+            raise ArgumentTypeError(f"map(columns=...) takes a list of column names, got {list(self.columns)!r}",
+                                    "columns")
         if self.columns is not None:
             _check_columns(self.columns, self.child.schema, "map(columns=...)")
             _check_unambiguous(self.columns, self.child, "map(columns=...)")

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from ..errors import (AmbiguousColumnError, ArgumentTypeError, ArrowloadError, CorruptFileError, ExpressionError,
-                      ScanError, StorageRetryError)
+                      ScanError, SchemaMismatchError, StorageRetryError)
 from ..options import Options, ScanOptions
 from ..plan import duckeval
 from ..plan.expr import SqlExpr
@@ -224,7 +224,21 @@ def as_record_batch(out, what: str) -> pa.RecordBatch:
 def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
     if node.columns is not None:
         batch = batch.select(list(node.columns))
-    return as_record_batch(node.fn(batch), f"map function {node.name or node.fn!r}")
+    what = f"map function {node.name or node.fn!r}"
+    out = as_record_batch(node.fn(batch), what)
+    declared = node.output_schema
+    if declared is not None and not out.schema.equals(declared):
+        if [(f.name, f.type) for f in out.schema] == [(f.name, f.type) for f in declared]:
+            return pa.RecordBatch.from_arrays(out.columns, schema=declared)  # nullability, metadata
+        raise SchemaMismatchError(
+            f"{what} returned columns ({_fields(out.schema)}) that differ from its "
+            f"output_schema ({_fields(node.output_schema)}); return what output_schema says, or fix "
+            "output_schema (or leave it out: the function's output on an empty batch is then used)")
+    return out
+
+
+def _fields(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
 def _duck_items(node: Project, schema: pa.Schema) -> list[int]:
