@@ -36,6 +36,10 @@ class Dataset:
     """
 
     def __init__(self, plan: Plan, options: Options | None = None) -> None:
+        if options is not None and not isinstance(options, Options):
+            raise ArgumentTypeError(f"options= takes an al.Options, got {type(options).__name__}: "
+                                    "al.Options(scan=al.ScanOptions(...), optimizer=al.OptimizerOptions(...))",
+                                    "options")
         self._plan = plan
         self._options = options or Options()
 
@@ -56,6 +60,11 @@ class Dataset:
                      scan: ScanOptions | None = None) -> "Dataset":
         """The same selection with other options, e.g. every optimization off:
         ``ds.with_options(optimizer=al.OptimizerOptions.none())``."""
+        for given, cls in ((options, Options), (optimizer, OptimizerOptions), (scan, ScanOptions)):
+            if given is not None and not isinstance(given, cls):
+                raise ArgumentTypeError(f"with_options() takes an al.{cls.__name__} there, got "
+                                        f"{type(given).__name__}: e.g. ds.with_options(scan=al.ScanOptions("
+                                        "page_checksums=True))", cls.__name__)
         opts = options or self._options
         if optimizer is not None:
             opts = dataclasses.replace(opts, optimizer=optimizer)
@@ -314,6 +323,9 @@ def dataset(source: Any, *, format: str | None = None, partitioning: Any = None,
     for a URI's filesystem. Files are listed now (a missing path fails here); footers are
     read on first need.
     """
+    if options is not None and not isinstance(options, Options):
+        raise ArgumentTypeError(f"al.dataset(options=...) takes an al.Options, got {type(options).__name__}: "
+                                "al.Options(scan=al.ScanOptions(...))", "options")
     options = options or Options()
     src = open_source(source, format=format, partitioning=partitioning, filesystem=filesystem,
                       storage_options=storage_options, scan_options=options.scan)

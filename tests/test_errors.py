@@ -574,6 +574,19 @@ MISUSE = {  # name: (call, arrowload class, builtin, words the message must hold
     "map-returns-other-than-its-schema": (lambda d: d.map(lambda b: b.select(["a"]), output_schema=d.schema)
                                           .to_arrow(), al.SchemaMismatchError, TypeError,
                                           ["output_schema", "a: int64, b: double"]),
+    "scan-options-negative": (lambda d: al.ScanOptions(batch_rows=-1), al.InvalidArgumentError, ValueError,
+                              ["batch_rows", "-1", ">= 1"]),
+    "scan-options-wrong-type": (lambda d: al.ScanOptions(retries="x"), al.ArgumentTypeError, TypeError,
+                                ["retries", "str"]),
+    "optimizer-options-not-bool": (lambda d: al.OptimizerOptions(predicate_pushdown=1), al.ArgumentTypeError,
+                                   TypeError, ["predicate_pushdown", "bool"]),
+    "options-scan-not-scan-options": (lambda d: al.Options(scan=5), al.ArgumentTypeError, TypeError,
+                                      ["Options(scan=...)", "int"]),
+    "with-options-not-options": (lambda d: d.with_options(5), al.ArgumentTypeError, TypeError,
+                                 ["with_options()", "al.Options"]),
+    "dataset-options-not-options": (lambda d: al.dataset(d.plan.source.entries[0].path,
+                                                         options=al.ScanOptions()),
+                                    al.ArgumentTypeError, TypeError, ["options=", "ScanOptions"]),
     "sql-reads-a-missing-file": (lambda d: al.sql("SELECT * FROM t, read_csv('no/such/file.csv')", t=d)
                                  .to_arrow(), al.PathNotFoundError, FileNotFoundError, ["no/such/file.csv"]),
     "sql-io-error-in-duckdb": (lambda d: al.sql("SELECT * FROM t, read_text('/proc/self/mem')", t=d)
@@ -597,3 +610,4 @@ def test_limit_accepts_numpy_integers(small):
     d, path = small
     assert d.limit(np.int64(2)).to_arrow().equals(pq.read_table(path).slice(0, 2))
     assert d.head(np.int32(3)).equals(pq.read_table(path).slice(0, 3))
+    assert al.ScanOptions(io_threads=np.int64(2)).io_threads == 2
