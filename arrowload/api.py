@@ -36,6 +36,10 @@ class Dataset:
     """
 
     def __init__(self, plan: Plan, options: Options | None = None) -> None:
+        if options is not None and not isinstance(options, Options):
+            raise ArgumentTypeError(f"options= takes an al.Options, got {type(options).__name__}: "
+                                    "al.Options(scan=al.ScanOptions(...), optimizer=al.OptimizerOptions(...))",
+                                    "options")
         self._plan = plan
         self._options = options or Options()
 
@@ -56,6 +60,11 @@ class Dataset:
                      scan: ScanOptions | None = None) -> "Dataset":
         """The same selection with other options, e.g. every optimization off:
         ``ds.with_options(optimizer=al.OptimizerOptions.none())``."""
+        for given, cls in ((options, Options), (optimizer, OptimizerOptions), (scan, ScanOptions)):
+            if given is not None and not isinstance(given, cls):
+                raise ArgumentTypeError(f"with_options() takes an al.{cls.__name__} there, got "
+                                        f"{type(given).__name__}: e.g. ds.with_options(scan=al.ScanOptions("
+                                        "page_checksums=True))", cls.__name__)
         opts = options or self._options
         if optimizer is not None:
             opts = dataclasses.replace(opts, optimizer=optimizer)
@@ -77,8 +86,9 @@ class Dataset:
         ``"country IN ('US','DE') AND ts >= DATE '2024-01-01'"``), a
         ``pyarrow.compute.Expression`` or a polars expression. Lazy."""
         expr = make_expr(predicate, self.schema, "filter")
+        node = Filter(self._plan, expr)  # checks the columns it names (missing, ambiguous)
         expr.check(self.schema, predicate=True)  # type-check now: a bad filter fails here
-        return self._with(Filter(self._plan, expr))
+        return self._with(node)
 
     def select(self, *names: str, **exprs: Any) -> "Dataset":
         """Output these columns, in this order: names as they are, keywords as computed
@@ -106,6 +116,9 @@ class Dataset:
         """Apply a vectorized function to each ``pyarrow.RecordBatch`` (it may return a
         RecordBatch, Table or polars DataFrame). ``columns`` declares the inputs it reads so
         the scan decodes only those. Lazy; filters and limits are not moved across it."""
+        if isinstance(columns, str):
+            raise ArgumentTypeError(f"map(columns=...) takes a list of column names, got the string "
+                                    f"{columns!r}; write columns=[{columns!r}]", "columns")
         return self._with(Map(self._plan, fn, tuple(columns) if columns is not None else None,
                               output_schema, name))
 
@@ -237,8 +250,14 @@ class Dataset:
         return execute.iter_batches(self.optimized_plan(), self._options)
 
     def to_polars(self):
-        import polars as pl
-        return pl.from_arrow(self.to_arrow())
+        """The whole selection as a ``polars.DataFrame``. A column of a type polars cannot
+        import (intervals, unions, 256-bit decimals ...) raises ``UnsupportedError`` before
+        anything is read."""
+        from .convert.polars_frame import check_polars_schema, to_polars
+        found = scans(self._plan)
+        origin = found[0].source.display if len(found) == 1 else "the selection"
+        check_polars_schema(self.schema, origin)
+        return to_polars(self.to_arrow(), origin)
 
     def to_pandas(self):
         return self.to_arrow().to_pandas()
@@ -304,6 +323,9 @@ def dataset(source: Any, *, format: str | None = None, partitioning: Any = None,
     for a URI's filesystem. Files are listed now (a missing path fails here); footers are
     read on first need.
     """
+    if options is not None and not isinstance(options, Options):
+        raise ArgumentTypeError(f"al.dataset(options=...) takes an al.Options, got {type(options).__name__}: "
+                                "al.Options(scan=al.ScanOptions(...))", "options")
     options = options or Options()
     src = open_source(source, format=format, partitioning=partitioning, filesystem=filesystem,
                       storage_options=storage_options, scan_options=options.scan)

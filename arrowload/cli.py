@@ -91,7 +91,9 @@ def _show(table, rows: int | None = None, *, dtypes: bool = True, width: int | N
           str_len: int = 40) -> str:
     """A table as text, long cells shortened (embeddings are 64 floats wide)."""
     import polars as pl
-    frame = table if isinstance(table, pl.DataFrame) else pl.from_arrow(table)
+
+    from .convert.polars_frame import displayable
+    frame = table if isinstance(table, pl.DataFrame) else pl.from_arrow(displayable(table))
     width = terminal_width() if width is None else width
     with pl.Config(fmt_str_lengths=str_len, tbl_width_chars=width, fmt_table_cell_list_len=4,
                    tbl_rows=rows if rows is not None else max(frame.height, 1), tbl_cols=-1,

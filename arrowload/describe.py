@@ -320,6 +320,11 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
     schema = dataset.schema
     if isinstance(columns, str):
         columns = [columns]
+    if columns is not None and (not isinstance(columns, (list, tuple)) or
+                                not all(isinstance(c, str) for c in columns)):
+        from .errors import ArgumentTypeError
+        raise ArgumentTypeError(f"describe(columns=...) takes a column name or a list of names, got "
+                                f"{columns!r}; e.g. describe(['a', 'b'])", "columns")
     names = list(schema.names) if columns is None else list(columns)
     for n in names:
         if n not in schema.names:

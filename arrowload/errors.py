@@ -217,3 +217,44 @@ class AmbiguousColumnError(ArrowloadError, KeyError):
 
     def __str__(self) -> str:  # KeyError's str() would repr() the message
         return str(self.args[0])
+
+
+class LoaderClosedError(ArrowloadError, ValueError):
+    """A loader was used after ``close()`` (or after its ``with`` block); build a new one
+    with ``Dataset.loader()``. A ``ValueError``, as for I/O on a closed Python file."""
+
+
+class MemoryBudgetError(ArrowloadError, MemoryError):
+    """The selection does not fit the ``memory_budget`` given and nothing may spill to disk;
+    the message names the budget and how to let it spill (``cache_dir=``) or raise it."""
+
+
+class StorageRetryError(ArrowloadError, ConnectionError):
+    """Reading a file kept failing with transient storage errors (timeouts, throttling, 5xx,
+    dropped connections) after the configured retries; the message names the file, the last
+    error and how to retry more (``al.ScanOptions(retries=..., retry_backoff_s=...)``)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:  # OSError's str() would mangle a single-argument message
+        return str(self.args[0])
+
+
+class ScanError(ArrowloadError, OSError):
+    """Reading a source failed, but reading each of its files again on its own did not fail:
+    no file can be blamed (an intermittent storage or reader failure). Retrying may succeed."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class QueryError(ArrowloadError, RuntimeError):
+    """DuckDB failed running a SQL query for a reason other than the query's text or the
+    bound tables' files (out of memory, an interrupt, an I/O error of DuckDB's own)."""
+
+
+class InternalError(ArrowloadError, RuntimeError):
+    """An invariant arrowload relies on did not hold: a bug in arrowload, not in the
+    caller's data or arguments. Please report it with the traceback."""

@@ -5,6 +5,35 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from .errors import ArgumentTypeError, InvalidArgumentError
+
+
+def _check_fields(obj, lowest: dict[str, int | float] = {}) -> None:  # noqa: B006 - read only
+    """Each field of an options object has its annotated type (``bool``, ``int`` not a
+    bool, ``float`` or an int, optionally None) and is at least ``lowest[name]``."""
+    cls = type(obj).__name__
+    for f in dataclasses.fields(obj):
+        value, kind = getattr(obj, f.name), str(f.type)
+        if value is None and "None" in kind:
+            continue
+        if kind.startswith("bool"):
+            ok = isinstance(value, bool)
+        elif kind.startswith("int"):
+            ok = hasattr(value, "__index__") and not isinstance(value, (bool, float))
+            if ok and not isinstance(value, int):  # a numpy integer
+                value = value.__index__()
+                object.__setattr__(obj, f.name, value)
+        elif kind.startswith("float"):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            continue
+        if not ok:
+            raise ArgumentTypeError(f"{cls}({f.name}={value!r}): {f.name} must be {kind}, got "
+                                    f"{type(value).__name__}; the default is {f.default!r}", f.name)
+        if f.name in lowest and value < lowest[f.name]:
+            raise InvalidArgumentError(f"{cls}({f.name}={value!r}): {f.name} must be >= {lowest[f.name]}; "
+                                       f"the default is {f.default!r}", f.name)
+
 
 @dataclass(frozen=True)
 class OptimizerOptions:
@@ -20,6 +49,9 @@ class OptimizerOptions:
     partition_pruning: bool = True
     row_group_pruning: bool = True
     metadata_count: bool = True
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
 
     @classmethod
     def none(cls) -> "OptimizerOptions":
@@ -58,6 +90,10 @@ class ScanOptions:
     page_checksums: bool = False
     check_footers: bool = True
 
+    def __post_init__(self) -> None:
+        _check_fields(self, {"io_threads": 1, "retries": 0, "retry_backoff_s": 0, "batch_rows": 1,
+                             "batch_readahead": 0, "fragment_readahead": 0})
+
 
 @dataclass(frozen=True)
 class Options:
@@ -65,6 +101,13 @@ class Options:
 
     optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
     scan: ScanOptions = field(default_factory=ScanOptions)
+
+    def __post_init__(self) -> None:
+        for name, cls in (("optimizer", OptimizerOptions), ("scan", ScanOptions)):
+            if not isinstance(getattr(self, name), cls):
+                raise ArgumentTypeError(f"Options({name}=...) takes an al.{cls.__name__}, got "
+                                        f"{type(getattr(self, name)).__name__}: Options({name}=al.{cls.__name__}(...))",
+                                        name)
 
     def replace(self, **changes) -> "Options":
         return dataclasses.replace(self, **changes)

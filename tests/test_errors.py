@@ -523,3 +523,91 @@ def test_any_token_soup_parses_or_fails_in_sql_terms(tokens):
         msg = str(exc)
         assert msg.startswith(("cannot parse filter: ", "empty filter")), msg
         assert not any(w in msg for w in _PARSER_WORDS), msg
+
+
+# ---------------------------------------------------------------------------
+# public-API misuse: every error typed, the builtin too, the argument named
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    path = tmp_path_factory.mktemp("misuse") / "small.parquet"
+    pq.write_table(pa.table({"a": [1, 2, 3, 4], "b": [1.0, 2.0, 3.0, 4.0]}), path)
+    return al.dataset(str(path)), str(path)
+
+
+MISUSE = {  # name: (call, arrowload class, builtin, words the message must hold)
+    "limit-negative": (lambda d: d.limit(-1), al.InvalidArgumentError, ValueError, ["limit(n)", "-1"]),
+    "limit-float": (lambda d: d.limit(2.5), al.ArgumentTypeError, TypeError, ["limit(n)", "2.5"]),
+    "limit-bool": (lambda d: d.limit(True), al.ArgumentTypeError, TypeError, ["limit(n)", "True"]),
+    "head-negative": (lambda d: d.head(-2), al.InvalidArgumentError, ValueError, ["head(n)", "-2"]),
+    "select-repeated-name": (lambda d: d.select("a", a="b + 1"), al.InvalidArgumentError, ValueError,
+                             ["select()", "'a'"]),
+    "filter-not-an-expression": (lambda d: d.filter(42), al.ArgumentTypeError, TypeError, ["filter", "int"]),
+    "select-not-an-expression": (lambda d: d.select(x=3.5), al.ArgumentTypeError, TypeError,
+                                 ["select(x=...)", "float"]),
+    "stack-column-twice": (lambda d: d.loader(2, stack={"x": ["a", "b"], "y": ["a"]}),
+                           al.InvalidArgumentError, ValueError, ["stack", "'a'", "twice"]),
+    "stack-shadows-a-column": (lambda d: d.loader(2, stack={"a": ["b"]}), al.InvalidArgumentError,
+                               ValueError, ["stack output 'a'", "shadow"]),
+    "devices-without-cuda-torch": (lambda d: d.loader(2, devices=["cpu"]), al.InvalidArgumentError,
+                                   ValueError, ["devices="]),
+    "sharding-without-jax": (lambda d: d.loader(2, sharding=object()), al.InvalidArgumentError,
+                             ValueError, ["sharding=", "output='jax'"]),
+    "profile-zero-batches": (lambda d: d.loader(2).profile(0), al.InvalidArgumentError, ValueError,
+                             ["n_batches", "0"]),
+    "profile-float-batches": (lambda d: d.loader(2).profile(1.5), al.ArgumentTypeError, TypeError,
+                              ["n_batches", "1.5"]),
+    "map-returns-no-batch": (lambda d: d.map(lambda b: 5).to_arrow(), al.ArgumentTypeError, TypeError,
+                             ["must return a pyarrow RecordBatch", "int"]),
+    "splits-of-a-join": (lambda d: al.sql("SELECT * FROM t JOIN u USING (a)", t=d, u=d).splits(),
+                         al.UnsupportedError, NotImplementedError, ["splits()", "2 scans"]),
+    "closed-loader": (lambda d: (lambda ld: (ld.close(), iter(ld)))(d.loader(2)), al.LoaderClosedError,
+                      ValueError, ["closed", "Dataset.loader()"]),
+    "describe-columns-not-names": (lambda d: d.describe(5), al.ArgumentTypeError, TypeError,
+                                   ["describe(columns=...)", "5"]),
+    "sql-query-not-text": (lambda d: al.sql(5, t=d), al.ArgumentTypeError, TypeError, ["al.sql()", "int"]),
+    "map-not-a-function": (lambda d: d.map(5), al.ArgumentTypeError, TypeError, ["map()", "int"]),
+    "map-columns-a-string": (lambda d: d.map(lambda b: b, columns="ab"), al.ArgumentTypeError, TypeError,
+                             ["map(columns=...)", "['ab']"]),
+    "map-output-schema-not-a-schema": (lambda d: d.map(lambda b: b, output_schema=5), al.ArgumentTypeError,
+                                       TypeError, ["output_schema", "int"]),
+    "map-returns-other-than-its-schema": (lambda d: d.map(lambda b: b.select(["a"]), output_schema=d.schema)
+                                          .to_arrow(), al.SchemaMismatchError, TypeError,
+                                          ["output_schema", "a: int64, b: double"]),
+    "scan-options-negative": (lambda d: al.ScanOptions(batch_rows=-1), al.InvalidArgumentError, ValueError,
+                              ["batch_rows", "-1", ">= 1"]),
+    "scan-options-wrong-type": (lambda d: al.ScanOptions(retries="x"), al.ArgumentTypeError, TypeError,
+                                ["retries", "str"]),
+    "optimizer-options-not-bool": (lambda d: al.OptimizerOptions(predicate_pushdown=1), al.ArgumentTypeError,
+                                   TypeError, ["predicate_pushdown", "bool"]),
+    "options-scan-not-scan-options": (lambda d: al.Options(scan=5), al.ArgumentTypeError, TypeError,
+                                      ["Options(scan=...)", "int"]),
+    "with-options-not-options": (lambda d: d.with_options(5), al.ArgumentTypeError, TypeError,
+                                 ["with_options()", "al.Options"]),
+    "dataset-options-not-options": (lambda d: al.dataset(d.plan.source.entries[0].path,
+                                                         options=al.ScanOptions()),
+                                    al.ArgumentTypeError, TypeError, ["options=", "ScanOptions"]),
+    "sql-reads-a-missing-file": (lambda d: al.sql("SELECT * FROM t, read_csv('no/such/file.csv')", t=d)
+                                 .to_arrow(), al.PathNotFoundError, FileNotFoundError, ["no/such/file.csv"]),
+    "sql-io-error-in-duckdb": (lambda d: al.sql("SELECT * FROM t, read_text('/proc/self/mem')", t=d)
+                               .to_arrow(), al.QueryError, RuntimeError, ["/proc/self/mem"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISUSE))
+def test_public_api_misuse_is_typed(small, case):
+    call, cls, builtin, words = MISUSE[case]
+    with pytest.raises(cls) as info:
+        call(small[0])
+    err = info.value
+    assert isinstance(err, al.ArrowloadError) and isinstance(err, builtin)
+    for w in words:
+        assert w in str(err), (w, str(err))
+
+
+def test_limit_accepts_numpy_integers(small):
+    import numpy as np
+    d, path = small
+    assert d.limit(np.int64(2)).to_arrow().equals(pq.read_table(path).slice(0, 2))
+    assert d.head(np.int32(3)).equals(pq.read_table(path).slice(0, 3))
+    assert al.ScanOptions(io_threads=np.int64(2)).io_threads == 2

@@ -571,7 +571,7 @@ def test_threads_stop_after_close_with_break_and_gc(lakes, shared_cache):
     assert arrowload_threads()  # the check below can see them
     loader.close()
     assert not arrowload_threads()
-    with pytest.raises(al.ArrowloadError):
+    with pytest.raises(al.LoaderClosedError):
         iter(loader)  # closed for good
 
     with ds.loader(32, shuffle="block", cache_dir=shared_cache) as loader:

@@ -347,6 +347,13 @@ def test_corrupt_page_raises_with_page_checksums(tmp_path, assert_tables_equal):
             with pytest.raises(al.CorruptFileError, match="bitrot.parquet") as info:
                 call()
             assert "checksum" in str(info.value).lower()
+    # SQL that DuckDB runs itself (aggregate, self-join) reads the table inside DuckDB: the
+    # failure is still the file's, not the query's
+    d = al.dataset(path, options=al.Options(scan=checked))
+    for query in ("SELECT count(*), sum(x) FROM t", "SELECT a.x FROM t a JOIN t b ON a.x = b.x"):
+        with pytest.raises(al.CorruptFileError, match="bitrot.parquet") as info:
+            al.sql(query, t=d).to_arrow()
+        assert "checksum" in str(info.value).lower()
     # verification off: what pyarrow returns without it (the option is honoured both ways)
     off = al.dataset(path).with_options(scan=al.ScanOptions(page_checksums=False))
     assert off.to_arrow().equals(pq.read_table(path))
@@ -422,6 +429,20 @@ def test_duplicate_field_names_are_an_error_only_where_ambiguous(tmp_path):
             call()
         assert isinstance(info.value, KeyError) and info.value.column == "x"
         assert "dup.parquet" in str(info.value) and "'y'" in str(info.value)
+    # naming the shared name is refused when the selection is built, whatever the spelling
+    import polars as pl
+    import pyarrow.compute as pc
+    for build in (lambda: d.select("x"), lambda: d.select(z="x + 1"), lambda: d.filter("x > 1"),
+                  lambda: d.filter(pc.field("x") > 1), lambda: d.filter(pl.col("x") > 1),
+                  lambda: d.filter("y > 7").select("y", "x"), lambda: d.map(lambda b: b, columns=["x"])):
+        with pytest.raises(al.AmbiguousColumnError) as info:
+            build()
+        assert isinstance(info.value, KeyError) and info.value.column == "x"
+        assert "dup.parquet" in str(info.value) and "'x'" in str(info.value) and "'y'" in str(info.value)
+    # the other columns keep working, computed ones included
+    assert d.select(z="y * 2").to_arrow().column("z").to_pylist() == \
+        pc.multiply(truth.column(2), 2).to_pylist()
+    assert "schema unavailable" not in repr(d.select("y"))
 
 
 def test_float16_describes_numbers_and_converts_to_float16(tmp_path):
@@ -496,6 +517,83 @@ def test_interval_uuid_json_and_view_types_read_as_pyarrow_reads_them(tmp_path, 
     assert isinstance(d.schema.field("u").type, pa.UuidType)
     assert d.to_arrow().equals(truth)
     assert d.describe().height == 4
+
+
+@pytest.mark.parametrize("type_", [
+    pa.month_day_nano_interval(), pa.struct([("a", pa.month_day_nano_interval())]),
+    pa.list_(pa.month_day_nano_interval()), pa.decimal256(40, 2), pa.list_view(pa.int32()),
+    pa.dense_union([pa.field("a", pa.int32())])], ids=str)
+def test_to_polars_refuses_types_polars_cannot_import(tmp_path, type_):
+    import polars as pl
+    t = pa.table({"id": [1, 2], "odd": pa.nulls(2, type_)})
+    path = str(tmp_path / "odd.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    # the truth: polars itself refuses the column (some of these it does not raise for, it
+    # panics: a BaseException)
+    with pytest.raises(BaseException):
+        pl.from_arrow(pa.table({"odd": t.column("odd")}))
+    d = al.dataset(path)
+    with pytest.raises(al.UnsupportedError) as info:
+        d.to_polars()
+    assert isinstance(info.value, NotImplementedError)
+    msg = str(info.value)
+    assert "'odd'" in msg and str(type_) in msg and "odd.arrow" in msg and ".select('id')" in msg
+    # the ways out the message names work
+    assert d.select("id").to_polars().to_arrow().column("id").to_pylist() == [1, 2]
+    assert d.to_arrow().equals(pa.ipc.open_file(path).read_all())
+
+
+def test_to_polars_of_an_interval_cast_in_sql_and_cli_head(tmp_path):
+    import contextlib
+    import io
+
+    import duckdb
+
+    from arrowload import cli
+    t = pa.table({"id": [1, 2], "iv": pa.array([pa.MonthDayNano([1, 2, 0]), None],
+                                                pa.month_day_nano_interval())})
+    path = str(tmp_path / "iv.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    cast = al.dataset(path).select(iv="CAST(iv AS VARCHAR)").to_polars()
+    con = duckdb.connect()
+    con.register("t", pa.ipc.open_file(path).read_all())
+    truth = con.sql("SELECT CAST(iv AS VARCHAR) AS iv FROM t").fetchall()
+    assert cast.rows() == truth
+    # the CLI shows the rows (it raised polars' ComputeError as an unexpected error)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["head", path]) == 0
+    assert "MonthDayNano(months=1, days=2" in out.getvalue()
+
+
+@pytest.mark.filterwarnings("ignore::polars.exceptions.PolarsInefficientMapWarning")
+def test_polars_expressions_leave_the_other_columns_alone(tmp_path):
+    """A polars filter or computed column reads only its own columns: the others (an
+    interval polars cannot import, a UUID it would turn into binary) keep their values and
+    types; one naming an unimportable column is refused when built."""
+    import polars as pl
+    import pyarrow.compute as pc
+    t = pa.table({"id": [1, 2, 3],
+                  "iv": pa.array([pa.MonthDayNano([1, 2, 3]), None, pa.MonthDayNano([0, 0, 9])],
+                                 pa.month_day_nano_interval()),
+                  "u": pa.array([bytes([i]) * 16 for i in range(3)], pa.uuid())})
+    path = str(tmp_path / "mixed.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, t.schema) as w:
+        w.write_table(t)
+    truth = pa.ipc.open_file(path).read_all()
+    d = al.dataset(path)
+    # map_elements: no SQL translation, so polars evaluates it
+    odd = pl.col("id").map_elements(lambda v: v % 2 == 1, return_dtype=pl.Boolean)
+    assert d.filter(odd).to_arrow().equals(truth.filter(pc.equal(pc.bit_wise_and(truth["id"], 1), 1)))
+    assert d.filter(pl.col("id").sum() > 0).to_arrow().equals(truth)  # a scalar broadcasts
+    got = d.select("u", z=pl.col("id").cum_sum()).to_arrow()
+    assert got.column("u").equals(truth.column("u")) and got.column("z").to_pylist() == [1, 3, 6]
+    with pytest.raises(al.UnsupportedError, match="'iv'"):
+        d.filter(pl.col("iv").map_elements(lambda v: v is None, return_dtype=pl.Boolean))
+    with pytest.raises(al.ExpressionError, match="not booleans"):
+        d.filter(pl.col("id").cum_sum()).to_arrow()
 
 
 def test_invalid_utf8_path_in_column_metadata(tmp_path):

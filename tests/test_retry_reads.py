@@ -63,3 +63,43 @@ def test_without_retries_the_same_fault_fails(lake):
     fs.fail_reads = 1
     with pytest.raises((ConnectionError, al.ArrowloadError)):
         ds.select("id", "f0").to_arrow()
+
+
+def test_transient_errors_past_the_retries_are_storage_errors_not_corrupt_files(lake):
+    """A transient fault that outlasts the retries is the storage's, not the file's: a
+    StorageRetryError (a ConnectionError) naming the file, never "corrupt; remove it"."""
+    fast = al.Options(scan=al.ScanOptions(retries=1, retry_backoff_s=0.001))
+    # while reading footers
+    fs = FaultInjectingFileSystem(LocalFileSystem(), fail_opens=10**6, only="part-00001")
+    with pytest.raises(al.StorageRetryError) as info:
+        al.dataset(lake, filesystem=fs, options=fast).count()
+    assert isinstance(info.value, ConnectionError) and "part-00001" in str(info.value)
+    assert "retries" in str(info.value) and "corrupt" not in str(info.value)
+    # while reading data, for a whole-table read and for the loader
+    fs = FaultInjectingFileSystem(LocalFileSystem(), only="part-00002")
+    ds = al.dataset(lake, filesystem=fs, options=fast)
+    _ = ds.schema
+    fs.fail_reads = 10**6
+    for call in (lambda: ds.select("id").to_arrow(), lambda: list(ds.select("id").loader(500))):
+        with pytest.raises(al.StorageRetryError) as info:
+            call()
+        assert isinstance(info.value, ConnectionError) and "part-00002" in str(info.value)
+        assert "corrupt" not in str(info.value)
+    # the truth: the file itself is intact
+    fs.fail_reads = 0
+    assert ds.select("id").to_arrow().equals(pads.dataset(lake).to_table(columns=["id"]))
+
+
+def test_a_read_failure_no_file_reproduces_is_a_scan_error(lake):
+    """A non-transient fault that happens once (so it is not retried) and not again when
+    each file is re-read: no file is blamed, the error is typed and an OSError."""
+    fs = FaultInjectingFileSystem(LocalFileSystem(), error=IsADirectoryError)
+    ds = al.dataset(lake, filesystem=fs)
+    _ = ds.schema
+    fs.fail_reads = 1
+    with pytest.raises(al.ScanError) as info:
+        ds.select("id").to_arrow()
+    assert isinstance(info.value, OSError) and "no file is at fault" in str(info.value)
+    assert fs.injected == 1
+    # the truth: read again, every row is there
+    assert ds.select("id").to_arrow().equals(pads.dataset(lake).to_table(columns=["id"]))

@@ -27,7 +27,7 @@ import pyarrow as pa
 from .._pickle import PicklableLock
 from ..convert.host import aligned_empty, to_host
 from ..convert.options import ConvertOptions
-from ..errors import ColumnNotFoundError, ConversionError
+from ..errors import ColumnNotFoundError, ConversionError, InvalidArgumentError
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,12 @@ def resolve_stack(stack: Mapping[str, str | Sequence[str]] | None, schema: pa.Sc
                 raise ConversionError(f"stack[{out!r}]: column {c!r} is {t}; only numeric and boolean "
                                       "columns stack into one array", column=c)
             if c in used:
-                raise ValueError(f"column {c!r} is stacked twice (into {used[c]!r} and {out!r})")
+                raise InvalidArgumentError(f"stack: column {c!r} is stacked twice (into {used[c]!r} and "
+                                           f"{out!r}); name each column in one stack group", "stack")
             used[c] = out
         if out in schema.names and out not in cols:
-            raise ValueError(f"stack output {out!r} would shadow the column of the same name")
+            raise InvalidArgumentError(f"stack output {out!r} would shadow the column of the same name; "
+                                       f"name the output otherwise (e.g. {out + '_stacked'!r})", "stack")
         groups.append((out, tuple(cols)))
     dtypes = tuple(np.result_type(*[schema.field(c).type.to_pandas_dtype() for c in cols])
                    for _, cols in groups)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ArrowloadError
+from ..errors import InternalError, InvalidArgumentError, LoaderClosedError
 from ..order import EpochOrder, ShuffleKind, num_batches, rank_range
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Scan, SqlQuery, scans, walk
@@ -208,10 +208,11 @@ class Loader:
         if wants_cuda(options.output, options.device, options.devices):
             self._device_stage = TorchDeviceStage(list(options.devices or [options.device]))
         elif options.devices:
-            raise ValueError("devices= splits batches across CUDA devices (output='torch'); for jax, "
-                             "pass sharding=jax.sharding.NamedSharding(...)")
+            raise InvalidArgumentError("devices= splits batches across CUDA devices (output='torch'); "
+                                       "for jax, pass sharding=jax.sharding.NamedSharding(...)", "devices")
         if options.sharding is not None and options.output != "jax":
-            raise ValueError("sharding= places jax arrays; it needs output='jax'")
+            raise InvalidArgumentError(f"sharding= places jax arrays; it needs output='jax' "
+                                       f"(got output={options.output!r})", "sharding")
         self._convert = ConvertOptions(output=options.output, pad_lists=options.pad_lists,
                                        pad_value=options.pad_value, pad_to=options.pad_to,
                                        fill_null=options.fill_null,
@@ -384,7 +385,7 @@ class Loader:
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> "_EpochIterator":
         if self._closed:
-            raise ArrowloadError("this loader is closed; build a new one with Dataset.loader()")
+            raise LoaderClosedError("this loader is closed; build a new one with Dataset.loader()")
         for it in list(self._active):
             it.close()
         start, stop = self._rank_rows()
@@ -696,7 +697,8 @@ class _Pipeline:
                 break
             except queue.Empty:
                 if not self.thread.is_alive() and self.out.empty():
-                    raise ArrowloadError("the loader's producer thread died without a result") from None
+                    raise InternalError("the loader's producer thread died without a result (a bug: "
+                                        "please report it with the traceback)") from None
         self.stats.wait_s += time.perf_counter() - t0
         if item is _DONE:
             self.close()

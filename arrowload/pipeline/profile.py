@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ArgumentTypeError, InvalidArgumentError
 from .loader import LoaderStats
 
 #: The stages of :meth:`Profile.stages`, in pipeline order.
@@ -209,8 +210,19 @@ def profile(loader, n_batches: int | None = None, *, warm_imports: bool = True) 
     and resume state are restored afterwards. ``warm_imports`` imports torch / jax first
     (as a training program already has), so their import time is not counted as
     conversion time."""
-    if n_batches is not None and n_batches < 1:
-        raise ValueError(f"n_batches must be >= 1 (or None for a whole epoch), got {n_batches}")
+    if n_batches is not None:
+        import operator
+        given = n_batches
+        try:
+            n_batches = None if isinstance(given, bool) else operator.index(given)
+        except TypeError:
+            n_batches = None
+        if n_batches is None:
+            raise ArgumentTypeError(f"profile(n_batches=...) takes an integer >= 1 or None (a whole epoch), "
+                                    f"got {given!r} ({type(given).__name__})", "n_batches")
+        if n_batches < 1:
+            raise InvalidArgumentError(f"profile(n_batches=...) must be >= 1 (or None for a whole epoch), "
+                                       f"got {n_batches}", "n_batches")
     if warm_imports and loader.options.output in ("torch", "jax"):
         try:
             importlib.import_module(loader.options.output)

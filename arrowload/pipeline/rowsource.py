@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import progress as _progress
-from ..errors import ArrowloadError, SnapshotChangedError
+from ..errors import ArrowloadError, InternalError, MemoryBudgetError, SnapshotChangedError
 from ..options import Options
 from ..optimize import optimize
 from ..plan.fingerprint import plan_fingerprint
@@ -88,7 +88,8 @@ class ScanRowSource:
     def __init__(self, plan: Plan, options: Options, cache_dir: str | None, io_threads: int) -> None:
         found = scans(plan)
         if len(found) != 1:
-            raise ArrowloadError("a loader needs a plan over one scan")
+            raise InternalError(f"a scan row source needs a plan over one scan, got {len(found)}; the "
+                                "loader materializes other plans (a bug: please report it)")
         self.plan = plan
         self.options = options
         self.scan = found[0]
@@ -253,7 +254,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
                 size += batch.nbytes
                 if size > memory_budget:
                     if base is None:
-                        raise ArrowloadError(
+                        raise MemoryBudgetError(
                             f"the selection needs more than memory_budget={memory_budget} bytes "
                             "for random access and no cache_dir is set; pass cache_dir= or raise "
                             "memory_budget")

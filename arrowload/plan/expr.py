@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from sqlglot import exp
 
-from ..errors import ColumnNotFoundError, ExpressionError
+from ..errors import ArgumentTypeError, ColumnNotFoundError, ExpressionError
 from . import duckeval, pushable, sandbox, sqlexpr
 from .rowselect import filter_rows
 
@@ -198,7 +198,12 @@ class SqlExpr(Expr):
 
 def _arrow_columns(expr: pc.Expression, schema: pa.Schema) -> frozenset[str]:
     """Columns a pyarrow expression reads, found by binding it against the schema with
-    each column removed in turn (pyarrow exposes no field list)."""
+    each column removed in turn (pyarrow exposes no field list). A name several columns
+    share binds to its first: the plan node naming it then refuses it as ambiguous."""
+    if len(set(schema.names)) != len(schema.names):
+        firsts = {f.name: f for f in reversed(list(schema))}
+        schema = pa.schema([firsts[n] for n in dict.fromkeys(schema.names)])
+
     def binds(s: pa.Schema) -> str | None:
         try:
             ds.dataset(s.empty_table()).scanner(columns={"_": expr})
@@ -256,6 +261,9 @@ class PolarsExpr(Expr):
         for c in cols:
             if c not in schema.names:
                 raise ColumnNotFoundError(c, schema.names)
+        from ..convert.polars_frame import check_polars_schema
+        used = pa.schema([f for f in schema if f.name in cols])
+        check_polars_schema(used, f"the polars expression {expr}")  # refused now, not at the first batch
         return cls(expr, cols)
 
     @property
@@ -276,26 +284,47 @@ class PolarsExpr(Expr):
             return self
         return None
 
-    def filter_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def _values(self, data) -> pa.Array:
+        """The expression over ``data`` (a RecordBatch or Table): only the columns it reads
+        go to polars, so the others are never converted (polars cannot import every Arrow
+        type, and a round trip through it would change some)."""
         import polars as pl
-        out = pl.from_arrow(batch).filter(self.expr).to_arrow()
-        return _to_batch(out, batch.schema)
+
+        from ..convert.polars_frame import check_polars_schema
+        used = [i for i, n in enumerate(data.schema.names) if n in self.columns]
+        if used:
+            inputs = data.select(used)
+            check_polars_schema(inputs.schema, f"the polars expression {self}")
+            frame = pl.from_arrow(inputs)
+        else:  # a constant: one row per input row
+            frame = pl.DataFrame({"__arrowload_row": pl.zeros(data.num_rows, eager=True)})
+        out = frame.select(self.expr.alias("_")).to_series().to_arrow()
+        if isinstance(out, pa.ChunkedArray):
+            out = out.combine_chunks()
+        if len(out) == 1 and data.num_rows != 1:  # a scalar result broadcasts
+            out = pa.repeat(out[0], data.num_rows) if data.num_rows else out.slice(0, 0)
+        if len(out) != data.num_rows:
+            raise ExpressionError(f"the polars expression {self} gives {len(out)} values for "
+                                  f"{data.num_rows} rows; use an expression of one value per row")
+        return out
+
+    def filter_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        from .rowselect import filter_rows
+        mask = self._values(batch)
+        if not pa.types.is_boolean(mask.type):
+            raise ExpressionError(f"the polars filter {self} gives {mask.type}, not booleans; "
+                                  "compare it to something (pl.col('x') > 1)")
+        return filter_rows(batch, mask)
 
     def evaluate(self, batch: pa.RecordBatch) -> pa.Array:
-        import polars as pl
-        out = pl.from_arrow(batch).select(self.expr.alias("_")).to_arrow()
-        return out.column("_").combine_chunks()
+        return self._values(batch)
 
     def output_type(self, schema: pa.Schema) -> pa.DataType:
-        return self.evaluate(pa.RecordBatch.from_pylist([], schema=schema)).type
+        used = pa.schema([f for f in schema if f.name in self.columns])
+        return self.evaluate(pa.RecordBatch.from_pylist([], schema=used)).type
 
     def __str__(self) -> str:
         return f"polars({self.expr})"
-
-
-def _to_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
-    from ..scan.execute import as_record_batch
-    return as_record_batch(table.cast(schema) if not table.schema.equals(schema) else table, "polars")
 
 
 class AndExpr(Expr):
@@ -380,5 +409,6 @@ def make_expr(value: Any, schema: pa.Schema, what: str = "expression") -> Expr:
             if tree is not None:  # same meaning in SQL: push it into the scan
                 return SqlExpr.bind(tree, schema)
         return PolarsExpr.of(value, schema)
-    raise TypeError(f"{what} must be SQL text, a pyarrow.compute.Expression or a polars "
-                    f"expression, got {type(value).__name__}")
+    raise ArgumentTypeError(f"{what} must be SQL text, a pyarrow.compute.Expression or a polars "
+                            f"expression, got {value!r} ({type(value).__name__}); e.g. \"x > 1\" "
+                            "or pc.field('x') > 1", what)

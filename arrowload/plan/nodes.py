@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ColumnNotFoundError
+from ..errors import AmbiguousColumnError, ArgumentTypeError, ColumnNotFoundError, InvalidArgumentError
 from ..source import Source
 from .expr import Expr
 
@@ -41,6 +41,25 @@ def _check_columns(names, schema: pa.Schema, where: str) -> None:
     for n in names:
         if n not in schema.names:
             raise ColumnNotFoundError(n, schema.names, where)
+
+
+def _check_unambiguous(names, child: "Plan", where: str) -> None:
+    """A name that several input columns share cannot be read (files may repeat a name;
+    pyarrow reads them, its datasets cannot tell them apart): refuse it when the node is
+    built, naming the source; the other columns stay usable."""
+    all_names = child.schema.names
+    if len(set(all_names)) == len(all_names):
+        return
+    for n in names:
+        if all_names.count(n) > 1:
+            found = scans(child)
+            origin = found[0].source.display if len(found) == 1 else "the input"
+            others = [c for c in dict.fromkeys(all_names) if all_names.count(c) == 1]
+            hint = f"select the other columns by name (.select({', '.join(map(repr, others[:5]))})) or " \
+                if others else ""
+            raise AmbiguousColumnError(
+                f"column {n!r} in {where} is ambiguous: {origin} has {all_names.count(n)} columns named "
+                f"{n!r}, which cannot be told apart; {hint}rewrite the file with unique column names", n)
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,6 +128,7 @@ class Filter(Plan):
 
     def __post_init__(self) -> None:
         _check_columns(sorted(self.predicate.columns), self.child.schema, "filter")
+        _check_unambiguous(sorted(self.predicate.columns), self.child, "filter")
 
     @property
     def children(self):
@@ -133,9 +153,12 @@ class Project(Plan):
         names = [n for n, _ in self.items]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
-            raise ValueError(f"select() names each output column once; repeated: {dupes}")
+            raise InvalidArgumentError(f"select() names each output column once; repeated: "
+                                       f"{', '.join(map(repr, dupes))}; give the computed one another "
+                                       "name (select('a', a2='a + 1'))", "select")
         for _, e in self.items:
             _check_columns(sorted(e.columns), self.child.schema, "select")
+            _check_unambiguous(sorted(e.columns), self.child, "select")
 
     @property
     def children(self):
@@ -175,8 +198,19 @@ class Map(Plan):
     name: str = field(default="")
 
     def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise ArgumentTypeError(f"map() takes a function of a pyarrow RecordBatch, got "
+                                    f"{type(self.fn).__name__}: map(lambda batch: ...)", "fn")
+        if self.output_schema is not None and not isinstance(self.output_schema, pa.Schema):
+            raise ArgumentTypeError(f"map(output_schema=...) takes a pyarrow.Schema, got "
+                                    f"{type(self.output_schema).__name__}; e.g. pa.schema([('x', pa.int64())])",
+                                    "output_schema")
+        if self.columns is not None and not all(isinstance(c, str) for c in self.columns):
+            raise ArgumentTypeError(f"map(columns=...) takes a list of column names, got {list(self.columns)!r}",
+                                    "columns")
         if self.columns is not None:
             _check_columns(self.columns, self.child.schema, "map(columns=...)")
+            _check_unambiguous(self.columns, self.child, "map(columns=...)")
 
     @property
     def children(self):
@@ -206,8 +240,14 @@ class Limit(Plan):
     n: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 0:
-            raise ValueError(f"limit(n) needs an integer n >= 0, got {self.n!r}")
+        if not isinstance(self.n, bool) and hasattr(self.n, "__index__"):  # numpy integers too
+            object.__setattr__(self, "n", self.n.__index__())
+        if isinstance(self.n, bool) or not isinstance(self.n, int):
+            raise ArgumentTypeError(f"limit(n) / head(n) needs an integer n >= 0, got {self.n!r} "
+                                    f"({type(self.n).__name__}); pass int(n)", "n")
+        if self.n < 0:
+            raise InvalidArgumentError(f"limit(n) / head(n) needs an integer n >= 0, got {self.n}; "
+                                       "use 0 for no rows", "n")
 
     @property
     def children(self):

@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from ..errors import AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError
+from ..errors import (AmbiguousColumnError, ArgumentTypeError, ArrowloadError, CorruptFileError, ExpressionError,
+                      ScanError, SchemaMismatchError, StorageRetryError)
 from ..options import Options, ScanOptions
 from ..plan import duckeval
 from ..plan.expr import SqlExpr
@@ -26,7 +27,7 @@ from ..plan.rowselect import filter_rows
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.filesystem import storage_error
-from ..source.retry import retry
+from ..source.retry import is_transient, retry
 
 _MAX_BATCH_ROWS = 1 << 20
 KEEP = "__arrowload_keep"
@@ -113,7 +114,7 @@ def _fragment_options(src, options: Options) -> dict:
 _STRICT = Options(scan=ScanOptions(page_checksums=True))
 
 
-def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
+def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
     """Name the shard that failed: re-read the kept files one by one to find it."""
     src = scan.source
     if isinstance(src, FileSource):
@@ -128,6 +129,11 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                 typed = storage_error(inner, path, local=src.is_local)  # credentials, denied, endpoint
                 if typed is not None:
                     return typed
+                if is_transient(inner):  # the storage, not the file: retrying may succeed
+                    return StorageRetryError(
+                        f"reading {path!r} kept failing with transient storage errors: {inner}. The "
+                        "file is not at fault; try again later, or retry longer with "
+                        "al.Options(scan=al.ScanOptions(retries=..., retry_backoff_s=...))", path)
                 if _decodes_plainly(scan, units):
                     return ExpressionError(f"evaluating the selection on {path!r} failed: {inner}; the "
                                            "file itself reads fine: fix the filter / expression (e.g. "
@@ -137,7 +143,12 @@ def _read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                     return CorruptFileError(f"cannot read {path!r}: {check.reason()}; {check.fix()}", path)
                 return CorruptFileError(f"cannot read {path!r}: {inner}; the file is truncated or "
                                         "corrupt; remove or rewrite it", path)
-    return ArrowloadError(f"scanning {src.display} failed: {exc}")
+    if is_transient(exc):
+        return StorageRetryError(f"scanning {src.display} kept failing with transient storage errors: "
+                                 f"{exc}. Try again later, or "
+                                 "retry longer with al.ScanOptions(retries=..., retry_backoff_s=...)")
+    return ScanError(f"scanning {src.display} failed: {exc}; reading each file again on its own did not "
+                     "fail, so no file is at fault: retry the read")
 
 
 def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
@@ -187,7 +198,7 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
     except _READ_ERRORS as exc:
         if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
             raise
-        raise _read_error(scan, exc) from exc
+        raise read_error(scan, exc) from exc
     except Exception as exc:  # botocore's errors are not OSErrors
         typed = storage_error(exc, scan.source.display, local=getattr(scan.source, 'is_local', False))
         if typed is None:
@@ -204,15 +215,30 @@ def as_record_batch(out, what: str) -> pa.RecordBatch:
         return out.combine_chunks().to_batches()[0] if out.num_rows else \
             pa.RecordBatch.from_pylist([], schema=out.schema)
     if not isinstance(out, pa.RecordBatch):
-        raise TypeError(f"{what} must return a pyarrow RecordBatch (or Table / polars DataFrame), "
-                        f"got {type(out).__name__}")
+        raise ArgumentTypeError(f"{what} must return a pyarrow RecordBatch (or Table / polars DataFrame), "
+                                f"got {type(out).__name__}; return e.g. batch.append_column(...) or "
+                                "pa.RecordBatch.from_pydict({...})", "fn")
     return out
 
 
 def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
     if node.columns is not None:
         batch = batch.select(list(node.columns))
-    return as_record_batch(node.fn(batch), f"map function {node.name or node.fn!r}")
+    what = f"map function {node.name or node.fn!r}"
+    out = as_record_batch(node.fn(batch), what)
+    declared = node.output_schema
+    if declared is not None and not out.schema.equals(declared):
+        if [(f.name, f.type) for f in out.schema] == [(f.name, f.type) for f in declared]:
+            return pa.RecordBatch.from_arrays(out.columns, schema=declared)  # nullability, metadata
+        raise SchemaMismatchError(
+            f"{what} returned columns ({_fields(out.schema)}) that differ from its "
+            f"output_schema ({_fields(node.output_schema)}); return what output_schema says, or fix "
+            "output_schema (or leave it out: the function's output on an empty batch is then used)")
+    return out
+
+
+def _fields(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
 def _duck_items(node: Project, schema: pa.Schema) -> list[int]:
@@ -339,7 +365,7 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
         except _READ_ERRORS as exc:
             if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                 raise
-            raise _read_error(plan, exc) from exc
+            raise read_error(plan, exc) from exc
         except Exception as exc:  # botocore's errors are not OSErrors
             typed = storage_error(exc, plan.source.display, local=getattr(plan.source, 'is_local', False))
             if typed is None:
@@ -392,6 +418,6 @@ def count_rows(plan: Plan, options: Options) -> int:
             except _READ_ERRORS as exc:
                 if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
                     raise
-                raise _read_error(node, exc) from exc
+                raise read_error(node, exc) from exc
         return total if node.limit is None else min(total, node.limit)
     return sum(b.num_rows for b in iter_batches(node, options))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import UnsupportedError
 from ..plan.nodes import Plan, Scan, scans
 
 
@@ -33,7 +34,10 @@ def plan_splits(plan: Plan) -> list[Split]:
     """Splits of the (single) scan under an optimized plan."""
     found = scans(plan)
     if len(found) != 1:
-        raise ValueError(f"splits() needs a plan with one scan, found {len(found)}")
+        raise UnsupportedError(f"splits() divides the units of one scan; this selection reads {len(found)} "
+                               "scans (a SQL query over several tables). Split each bound table instead "
+                               "(al.dataset(...).splits()), or write the result to Parquet first "
+                               "(pyarrow.parquet.write_table(ds.to_arrow(), 'out.parquet')) and split that")
     return scan_splits(found[0])
 
 

@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from .._pickle import PicklableLock
-from ..errors import ArrowloadError, CorruptFileError, InvalidArgumentError, PathNotFoundError
+from ..errors import CorruptFileError, InvalidArgumentError, PathNotFoundError, StorageRetryError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .filesystem import FileEntry, storage_error
@@ -282,8 +282,11 @@ class FileSource(PicklableLock, Source):
             if typed is not None:
                 raise typed from exc
             if is_transient(exc):
-                raise ArrowloadError(f"reading {path!r} kept failing after "
-                                     f"{self._scan.retries} retries: {exc}") from exc
+                raise StorageRetryError(
+                    f"reading {path!r} kept failing after {self._scan.retries} retries: {exc}. The "
+                    "storage is failing transiently (timeouts, throttling, dropped connections); try "
+                    "again later, or retry longer with al.Options(scan=al.ScanOptions(retries=..., "
+                    "retry_backoff_s=...))", path) from exc
             raise _encrypted(path, exc) or CorruptFileError(f"cannot read {path!r}: {exc}", path) from exc
         except Exception as exc:  # botocore's errors are not OSErrors
             typed = storage_error(exc, path, local=self.is_local)

@@ -145,6 +145,10 @@ def build(query: str, tables: dict[str, Any], *, external_access: bool = True) -
     if not isinstance(external_access, bool):
         from ..errors import ArgumentTypeError
         raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
+    if not isinstance(query, str):
+        from ..errors import ArgumentTypeError
+        raise ArgumentTypeError(f"al.sql() takes the query as SQL text, got {type(query).__name__}: "
+                                "al.sql('SELECT ... FROM t', t=al.dataset(...))", "query")
     from ..api import Dataset, dataset
     tree = parse_query(query)
     bound = {}

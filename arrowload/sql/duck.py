@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from ..errors import (ArrowloadError, ColumnNotFoundError, ExpressionError, ExternalAccessError,
-                      TableNotFoundError)
+from ..errors import (ColumnNotFoundError, ExpressionError, ExternalAccessError, PathNotFoundError, QueryError,
+                      ScanError, TableNotFoundError)
 from ..options import Options
 from ..plan.nodes import Plan, Scan, SqlQuery
 from ..plan.sandbox import DUCKDB_SANDBOX
@@ -90,10 +90,34 @@ _SANDBOX_REFUSALS = re.compile(
     re.IGNORECASE)
 
 
+# DuckDB's words when scanning a registered Arrow dataset or stream failed
+_TABLE_READ = re.compile(r"reading the stream registered as '([^']+)' failed", re.IGNORECASE)
+
+
+def _table_read_error(msg: str, node: SqlQuery) -> Exception | None:
+    """A failure while DuckDB read a bound table is the table's, not the query's: re-read
+    the table's scans to name the file at fault and why (a corrupt page, a checksum that
+    does not match, storage refusing access) with the error the same read outside SQL
+    raises. None when the re-read finds nothing wrong with the files."""
+    m = _TABLE_READ.search(msg)
+    if m is None or m.group(1) not in node.names:
+        return None
+    from ..plan.nodes import scans
+    from ..scan.execute import read_error
+    for scan in scans(node.tables[node.names.index(m.group(1))]):
+        typed = read_error(scan, RuntimeError(msg))
+        if not isinstance(typed, ScanError):  # the re-read named the file and the cause
+            return typed
+    return None
+
+
 def translate(exc: Exception, node: SqlQuery) -> Exception:
     """A DuckDB exception as the arrowload error a user can act on."""
     duckdb = _duckdb()
     msg = str(exc)
+    table_error = _table_read_error(msg, node)
+    if table_error is not None:
+        return table_error
     if not node.external_access and (isinstance(exc, duckdb.PermissionException)
                                      or _SANDBOX_REFUSALS.search(msg)):
         said = " ".join(msg.split())
@@ -123,7 +147,13 @@ def translate(exc: Exception, node: SqlQuery) -> Exception:
                         duckdb.OutOfRangeException, duckdb.TypeMismatchException,
                         duckdb.NotImplementedException)):
         return ExpressionError(f"SQL query failed: {msg}")
-    return ArrowloadError(f"DuckDB failed running the query: {msg}")
+    if isinstance(exc, duckdb.IOException):
+        m = re.search(r'No files found that match the pattern "([^"]*)"', msg)
+        if m:
+            return PathNotFoundError(
+                f"the query reads {m.group(1)!r}, which matches no file; fix the path, or bind the "
+                f"data as a table: al.sql('SELECT ... FROM t', t=al.dataset(PATH))", m.group(1))
+    return QueryError(f"DuckDB failed running the query: {msg}")
 
 
 def _errors():
