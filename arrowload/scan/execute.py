@@ -287,6 +287,22 @@ _DUCK_GROUP_ROWS = 1 << 20
 _DUCK_GROUP_BYTES = 64 << 20
 
 
+def _runs(batches: Iterator[pa.RecordBatch]) -> Iterator[list[pa.RecordBatch]]:
+    """Consecutive batches grouped into runs of at most ``_DUCK_GROUP_ROWS`` rows /
+    ``_DUCK_GROUP_BYTES`` bytes (a single larger batch is a run alone): DuckDB costs about a
+    millisecond per call whatever the size, so a run is evaluated in one call."""
+    group: list[pa.RecordBatch] = []
+    rows = size = 0
+    for b in batches:
+        group.append(b)
+        rows, size = rows + b.num_rows, size + b.nbytes
+        if rows >= _DUCK_GROUP_ROWS or size >= _DUCK_GROUP_BYTES:
+            yield group
+            group, rows, size = [], 0, 0
+    if group:
+        yield group
+
+
 def _filter_group(pred: SqlExpr, group: list[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     if not group:
         return
@@ -309,17 +325,8 @@ def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) ->
                 if out.num_rows:
                     yield out
             return
-        # DuckDB costs about a millisecond per call whatever the size: evaluate runs of
-        # batches (bounded in rows and bytes) in one call
-        group: list[pa.RecordBatch] = []
-        rows = size = 0
-        for b in iter_batches(plan.child, options):
-            group.append(b)
-            rows, size = rows + b.num_rows, size + b.nbytes
-            if rows >= _DUCK_GROUP_ROWS or size >= _DUCK_GROUP_BYTES:
-                yield from _filter_group(pred, group, plan.child.schema)
-                group, rows, size = [], 0, 0
-        yield from _filter_group(pred, group, plan.child.schema)
+        for group in _runs(iter_batches(plan.child, options)):
+            yield from _filter_group(pred, group, plan.child.schema)
     elif isinstance(plan, Project):
         schema = plan.schema
         duck = _duck_items(plan, plan.child.schema)
@@ -327,14 +334,8 @@ def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) ->
             for b in iter_batches(plan.child, options, _under_limit=_under_limit):
                 yield _project(plan, b, schema)
             return
-        group, rows, size = [], 0, 0  # as for filters: one DuckDB call per run of batches
-        for b in iter_batches(plan.child, options):
-            group.append(b)
-            rows, size = rows + b.num_rows, size + b.nbytes
-            if rows >= _DUCK_GROUP_ROWS or size >= _DUCK_GROUP_BYTES:
-                yield from _project_group(plan, group, schema, duck)
-                group, rows, size = [], 0, 0
-        yield from _project_group(plan, group, schema, duck)
+        for group in _runs(iter_batches(plan.child, options)):
+            yield from _project_group(plan, group, schema, duck)
     elif isinstance(plan, Map):
         for b in iter_batches(plan.child, options, _under_limit=_under_limit):
             yield apply_map(plan, b)
