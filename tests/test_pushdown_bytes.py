@@ -186,6 +186,40 @@ def test_filtered_count_reads_only_the_filter_column_of_kept_row_groups(lake):
     assert 0 < fs.stats.bytes_read <= id_bytes, (fs.stats.bytes_read, id_bytes)
 
 
+def test_filtered_count_reads_no_row_group_that_checked_statistics_decide(lake):
+    """``id < 5000`` on ascending ids: row groups whose checked statistics say every id is
+    below 5000 are counted from the footer; only the row groups straddling 5000 are read
+    (the id column alone). The count is the truth's, DuckDB's and plain pyarrow's."""
+    root, facts = lake
+    fs, ds = footers_loaded(root)
+    n = ds.filter("id < 5000").count()
+    assert n == plain(root).count_rows(filter=pc.field("id") < 5000) == 5000
+    straddling = [(f, rg) for f in facts.values() for rg in range(f.num_row_groups)
+                  if f.stats("id", rg).min < 5000 <= f.stats("id", rg).max]
+    all_true = [(f, rg) for f in facts.values() for rg in range(f.num_row_groups)
+                if f.stats("id", rg).max < 5000]
+    assert straddling and all_true
+    id_bytes = sum(f.chunk_bytes({"id"}, [rg]) for f, rg in straddling)
+    assert 0 < fs.stats.bytes_read <= id_bytes, (fs.stats.bytes_read, id_bytes)
+
+
+def test_float_filters_are_counted_by_reading(tmp_path):
+    """Float statistics leave NaN out of min / max: a row group with {1.0, NaN} has max 1.0,
+    and "all rows <= 10" would count the NaN row, which DuckDB's order (NaN above every
+    number) rejects. Such counts read the column; the answer is DuckDB's."""
+    import duckdb
+    import pyarrow.parquet as pq
+    path = str(tmp_path / "nan.parquet")
+    pq.write_table(pa.table({"f": [1.0, float("nan"), 2.0, 3.0]}), path, row_group_size=2)
+    # the truth: DuckDB over the rows as Arrow (its own Parquet reader trusts the statistics
+    # here and counts the NaN row too, against its own NaN order)
+    rows = pq.read_table(path)  # noqa: F841 - scanned by DuckDB by name
+    want = duckdb.sql("SELECT count(*) FROM rows WHERE f <= 10").fetchall()[0][0]
+    assert want == 3
+    assert al.dataset(path).filter("f <= 10").count() == want
+    assert al.dataset(path).filter("f <= 10").to_arrow().num_rows == want
+
+
 # ---------------------------------------------------------------------------
 # filters: row-group pruning
 

@@ -17,9 +17,11 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.types as pat
 
 from ..errors import (AmbiguousColumnError, ArgumentTypeError, ArrowloadError, CorruptFileError, ExpressionError,
                       ScanError, SchemaMismatchError, StorageRetryError)
+from ..optimize.prune_row_groups import sound_columns
 from ..options import Options, ScanOptions
 from ..plan import duckeval
 from ..plan.expr import SqlExpr
@@ -375,23 +377,62 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
 
 
+def _decided_by_statistics(scan: Scan, dataset: ds.FileSystemDataset, expr) -> tuple[int, list[int]] | None:
+    """``(rows, units)``: the rows of row groups whose statistics prove ``expr`` true for
+    every row (counted from the footer, no data read), and the units left to count by
+    reading. Only where that is sound: every predicate column has checked statistics in
+    every file (``prune_row_groups.sound_columns``: decodable, min <= max, an order pyarrow
+    shares with DuckDB) and none is a float (writers leave NaN out of min / max, so "every
+    value <= 10" could count NaN rows that DuckDB's order rejects). None where not sound."""
+    src = scan.source
+    schema = src.schema
+    columns = scan.predicate.columns
+    if src.kind != "parquet" or any(pat.is_floating(schema.field(c).type) for c in columns):
+        return None
+    fragments = list(dataset.get_fragments())
+    if not all(columns <= sound_columns(frag, schema, columns) for frag in fragments):
+        return None
+    # a row group no row of which can make the predicate false or null is all-true
+    maybe_not = pc.invert(expr) | expr.is_null()
+    all_true: set[tuple[str, int]] = set()
+    for frag in fragments:
+        ids = [g.id for g in frag.row_groups]
+        open_ids = {g.id for g in frag.subset(filter=maybe_not, schema=schema).row_groups}
+        all_true.update((frag.path, i) for i in ids if i not in open_ids)
+    rows, rest = 0, []
+    for u in scan.selected_units():
+        if (u.path, u.row_group) in all_true:
+            rows += u.num_rows
+        else:
+            rest.append(u.index)
+    return rows, rest
+
+
 def _count_scan(scan: Scan, options: Options) -> int:
-    """Rows of ``scan`` (before its limit) after its predicate, reading only the
-    predicate's columns. Statistics are never trusted to decide a count: pyarrow's
-    ``count_rows(filter=)`` would count whole row groups its statistics call all-true,
-    which is wrong where those statistics are missing NaN or corrupt."""
+    """Rows of ``scan`` (before its limit) after its predicate: row groups that checked
+    statistics decide are counted from footers (``_decided_by_statistics``), the rest by
+    reading only the predicate's columns. Unchecked statistics never decide a count:
+    pyarrow's ``count_rows(filter=)`` counts whole row groups its statistics call all-true,
+    which is wrong where those statistics leave out NaN or are corrupt."""
     src = scan.source
     dataset = src.dataset(scan.units)
     frag_opts = _fragment_options(src, options)
     if scan.predicate is None:
         return dataset.count_rows(**frag_opts)
     expr = scan.predicate.to_arrow(src.schema, predicate=True)
+    decided = _decided_by_statistics(scan, dataset, expr)
+    counted = 0
+    if decided is not None:
+        counted, rest = decided
+        if not rest:
+            return counted
+        dataset = src.dataset(rest)
     kwargs = dict(columns={KEEP: expr}, use_threads=options.scan.use_threads,
                   batch_size=_batch_rows(scan, options), **frag_opts)
     # one bool column: small even whole; to_table decodes on pyarrow's threads without
     # handing each batch to Python in order
     keep = ds.Scanner.from_dataset(dataset, **kwargs).to_table().column(0)
-    return int(pc.sum(keep).as_py() or 0)
+    return counted + int(pc.sum(keep).as_py() or 0)
 
 
 def count_rows(plan: Plan, options: Options) -> int:
