@@ -51,7 +51,10 @@ def hive(tmp_path_factory):
 
 
 def fresh(root: str):
-    """A new counting filesystem and a new Dataset over it (no footer cached yet)."""
+    """A new counting filesystem and a new Dataset over it (no footer cached yet, nor a
+    footer check remembered from an earlier dataset in this process)."""
+    from arrowload.source.footer import forget_checks
+    forget_checks()
     fs = CountingLocalFileSystem()
     return fs, al.dataset(root, filesystem=fs)
 
@@ -173,6 +176,18 @@ def test_count_reads_only_footers(lake):
           f"{sum(f.size for f in facts.values())} B)")
     fs.reset()
     assert ds.count() == ROWS and fs.stats.bytes_read == 0  # footers are cached
+
+
+def test_a_second_dataset_over_the_same_files_reads_each_footer_once(lake):
+    """The footer check (source/footer.py) is remembered per file version (path, size,
+    mtime, identity) in the process once made (here by row-group pruning): a new dataset
+    over the unchanged files reads pyarrow's footer only."""
+    root, facts = lake
+    fresh(root)[1].filter("id < 5000").count()
+    fs = CountingLocalFileSystem()
+    assert al.dataset(root, filesystem=fs).count() == ROWS
+    footer, data = split_reads(fs, facts)
+    assert data == [] and sorted(r.path for r in footer) == sorted(facts)
 
 
 def test_filtered_count_reads_only_the_filter_column_of_kept_row_groups(lake):

@@ -18,7 +18,8 @@ from ..errors import CorruptFileError, InvalidArgumentError, PathNotFoundError, 
 from ..options import ScanOptions
 from .base import Source, Unit
 from .filesystem import FileEntry, storage_error
-from .footer import FooterCheck, check_footer, leaf_columns, read_footer_bytes
+from .footer import (FooterCheck, check_footer, known_check, leaf_columns, read_footer_bytes,
+                     remember_check)
 from .hive import discover_partitions, partition_expression
 from .identity import identity_of
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
@@ -253,7 +254,7 @@ class FileSource(PicklableLock, Source):
                 # and checked on first use of column chunk metadata (footer.py), so later
                 # calls (a display, a filtered query) read no more footers
                 meta = frag.metadata
-                if self._scan.check_footers:
+                if self._scan.check_footers and known_check(self._version(i)) is None:
                     self._footers[i] = read_footer_bytes(self.filesystem, path, self.entries[i].size,
                                                          meta.serialized_size)
                 return frag.physical_schema, meta
@@ -369,11 +370,30 @@ class FileSource(PicklableLock, Source):
             with self._lock:
                 check = self._checks.get(i)
                 if check is None:
-                    leaves = list(zip(leaf_columns(meta),
-                                      (meta.schema.column(c).physical_type for c in range(meta.num_columns))))
-                    path = self.entries[i].path
-                    check = self._checks[i] = check_footer(path, self._footers.pop(i, None), leaves)
+                    version = self._version(i)
+                    check = known_check(version)
+                    if check is None:
+                        leaves = list(zip(leaf_columns(meta), (meta.schema.column(c).physical_type
+                                                               for c in range(meta.num_columns))))
+                        footer = self._footers.pop(i, None)
+                        if footer is None and self._scan.check_footers:
+                            # known when listed, forgotten since (the process-wide cache is
+                            # bounded): read the bytes now rather than check nothing
+                            footer = read_footer_bytes(self.filesystem, self.entries[i].path,
+                                                       self.entries[i].size, meta.serialized_size)
+                        check = check_footer(self.entries[i].path, footer, leaves)
+                        if footer is not None:
+                            remember_check(version, check)
+                    self._checks[i] = check
         return check
+
+    def _version(self, i: int) -> tuple | None:
+        """What names this version of file ``i`` (None where the filesystem reports no
+        modification time: then nothing is reused across datasets)."""
+        e = self.entries[i]
+        if e.mtime_ns is None or e.size is None:
+            return None
+        return (type(self.filesystem).__name__, e.path, e.size, e.mtime_ns, e.identity)
 
     def refuse_unreadable(self, files) -> None:
         if self.kind != "parquet":

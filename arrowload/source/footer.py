@@ -17,6 +17,8 @@ The decoder walks the Thrift compact protocol and keeps only the fields the chec
 from __future__ import annotations
 
 import struct
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
@@ -357,3 +359,38 @@ def _check_chunk(chunk, physical: str) -> str | None:
     if isinstance(sizes, dict) and 1 in sizes and ptype != _BYTE_ARRAY:
         return f"byte-array size statistics on a {physical} column"
     return None
+
+
+# Checks of file versions already decoded in this process, keyed by (filesystem type, path,
+# size, mtime_ns, identity): a version's footer never changes, so a new dataset over the
+# same files neither reads nor decodes their footers' bytes again. Bounded (LRU).
+_KNOWN: "OrderedDict[tuple, FooterCheck]" = OrderedDict()
+_KNOWN_MAX = 16_384
+_KNOWN_LOCK = threading.Lock()
+
+
+def known_check(key: tuple | None) -> FooterCheck | None:
+    """The check of the file version ``key`` if this process made it already."""
+    if key is None:
+        return None
+    with _KNOWN_LOCK:
+        check = _KNOWN.get(key)
+        if check is not None:
+            _KNOWN.move_to_end(key)
+        return check
+
+
+def forget_checks() -> None:
+    """Forget every remembered check (the next dataset reads and decodes footers anew)."""
+    with _KNOWN_LOCK:
+        _KNOWN.clear()
+
+
+def remember_check(key: tuple | None, check: FooterCheck) -> None:
+    if key is None:
+        return
+    with _KNOWN_LOCK:
+        _KNOWN[key] = check
+        _KNOWN.move_to_end(key)
+        while len(_KNOWN) > _KNOWN_MAX:
+            _KNOWN.popitem(last=False)
