@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.types as pat
 
 from ..errors import ExpressionError, UnsupportedError
-from .rowselect import filter_rows
+from .rowselect import filter_rows, map_leaf_types
 from .sandbox import DUCKDB_SANDBOX
 
 _ROW = "__arrowload_row"
@@ -69,25 +69,14 @@ def close_thread() -> None:
 # ---------------------------------------------------------------------------
 # Arrow types DuckDB reads: adapt what it cannot (losslessly) before handing over
 
+def _duck_leaf(t: pa.DataType) -> pa.DataType | None:
+    # exact: every half float is a float; DuckDB reads Parquet FLOAT16 as FLOAT
+    return pa.float32() if pat.is_float16(t) else None
+
+
 def _duck_type(t: pa.DataType) -> pa.DataType | None:
     """The type to cast ``t`` to before DuckDB scans it; None when it needs nothing."""
-    if pat.is_float16(t):
-        return pa.float32()  # exact: every half float is a float; DuckDB reads Parquet FLOAT16 as FLOAT
-    if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
-        inner = _duck_type(t.value_type)
-        if inner is None:
-            return None
-        f = t.value_field.with_type(inner)
-        if pat.is_fixed_size_list(t):
-            return pa.list_(f, t.list_size)
-        return pa.large_list(f) if pat.is_large_list(t) else pa.list_(f)
-    if pat.is_struct(t):
-        fields = [t.field(i) for i in range(t.num_fields)]
-        inner = [_duck_type(f.type) for f in fields]
-        if all(i is None for i in inner):
-            return None
-        return pa.struct([f.with_type(i) if i is not None else f for f, i in zip(fields, inner)])
-    return None
+    return map_leaf_types(t, _duck_leaf)
 
 
 def _input(data, columns) -> pa.Table:

@@ -14,14 +14,11 @@ import pyarrow.types as pat
 from ..errors import UnsupportedError
 
 
-def _plain(t: pa.DataType) -> pa.DataType | None:
-    """The type to filter ``t`` as; None when pyarrow filters ``t`` itself."""
-    if pat.is_string_view(t):
-        return pa.large_string()
-    if pat.is_binary_view(t):
-        return pa.large_binary()
+def map_leaf_types(t: pa.DataType, leaf) -> pa.DataType | None:
+    """``t`` with each leaf type (inside lists, fixed-size lists and structs) replaced by
+    ``leaf(type)`` where that is not None; None when no leaf is replaced."""
     if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
-        inner = _plain(t.value_type)
+        inner = map_leaf_types(t.value_type, leaf)
         if inner is None:
             return None
         f = t.value_field.with_type(inner)
@@ -30,11 +27,24 @@ def _plain(t: pa.DataType) -> pa.DataType | None:
         return pa.large_list(f) if pat.is_large_list(t) else pa.list_(f)
     if pat.is_struct(t):
         fields = [t.field(i) for i in range(t.num_fields)]
-        inner = [_plain(f.type) for f in fields]
+        inner = [map_leaf_types(f.type, leaf) for f in fields]
         if all(i is None for i in inner):
             return None
         return pa.struct([f.with_type(i) if i is not None else f for f, i in zip(fields, inner)])
+    return leaf(t)
+
+
+def _plain_leaf(t: pa.DataType) -> pa.DataType | None:
+    if pat.is_string_view(t):
+        return pa.large_string()
+    if pat.is_binary_view(t):
+        return pa.large_binary()
     return None
+
+
+def _plain(t: pa.DataType) -> pa.DataType | None:
+    """The type to filter ``t`` as; None when pyarrow filters ``t`` itself."""
+    return map_leaf_types(t, _plain_leaf)
 
 
 def _select(data, how):
