@@ -173,6 +173,18 @@ def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
 _READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError)
 
 
+def scan_error(scan: Scan, exc: BaseException) -> ArrowloadError | None:
+    """The arrowload error for a failed read of ``scan``: a read error names the file at
+    fault (``read_error``), an object-store refusal says what to set (``storage_error``;
+    botocore's errors are not OSErrors). None where ``exc`` is to be re-raised as it is
+    (it already names its file, or is not a read failure)."""
+    if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
+        return None
+    if isinstance(exc, _READ_ERRORS):
+        return read_error(scan, exc)
+    return storage_error(exc, scan.source.display, local=getattr(scan.source, "is_local", False))
+
+
 def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> Iterator[pa.RecordBatch]:
     """Batches of ``scan`` in source order; with a limit, stop reading once it is met.
     ``under_limit``: a Limit above (past a residual filter or a map) may stop consuming
@@ -197,12 +209,8 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
                     return
                 remaining -= b.num_rows
             yield b
-    except _READ_ERRORS as exc:
-        if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
-            raise
-        raise read_error(scan, exc) from exc
-    except Exception as exc:  # botocore's errors are not OSErrors
-        typed = storage_error(exc, scan.source.display, local=getattr(scan.source, 'is_local', False))
+    except Exception as exc:  # noqa: BLE001 - translated, or re-raised as it is
+        typed = scan_error(scan, exc)
         if typed is None:
             raise
         raise typed from exc
@@ -365,12 +373,8 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
             # a whole scan is idempotent: transient object-store errors are retried with backoff
             return retry(lambda: keep_rows(scanner(plan, options).to_table()), retries=options.scan.retries,
                          backoff_s=options.scan.retry_backoff_s)
-        except _READ_ERRORS as exc:
-            if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
-                raise
-            raise read_error(plan, exc) from exc
-        except Exception as exc:  # botocore's errors are not OSErrors
-            typed = storage_error(exc, plan.source.display, local=getattr(plan.source, 'is_local', False))
+        except Exception as exc:  # noqa: BLE001 - translated, or re-raised as it is
+            typed = scan_error(plan, exc)
             if typed is None:
                 raise
             raise typed from exc
@@ -457,9 +461,10 @@ def count_rows(plan: Plan, options: Options) -> int:
         else:
             try:
                 total = _count_scan(node, options)
-            except _READ_ERRORS as exc:
-                if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
+            except Exception as exc:  # noqa: BLE001 - translated, or re-raised as it is
+                typed = scan_error(node, exc)
+                if typed is None:
                     raise
-                raise read_error(node, exc) from exc
+                raise typed from exc
         return total if node.limit is None else min(total, node.limit)
     return sum(b.num_rows for b in iter_batches(node, options))
