@@ -14,6 +14,7 @@ counter (the local filesystem has none; wrapped filesystems are opened with
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -548,3 +549,14 @@ def moto_s3_server():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def state_after(loader, k: int) -> dict:
+    """The loader's state after ``k`` batches of its epoch, through JSON as a user saves it
+    (the iteration is then closed)."""
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    it.close()
+    return state

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 import arrowload as al
 from arrowload.datagen import events_table, write_lake
 
-from _support import CountingLocalFileSystem, footer_size
+from _support import CountingLocalFileSystem, footer_size, state_after
 
 KINDS = ("none", "block", "global")
 COLS = ("id", "f0", "label")  # no nulls: every output type can hold them
@@ -295,15 +295,6 @@ def test_shuffle_kind_is_named(lakes, shared_cache):
 # 4. resume
 
 
-def _take_state(loader, k: int) -> dict:
-    it = iter(loader)
-    for _ in range(k):
-        next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
-    it.close()
-    return state
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world,rank", [(1, 0), (2, 1)])
 def test_resume_yields_exactly_the_rest_of_the_epoch(lakes, shared_cache, kind, world, rank):
@@ -323,7 +314,7 @@ def test_resume_yields_exactly_the_rest_of_the_epoch(lakes, shared_cache, kind, 
     for k in sorted({0, 1, n // 2, n - 1, n}):
         loader = build()
         loader.set_epoch(2)
-        state = _take_state(loader, k)
+        state = state_after(loader, k)
         assert state["epoch"] == 2 and state["batches"] == k
         fresh = build()
         fresh.load_state_dict(state)
@@ -352,7 +343,7 @@ def test_resume_anywhere(tiny_lake, shared_cache, kind, world, bs, drop_last, da
 
     full = collect(build())
     k = data.draw(st.integers(0, len(full)), label="k")
-    state = _take_state(build(), k)
+    state = state_after(build(), k)
     fresh = build()
     fresh.load_state_dict(state)
     assert same_batches(collect(fresh), full[k:])
@@ -366,7 +357,7 @@ def test_state_from_another_setup_is_refused(lakes, shared_cache, tmp_path):
         args.update(kw)
         return selection(path, pred).loader(64, **args)
 
-    state = _take_state(build(), 3)
+    state = state_after(build(), 3)
     same = build()
     same.load_state_dict(state)  # the same setup over the same files: accepted
     copy = tmp_path / "copy"
@@ -415,7 +406,7 @@ def test_resume_costs_about_as_much_as_starting_an_epoch(many_groups_lake, tmp_p
     loader = build(fs)
     n = len(loader)
     k = int(n * 0.9) // 4 * 4  # on a window boundary (windows are 2 groups = 4 batches)
-    state = _take_state(loader, k)
+    state = state_after(loader, k)
 
     def first_batch(fs, state=None):
         """(bytes building the loader and taking its first batch, of which after building)"""

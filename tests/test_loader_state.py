@@ -8,7 +8,6 @@ Tampered states are generated with hypothesis from real ones.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -20,6 +19,7 @@ from hypothesis import strategies as st
 
 import arrowload as al
 from arrowload.datagen import write_lake
+from _support import state_after
 
 KINDS = ("none", "block", "global")
 
@@ -150,22 +150,13 @@ def test_set_epoch_checks_its_argument():
 # states, field by field
 
 
-def _state_after(loader, k: int) -> dict:
-    it = iter(loader)
-    for _ in range(k):
-        next(it)
-    state = json.loads(json.dumps(loader.state_dict()))
-    it.close()
-    return state
-
-
 def _build(lake, cache, kind="global", rank=1, world=2, bs=64, drop_last=False):
     return al.dataset(lake).filter("label = 0 OR f0 > 0.5").select("id", "f0").loader(
         bs, shuffle=kind, seed=5, rank=rank, world_size=world, drop_last=drop_last, cache_dir=cache)
 
 
 def test_a_negative_position_never_reaches_another_ranks_rows(lake, cache):
-    state = _state_after(_build(lake, cache), 2)
+    state = state_after(_build(lake, cache), 2)
     for position in (-100, -64, -1):
         with pytest.raises(al.StateMismatchError, match="position"):
             _build(lake, cache).load_state_dict(dict(state, position=position, batches=0))
@@ -174,7 +165,7 @@ def test_a_negative_position_never_reaches_another_ranks_rows(lake, cache):
 def test_a_position_past_the_end_is_refused_not_an_empty_epoch(lake, cache):
     loader = _build(lake, cache)
     start, stop = loader._rank_rows()
-    state = _state_after(loader, 1)
+    state = state_after(loader, 1)
     for position in (stop - start + 1, stop - start + 64, 10 ** 9):
         with pytest.raises(al.StateMismatchError, match="position") as info:
             _build(lake, cache).load_state_dict(dict(state, position=position, batches=-(-position // 64)))
@@ -188,7 +179,7 @@ def test_a_position_past_the_end_is_refused_not_an_empty_epoch(lake, cache):
     ("snapshot", 1), ("plan", None), ("shuffle", True),
 ])
 def test_a_field_of_the_wrong_type_is_named(lake, cache, field, value):
-    state = _state_after(_build(lake, cache), 1)
+    state = state_after(_build(lake, cache), 1)
     with pytest.raises(al.StateMismatchError) as info:
         _build(lake, cache).load_state_dict(dict(state, **{field: value}))
     assert str(info.value).startswith(f"{field}:"), str(info.value)
@@ -196,7 +187,7 @@ def test_a_field_of_the_wrong_type_is_named(lake, cache, field, value):
 
 
 def test_unknown_and_missing_fields_are_named(lake, cache):
-    state = _state_after(_build(lake, cache), 1)
+    state = state_after(_build(lake, cache), 1)
     with pytest.raises(al.StateMismatchError, match="'cursor'"):
         _build(lake, cache).load_state_dict(dict(state, cursor=3))
     for field in ("batches", "window", "num_rows"):
@@ -206,7 +197,7 @@ def test_unknown_and_missing_fields_are_named(lake, cache):
 
 
 def test_differences_are_said_in_words(lake, cache):
-    state = _state_after(_build(lake, cache), 1)
+    state = state_after(_build(lake, cache), 1)
     cases = {
         "world_size: the state was taken at world_size 2, this loader has world_size 3":
             _build(lake, cache, world=3),
@@ -291,7 +282,7 @@ def test_valid_states_resume_exactly_and_tampered_ones_are_refused(lake, cache, 
 
     full = ids(build())
     k = data.draw(st.integers(0, len(full)), label="k")
-    state = _state_after(build(), k)
+    state = state_after(build(), k)
     fresh = build()
     fresh.load_state_dict(state)
     assert ids(fresh) == full[k:]
@@ -317,7 +308,7 @@ def test_a_state_loads_whatever_the_lake_path_spelling(lake, cache, monkeypatch,
             50, shuffle="global", seed=1, rank=1, world_size=2, cache_dir=cache)
 
     full = ids(build(name + "/"))
-    state = _state_after(build(name + "/"), 3)
+    state = state_after(build(name + "/"), 3)
     for spelling in (lake, lake + "/", parent + "//" + name + "/", "./" + name, "file://" + lake):
         fresh = build(spelling)
         fresh.load_state_dict(state)
