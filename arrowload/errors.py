@@ -15,15 +15,20 @@ class ArrowloadError(Exception):
     """Root of every exception raised by arrowload."""
 
 
-class PathNotFoundError(ArrowloadError, FileNotFoundError):
-    """A path, URI or glob given as a source matched nothing."""
+class _PathMessage:
+    """For errors that name a path: ``path`` is kept, and ``str()`` is the message as
+    written (``OSError`` and its kin would format a single argument their own way)."""
 
     def __init__(self, message: str, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
 
-    def __str__(self) -> str:  # OSError's str() would mangle a single-argument message
+    def __str__(self) -> str:
         return str(self.args[0])
+
+
+class PathNotFoundError(_PathMessage, ArrowloadError, FileNotFoundError):
+    """A path, URI or glob given as a source matched nothing."""
 
 
 class ColumnNotFoundError(ArrowloadError, KeyError):
@@ -86,15 +91,8 @@ class SchemaMismatchError(ArrowloadError, TypeError):
     """Shards disagree on a column's type in a way that cannot be unified safely."""
 
 
-class CorruptFileError(ArrowloadError, OSError):
+class CorruptFileError(_PathMessage, ArrowloadError, OSError):
     """A shard is truncated or not a valid file of its format."""
-
-    def __init__(self, message: str, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 class UnsupportedError(ArrowloadError, NotImplementedError):
@@ -128,41 +126,20 @@ class StateMismatchError(ArrowloadError, ValueError):
     """A loader state was taken on a different dataset, plan or loader configuration."""
 
 
-class StorageAccessError(ArrowloadError, PermissionError):
+class StorageAccessError(_PathMessage, ArrowloadError, PermissionError):
     """An object store refused the request: no credentials found, credentials it rejects,
     or access denied by a policy. Never retried; the message names the URL and what to set."""
 
-    def __init__(self, message: str, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
 
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class StorageEndpointError(ArrowloadError, ConnectionError):
+class StorageEndpointError(_PathMessage, ArrowloadError, ConnectionError):
     """An object store's endpoint cannot be reached at all (connection refused, unknown host):
     a configuration error, not retried by arrowload (an s3fs built from ``storage_options``
     lets botocore try once more, quickly). The message names the endpoint and how to set it
     (``storage_options={"endpoint_url": ...}``, ``AWS_ENDPOINT_URL``)."""
 
-    def __init__(self, message: str, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
 
-    def __str__(self) -> str:
-        return str(self.args[0])
-
-
-class PathEncodingError(ArrowloadError, UnicodeError):
+class PathEncodingError(_PathMessage, ArrowloadError, UnicodeError):
     """A path or file name is not valid UTF-8 (pyarrow reads UTF-8 paths only); rename the file."""
-
-    def __init__(self, message: str, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 class ExternalAccessError(ArrowloadError, PermissionError):
@@ -229,17 +206,10 @@ class MemoryBudgetError(ArrowloadError, MemoryError):
     the message names the budget and how to let it spill (``cache_dir=``) or raise it."""
 
 
-class StorageRetryError(ArrowloadError, ConnectionError):
+class StorageRetryError(_PathMessage, ArrowloadError, ConnectionError):
     """Reading a file kept failing with transient storage errors (timeouts, throttling, 5xx,
     dropped connections) after the configured retries; the message names the file, the last
     error and how to retry more (``al.ScanOptions(retries=..., retry_backoff_s=...)``)."""
-
-    def __init__(self, message: str, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-
-    def __str__(self) -> str:  # OSError's str() would mangle a single-argument message
-        return str(self.args[0])
 
 
 class ScanError(ArrowloadError, OSError):
