@@ -22,7 +22,7 @@ import time
 import arrowload as al
 import torch
 
-from benchlib import FILTER_SQL, WORKLOADS, main
+from benchlib import WORKLOADS, filter_sql, main
 
 
 def batches(spec, info):
@@ -30,7 +30,7 @@ def batches(spec, info):
     w = WORKLOADS[spec["workload"]]
     d = al.dataset(spec["hive"] if w.hive else spec["lake"])
     if w.filter:
-        d = d.filter(FILTER_SQL)
+        d = d.filter(filter_sql(spec))
     d = d.select(*w.columns)
     shuffle = spec["options"].get("shuffle", "global") if w.shuffle else False
     kwargs = dict(shuffle=shuffle, seed=spec["seed"], output="torch", cache_dir=spec["cache_dir"])

@@ -42,6 +42,12 @@ from typing import Any
 
 FEATURES = [f"f{i}" for i in range(16)]
 FILTER_SQL = "country = 'US' AND label = 1"
+#: The filters of the workloads, by key. ``us1`` keeps ~7% of rows spread over every row
+#: group (statistics cannot prune it); ``id10`` keeps the first 10% of ids (``id < 400000``
+#: on the 4M-row lake), whole row groups that footers' statistics prune.
+FILTERS = {"us1": FILTER_SQL, "id10": "id < {bound}"}
+#: The columns each filter reads besides the selection's.
+FILTER_COLUMNS = {"us1": ("country", "label"), "id10": ("id",)}
 RESULT_PREFIX = "@@RESULT "
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -58,7 +64,7 @@ class Workload:
     title: str
     x: tuple[str, ...]          # stacked into x: [B, len(x)] (or emb: [B, 64])
     batch: int
-    filter: bool = False
+    filter: str | None = None   # a key of FILTERS
     shuffle: bool = False
     hive: bool = False          # read the hive-partitioned copy
     mode: str = "epoch"         # "epoch" | "first" (cold / warm start) | "resume"
@@ -68,10 +74,48 @@ class Workload:
         return [*self.x, "label"]
 
 
+def filter_sql(spec: dict) -> str | None:
+    """The SQL text of the spec's filter (arrowload, DuckDB, Lance spell it so), or None."""
+    w = WORKLOADS[spec["workload"]]
+    if not w.filter:
+        return None
+    return FILTERS[w.filter].format(bound=id_bound(spec["lake_rows"]))
+
+
+def id_bound(lake_rows: int) -> int:
+    """W2i's bound: the first 10% of ids (ids run 0..rows-1 in path order)."""
+    return lake_rows // 10
+
+
+def pa_filter(spec: dict):
+    """The spec's filter as a pyarrow compute expression, or None."""
+    w = WORKLOADS[spec["workload"]]
+    if not w.filter:
+        return None
+    import pyarrow.compute as pc
+    if w.filter == "us1":
+        return (pc.field("country") == "US") & (pc.field("label") == 1)
+    return pc.field("id") < id_bound(spec["lake_rows"])
+
+
+def pl_filter(spec: dict):
+    """The spec's filter as a polars expression, or None."""
+    w = WORKLOADS[spec["workload"]]
+    if not w.filter:
+        return None
+    import polars as pl
+    if w.filter == "us1":
+        return (pl.col("country") == "US") & (pl.col("label") == 1)
+    return pl.col("id") < id_bound(spec["lake_rows"])
+
+
 WORKLOADS: dict[str, Workload] = {w.key: w for w in [
     Workload("W1", "projection f0..f15 -> x[B,16] + label, batch 4096, no shuffle", tuple(FEATURES), 4096),
-    Workload("W2", f"W1 + filter `{FILTER_SQL}`", tuple(FEATURES), 4096, filter=True),
-    Workload("W2h", f"W2 on the hive copy (country=.../ folders)", tuple(FEATURES), 4096, filter=True,
+    Workload("W2", f"W1 + filter `{FILTER_SQL}` (~7% of rows, in every row group)", tuple(FEATURES), 4096,
+             filter="us1"),
+    Workload("W2i", "W1 + filter `id < rows/10` (`id < 400000` on the 4M-row lake: 10% of rows, "
+             "row groups prunable by statistics)", tuple(FEATURES), 4096, filter="id10"),
+    Workload("W2h", "W2 on the hive copy (country=.../ folders)", tuple(FEATURES), 4096, filter="us1",
              hive=True),
     Workload("W3", "W1 shuffled (global where the peer can), batch 1024", tuple(FEATURES), 1024,
              shuffle=True),
@@ -94,7 +138,7 @@ class Peer:
     label: str                   # how the tables name it
     options: dict = field(default_factory=dict)
     role: str = "peer"           # "decode" (bare decode: the limit) | "tuned" | "arrowload" | "peer"
-    workloads: tuple[str, ...] = ("W1", "W2", "W2h", "W3", "W4", "W5", "W6", "W6w")
+    workloads: tuple[str, ...] = ("W1", "W2", "W2i", "W2h", "W3", "W4", "W5", "W6", "W6w")
     #: lake size cap per mode ("quick" / "full"), per workload or "*": slow peers run on a
     #: smaller lake of the same generator (flagged in the tables); None = the main lake.
     caps: dict = field(default_factory=dict)
@@ -112,15 +156,17 @@ class Peer:
 SMALL, TINY = 250_000, 20_000
 PEERS: dict[str, Peer] = {p.key: p for p in [
     Peer("decode-pyarrow", "bare_decode", "bare decode: pyarrow tuned Scanner (no conversion)",
-         {"engine": "pyarrow"}, role="decode", workloads=("W1", "W2", "W2h", "W3", "W4")),
+         {"engine": "pyarrow"}, role="decode", workloads=("W1", "W2", "W2i", "W2h", "W3", "W4")),
     Peer("decode-polars", "bare_decode", "bare decode: polars streaming collect()",
-         {"engine": "polars"}, role="decode", workloads=("W1", "W2", "W2h", "W3", "W4")),
+         {"engine": "polars"}, role="decode", workloads=("W1", "W2", "W2i", "W2h", "W3", "W4")),
     Peer("arrowload", "arrowload_loader", "arrowload Dataset.loader(output='torch')", role="arrowload"),
     Peer("arrowload-block", "arrowload_loader", "arrowload loader, shuffle='block'",
          {"shuffle": "block"}, role="arrowload", workloads=("W3",)),
     Peer("pyarrow", "pyarrow_scan", "pyarrow tuned Scanner -> tensors", role="tuned"),
     Peer("duckdb", "duckdb_reader", "DuckDB to_arrow_reader (fetch_record_batch)"),
     Peer("polars", "polars_stream", "polars streaming collect_batches"),
+    Peer("polars-hashsort", "polars_stream", "polars streaming hash-sort shuffle -> collect_batches",
+         {"shuffle": "hashsort"}, workloads=("W3",)),
     Peer("torch-batched", "torch_dataloader", "torch DataLoader, batched sampler, map-style",
          {"rows": False, "workers": 0}),
     Peer("torch-rows-w0", "torch_dataloader", "torch DataLoader, per-row __getitem__, workers=0",
@@ -139,7 +185,7 @@ PEERS: dict[str, Peer] = {p.key: p for p in [
          caps={"full": {"*": 1_000_000}}, quick=(), heavy=True,
          why_not_quick="ray.init and the first batch take seconds in every run (fresh process)"),
     Peer("lance", "lance_scanner", "Lance (converted copy) scanner / take",
-         workloads=("W1", "W2", "W3", "W4", "W5"),
+         workloads=("W1", "W2", "W2i", "W3", "W4", "W5"),
          caps={"quick": {"W3": TINY}, "full": {"W3": SMALL}}),
     Peer("petastorm", "petastorm_reader", "Petastorm make_batch_reader", workloads=("W1",)),
 ]}
@@ -215,6 +261,22 @@ def _np(col):
 
 
 # -- the measurement ------------------------------------------------------------------------
+
+def read_bytes() -> int | None:
+    """Bytes this process has read through read syscalls so far (``rchar`` of
+    ``/proc/self/io``: read / pread / readv, page cache or not); None where there is no
+    /proc (macOS). pyarrow, arrowload, polars (2.x: checked, it preads local Parquet, it
+    does not mmap it) and DuckDB all read local files so; a reader that memory-maps a file
+    would not show here (the report compares with the footers' bytes and flags it)."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
 
 def _maxrss_bytes() -> int:
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -295,6 +357,7 @@ def run_spec(spec: dict) -> dict:
     ttfb = None
     batches = 0
     try:
+        r0 = read_bytes()
         c0 = time.process_time()
         t0 = time.perf_counter()
         it = iter(mod.batches(spec, info))
@@ -321,6 +384,7 @@ def run_spec(spec: dict) -> dict:
                 break
         seconds = time.perf_counter() - t0
         cpu = time.process_time() - c0
+        r1 = read_bytes()
         if hasattr(it, "close"):
             it.close()
     except Unusable as exc:
@@ -333,6 +397,7 @@ def run_spec(spec: dict) -> dict:
         except Exception as exc:  # noqa: BLE001 - recorded, the measurement stands
             info["notes"].append(f"teardown failed: {exc!r}")
     out.update(rows=rows, label_sum=label_sum, x0_sum=x0_sum, seconds=seconds, cpu_s=cpu,
+               read_bytes=None if r0 is None or r1 is None else r1 - r0,
                ttfb=ttfb, batches=batches, peak_rss=_maxrss_bytes(), base_rss=base_rss,
                tree_peak_rss=tree_peak, shuffle=info["shuffle"], resume=info["resume"],
                notes=info["notes"], exact_batches=_exact(rows, batches, w.batch))

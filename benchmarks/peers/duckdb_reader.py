@@ -13,7 +13,7 @@ import sys
 
 import duckdb
 
-from benchlib import FILTER_SQL, WORKLOADS, arrow_xy, main, rebatch
+from benchlib import WORKLOADS, arrow_xy, filter_sql, main, rebatch
 
 
 def batches(spec, info):
@@ -24,7 +24,7 @@ def batches(spec, info):
         src = f"read_parquet('{_q(spec['lake'])}/*.parquet')"
     query = f"SELECT {', '.join(w.columns)} FROM {src}"
     if w.filter:
-        query += f" WHERE {FILTER_SQL}"
+        query += f" WHERE {filter_sql(spec)}"
     con = duckdb.connect()
     info["resume"] = "OFFSET n (reads and discards the rows before it)"
     if w.shuffle:

@@ -15,10 +15,9 @@ import os
 import sys
 
 import datasets
-import pyarrow.compute as pc
 import torch
 
-from benchlib import WORKLOADS, main
+from benchlib import WORKLOADS, main, pa_filter
 
 
 def setup(spec, info):
@@ -33,7 +32,7 @@ def batches(spec, info):
         info["notes"].append("hive folders read as plain files (no partition column)")
     else:
         files = sorted(glob.glob(os.path.join(spec["lake"], "*.parquet")))
-    filt = ((pc.field("country") == "US") & (pc.field("label") == 1)) if w.filter else None
+    filt = pa_filter(spec)
     if w.hive and w.filter:
         raise NotImplementedError("HF from_parquet does not read hive partition columns")
     ds = datasets.Dataset.from_parquet(files, columns=w.columns, filters=filt,

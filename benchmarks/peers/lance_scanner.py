@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Lance, over a copy of the lake converted once (``lance.write_dataset`` of the whole
 table, every column; prepared by the harness, its time reported with the data):
-``dataset.scanner(columns=..., filter="country = 'US' AND label = 1", batch_size=B,
+``dataset.scanner(columns=..., filter="<the SQL filter>", batch_size=B,
 scan_in_order=True).to_batches()``, re-cut to exact B-row batches, stacked to x[B, 16]
 (``np.stack``).
 
@@ -17,7 +17,7 @@ import lance
 import numpy as np
 import pyarrow.dataset as pads
 
-from benchlib import FILTER_SQL, WORKLOADS, arrow_xy, main, rebatch
+from benchlib import WORKLOADS, arrow_xy, filter_sql, main, rebatch
 
 
 def prepare(lake: str, uri: str) -> None:
@@ -39,7 +39,7 @@ def batches(spec, info):
         return
     kw = dict(columns=w.columns, batch_size=w.batch, scan_in_order=True)
     if w.filter:
-        kw["filter"] = FILTER_SQL
+        kw["filter"] = filter_sql(spec)
     if w.mode == "resume":
         kw["offset"] = int(spec["resume_row"])
     for b in rebatch(ds.scanner(**kw).to_batches(), w.batch):

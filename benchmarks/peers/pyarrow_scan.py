@@ -19,18 +19,13 @@ import sys
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from benchlib import TUNED, WORKLOADS, arrow_xy, main, rebatch
+from benchlib import TUNED, WORKLOADS, arrow_xy, main, pa_filter, rebatch
 
 
-def _filter(w):
-    return ((pc.field("country") == "US") & (pc.field("label") == 1)) if w.filter else None
-
-
-def _scanner(d, w):
-    return d.scanner(columns=w.columns, filter=_filter(w), batch_size=TUNED["batch_size"],
+def _scanner(d, w, spec):
+    return d.scanner(columns=w.columns, filter=pa_filter(spec), batch_size=TUNED["batch_size"],
                      batch_readahead=TUNED["batch_readahead"],
                      fragment_readahead=TUNED["fragment_readahead"],
                      fragment_scan_options=pads.ParquetFragmentScanOptions(pre_buffer=True))
@@ -43,17 +38,17 @@ def batches(spec, info):
     info["resume"] = "seek: skips whole row groups by footer row counts"
     if w.shuffle:
         info["shuffle"] = "global (to_table + take per batch)"
-        table = _scanner(d, w).to_table().combine_chunks()
+        table = _scanner(d, w, spec).to_table().combine_chunks()
         perm = np.random.default_rng(spec["seed"]).permutation(table.num_rows)
         for i in range(0, table.num_rows, w.batch):
             yield arrow_xy(table.take(pa.array(perm[i:i + w.batch])), w.x)
         return
     if w.mode == "resume":
         d, skip = _seek(d, spec["resume_row"])
-        stream = _scanner(d, w).to_batches()
+        stream = _scanner(d, w, spec).to_batches()
         stream = _drop(stream, skip)
     else:
-        stream = _scanner(d, w).to_batches()
+        stream = _scanner(d, w, spec).to_batches()
     for b in rebatch(stream, w.batch):
         yield arrow_xy(b, w.x)
 

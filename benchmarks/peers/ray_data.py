@@ -44,6 +44,7 @@ def batches(spec, info):
     else:
         ds = ray.data.read_parquet(spec["lake"], columns=read)
     if w.filter:
+        assert w.filter == "us1", "ray_data spells only W2's filter"
         ds = ds.filter(expr=(col("country") == lit("US")) & (col("label") == lit(1)))
     ds = ds.select_columns(w.columns)
     info["resume"] = "none: reads and discards the rows before the resume row"

@@ -19,12 +19,11 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-from benchlib import WORKLOADS, main
+from benchlib import WORKLOADS, main, pa_filter
 
 
 def setup(spec, info):
@@ -34,8 +33,7 @@ def setup(spec, info):
 def _load(spec, w):
     d = pads.dataset(spec["hive"] if w.hive else spec["lake"], format="parquet",
                      partitioning="hive" if w.hive else None)
-    filt = ((pc.field("country") == "US") & (pc.field("label") == 1)) if w.filter else None
-    t = d.to_table(columns=w.columns, filter=filt)
+    t = d.to_table(columns=w.columns, filter=pa_filter(spec))
     if w.x == ("emb",):
         col = t.column("emb").combine_chunks()
         x = col.flatten().to_numpy().reshape(len(col), -1)
