@@ -265,9 +265,10 @@ def _np(col):
 def read_bytes() -> int | None:
     """Bytes this process has read through read syscalls so far (``rchar`` of
     ``/proc/self/io``: read / pread / readv, page cache or not); None where there is no
-    /proc (macOS). pyarrow, arrowload, polars (2.x: checked, it preads local Parquet, it
-    does not mmap it) and DuckDB all read local files so; a reader that memory-maps a file
-    would not show here (the report compares with the footers' bytes and flags it)."""
+    /proc (macOS). pyarrow, arrowload and DuckDB read local files so; polars 2.x preads the
+    column chunks too (its rchar covers the footer floor), though it also maps some files,
+    so for polars rchar is a lower bound. Reads through a memory map or in helper processes
+    do not show here (the report compares with the footers' bytes and flags it)."""
     try:
         with open("/proc/self/io", "rb") as f:
             for line in f:
