@@ -629,16 +629,16 @@ def targets_i12(cells, rows: int) -> list[tuple[str, bool | None, str]]:
         t5, t0 = a5.median("ttfb"), a1.median("ttfb")
         out.append(("first batch after resuming at 90% (W5) ≤ 1.1× the first batch at 0% (W1, same caches)",
                     t5 <= 1.1 * t0, f"{_s(t5)} s vs {_s(t0)} s = **{t5 / t0:.2f}×**"))
-    modes = [("unshuffled (W1)", a1, p1, "polars batches"),
-             ("filter W2", get("W2"), get("W2", "polars"), "polars batches"),
-             ("filter W2i", get("W2i"), get("W2i", "polars"), "polars batches"),
-             ("global shuffle (W3)", a3, h3, "polars' hash-sort shuffle"),
-             ("block shuffle (W3)", b3, h3, "polars' hash-sort shuffle"),
-             ("emb (W4)", get("W4"), get("W4", "polars"), "polars batches")]
+    modes = [("unshuffled (W1)", a1, p1, "polars batches'"),
+             ("filter W2", get("W2"), get("W2", "polars"), "polars batches'"),
+             ("filter W2i", get("W2i"), get("W2i", "polars"), "polars batches'"),
+             ("global shuffle (W3)", a3, h3, "polars' hash-sort shuffle's"),
+             ("block shuffle (W3)", b3, h3, "polars' hash-sort shuffle's"),
+             ("emb (W4)", get("W4"), get("W4", "polars"), "polars batches'")]
     for mode, a, p, who in modes:
         ca, cp = (cpu_per_m(a), cpu_per_m(p)) if a and p else (None, None)
         if ca and cp:
-            out.append((f"{mode}: CPU s per million rows ≤ {who}'", ca <= cp,
+            out.append((f"{mode}: CPU s per million rows ≤ {who}", ca <= cp,
                         f"{ca:.3f} vs {cp:.3f} = **{ca / cp:.2f}×**"))
     table = table_bytes(cells, rows)
     for who, c in (("global", a3), ("block", b3)):
