@@ -234,6 +234,70 @@ def test_autotuning_never_changes_a_batch(parquet_lake, tmp_path):
         assert len(tuned) == len(fixed) and all(np.array_equal(a, b) for a, b in zip(tuned, fixed)), kind
 
 
+def test_io_threads_none_is_the_default_and_the_bound_is_the_cores(parquet_lake, tmp_path):
+    ds = al.dataset(parquet_lake).select("id", "f0")
+    loader = ds.loader(1000, cache_dir=str(tmp_path))
+    assert loader.options.io_threads is None and loader.max_readers == CORES
+    assert f"at most {CORES}" in loader.explain()
+    assert ds.loader(1000, io_threads=7, cache_dir=str(tmp_path)).max_readers == 7
+
+
+# ---------------------------------------------------------------------------
+# LoaderOptions
+
+
+def test_loader_options_is_public_and_accepted_by_loader(parquet_lake, tmp_path):
+    assert "LoaderOptions" in al.__all__
+    ds = al.dataset(parquet_lake).select("id")
+    base = al.LoaderOptions(batch_size=700, shuffle="block", seed=3, cache_dir=str(tmp_path))
+    a = ds.loader(options=base)
+    b = ds.loader(700, shuffle="block", seed=3, cache_dir=str(tmp_path))
+    assert a.options == b.options and a.options is base
+    assert [x["id"].tolist() for x in a] == [x["id"].tolist() for x in b]
+
+
+def test_loader_keywords_replace_options_fields(parquet_lake, tmp_path):
+    ds = al.dataset(parquet_lake).select("id")
+    base = al.LoaderOptions(batch_size=64, shuffle="global", seed=3, drop_last=True, cache_dir=str(tmp_path))
+    ld = ds.loader(options=base, seed=4)
+    assert ld.options == dataclasses.replace(base, seed=4)
+    assert ds.loader(128, options=base).options.batch_size == 128  # positional batch_size too
+    # a keyword given with its default value still replaces the field (it was given)
+    plain = ds.loader(options=base, shuffle=False, drop_last=False)
+    assert plain.shuffle_kind == "none" and not plain.options.drop_last
+    assert plain.options.seed == 3  # fields not given are kept
+
+
+def test_loader_options_errors(parquet_lake):
+    ds = al.dataset(parquet_lake)
+    with pytest.raises(al.ArgumentTypeError, match="batch_size") as err:
+        ds.loader()
+    assert isinstance(err.value, TypeError) and err.value.argument == "batch_size"
+    with pytest.raises(al.ArgumentTypeError, match="al.LoaderOptions") as err:
+        ds.loader(options={"batch_size": 8})
+    assert err.value.argument == "options"
+    with pytest.raises(al.InvalidArgumentError, match="io_threads"):
+        al.LoaderOptions(batch_size=8, io_threads=0)
+    with pytest.raises(al.InvalidArgumentError, match="shuffle"):
+        ds.loader(options=al.LoaderOptions(batch_size=8), shuffle="sideways")
+
+
+def test_loader_options_are_frozen_and_normalized_stably():
+    opts = al.LoaderOptions(batch_size=np.int64(8), shuffle=True)
+    assert type(opts.batch_size) is int and opts.shuffle == "auto"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.seed = 1  # type: ignore[misc]
+    again = dataclasses.replace(opts, seed=1)  # checked again: "auto" stays "auto"
+    assert again.shuffle == "auto" and again.seed == 1
+    assert dataclasses.replace(al.LoaderOptions(8, shuffle="block"), seed=2).shuffle == "block"
+
+
+def test_auto_shuffle_from_options_picks_the_kind(parquet_lake, tmp_path):
+    ld = al.dataset(parquet_lake).select("id").loader(options=al.LoaderOptions(100, shuffle=True,
+                                                                               cache_dir=str(tmp_path)))
+    assert ld.shuffle_kind == "global"  # local files allow random access
+
+
 # ---------------------------------------------------------------------------
 # what the loader costs in CPU, and the settings it chose
 
