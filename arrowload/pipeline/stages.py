@@ -179,9 +179,18 @@ class Readers:
         futures = {i: self.submit(fn, items[i], first=True) for i in range(len(items) - 1, 0, -1)}
         results = {0: fn(items[0])}
         for i in range(len(items) - 1, 0, -1):
-            if futures[i].cancel():
+            if self._take_back(futures[i]):
                 results[i] = fn(items[i])
         return [results[i] if i in results else futures[i].result() for i in range(len(items))]
+
+    def _take_back(self, fut: Future) -> bool:
+        """Remove ``fut``'s work from the queue if no thread took it yet."""
+        with self._cond:
+            for i, entry in enumerate(self._queue):
+                if entry[0] is fut:
+                    del self._queue[i]
+                    return True
+        return fut.cancelled()  # cancelled by close(): run it on the caller
 
     def take_idle(self, now: float | None = None) -> float:
         """Seconds the threads spent waiting for work since the last call."""
