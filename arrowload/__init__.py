@@ -37,6 +37,7 @@ from .errors import (
     UnsupportedError,
 )
 from .options import OptimizerOptions, Options, ScanOptions
+from .pipeline.options import LoaderOptions
 from .progress import progress_enabled, set_progress
 from .scan.splits import Split
 
@@ -57,6 +58,7 @@ __all__ = sorted([
     "InvalidArgumentError",
     "LakeTableError",
     "LoaderClosedError",
+    "LoaderOptions",
     "MemoryBudgetError",
     "MissingDependencyError",
     "OptimizerOptions",

@@ -13,6 +13,7 @@ from . import progress as _progress
 from .errors import ArgumentTypeError, ColumnNotFoundError, InvalidArgumentError
 from .options import OptimizerOptions, Options, ScanOptions
 from .optimize import optimize, optimize_steps
+from .pipeline.options import DEFAULT, LoaderOptions, resolve_options
 from .plan import explain as _explain
 from .plan.expr import SqlExpr, make_expr
 from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, scans, walk
@@ -132,17 +133,27 @@ class Dataset:
         ``external_access``: as in :func:`sql`."""
         return sql(query, external_access=external_access, self=self, **tables)
 
-    def loader(self, batch_size: int, *, shuffle: bool | str = False, seed: int = 0,
-               drop_last: bool = False, rank: int | None = None, world_size: int | None = None,
-               output: str = "numpy", device: Any = None, prefetch: int = 256 << 20,
-               io_threads: int = 4, shuffle_window: int = 8,
-               transform: Callable[[pa.RecordBatch], Any] | None = None,
-               pad_lists: bool | tuple[str, ...] = False, pad_value: Any = 0,
-               pad_to: int | None = None,
-               fill_null: dict | None = None, cache_dir: str | None = None,
-               memory_budget: int | None = None, stack: dict | None = None,
-               devices: list | None = None, sharding: Any = None):
+    def loader(self, batch_size: int | None = None, *, options: LoaderOptions | None = None,
+               shuffle: bool | str = DEFAULT, seed: int = DEFAULT,
+               drop_last: bool = DEFAULT, rank: int | None = DEFAULT, world_size: int | None = DEFAULT,
+               output: str = DEFAULT, device: Any = DEFAULT, prefetch: int = DEFAULT,
+               io_threads: int | None = DEFAULT, shuffle_window: int = DEFAULT,
+               transform: Callable[[pa.RecordBatch], Any] | None = DEFAULT,
+               pad_lists: bool | tuple[str, ...] = DEFAULT, pad_value: Any = DEFAULT,
+               pad_to: int | None = DEFAULT,
+               fill_null: dict | None = DEFAULT, cache_dir: str | None = DEFAULT,
+               memory_budget: int | None = DEFAULT, stack: dict | None = DEFAULT,
+               devices: list | None = DEFAULT, sharding: Any = DEFAULT):
         """Batches of exactly ``batch_size`` rows for training, as a :class:`Loader`.
+
+        ``options``: an ``al.LoaderOptions`` holding any of the arguments below; a keyword
+        given here replaces that field (``ds.loader(options=base, rank=r)``) and
+        ``batch_size`` may come from either (one must give it). A keyword not given keeps
+        the field of ``options``, else ``LoaderOptions``'s default: ``shuffle=False,
+        seed=0, drop_last=False, rank=None, world_size=None, output="numpy", device=None,
+        prefetch=256 << 20, io_threads=None, shuffle_window=8, transform=None,
+        pad_lists=False, pad_value=0, pad_to=None, fill_null=None, cache_dir=None,
+        memory_budget=None, stack=None, devices=None, sharding=None``.
 
         ``shuffle``: False (source order), ``"global"`` (a uniform pseudorandom permutation of
         all selected rows; needs random access, so Parquet selections are gathered from
@@ -154,7 +165,10 @@ class Dataset:
         0 / 1; every rank gets the same number of rows. ``output``: "numpy", "torch", "jax"
         or "arrow". ``prefetch`` bounds the bytes read and not yet consumed (a batch larger
         than it is read alone); reads of the random-access table are sized from it, in
-        whole batches. ``io_threads`` readers run ahead. ``transform(batch) -> batch`` runs on every batch, in order.
+        whole batches. ``io_threads``: the most reader threads running ahead (default None:
+        the cores this process may run on); how many run is tuned while the epoch runs (one
+        more while the consumer waits on reads and the budget allows, one fewer when readers
+        idle), never changing a batch. ``transform(batch) -> batch`` runs on every batch, in order.
         ``pad_lists`` pads variable-length list columns to the batch's longest list (or to
         ``pad_to``) with ``pad_value`` and adds ``<name>_lengths``; ``fill_null`` fills nulls
         per column (``"*"``: every numeric one); ``stack={"x": ["f0", "f1"]}`` (or a glob,
@@ -176,14 +190,12 @@ class Dataset:
         ``fill_null`` (from Parquet footers where every row of the kept row groups is
         selected, exactly on the random-access table).
         """
-        from .pipeline.loader import Loader, LoaderOptions
-        opts = LoaderOptions(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                             rank=rank, world_size=world_size, output=output, device=device,
-                             prefetch=prefetch, io_threads=io_threads, shuffle_window=shuffle_window,
-                             transform=transform, pad_lists=pad_lists, pad_value=pad_value,
-                             pad_to=pad_to, fill_null=fill_null, cache_dir=cache_dir, memory_budget=memory_budget,
-                             stack=stack, devices=tuple(devices) if devices else None,
-                             sharding=sharding)
+        from .pipeline.loader import Loader
+        opts = resolve_options(batch_size, options, dict(
+            shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size, output=output,
+            device=device, prefetch=prefetch, io_threads=io_threads, shuffle_window=shuffle_window,
+            transform=transform, pad_lists=pad_lists, pad_value=pad_value, pad_to=pad_to, fill_null=fill_null,
+            cache_dir=cache_dir, memory_budget=memory_budget, stack=stack, devices=devices, sharding=sharding))
         return Loader(self, opts)
 
     # -- planning ---------------------------------------------------------

@@ -276,7 +276,7 @@ def loader_lines(loader) -> list[tuple[str, str]]:
         rows.append(("position", f"epoch {loader.epoch}, {done} of {len(loader)} batches delivered"))
         rows.append(("source", f"{loader.source_kind}, {len(loader._source.counts)} units"))
         rows.append(("output", f"{o.output}" + (f" on {o.device}" if o.device is not None else "")))
-        rows.append(("prefetch", f"{fmt_bytes(o.prefetch)} budget, {o.io_threads} reader threads"))
+        rows.append(("prefetch", f"{fmt_bytes(o.prefetch)} budget, {loader.readers_text()}"))
         stats = loader.stats()
         if stats.batches:
             rows.append(("last run", str(stats)))

@@ -40,6 +40,7 @@ import numpy as np, pyarrow as pa, pyarrow.parquet as pq
 import arrowload as al
 
 lake, cache, mode, prefetch, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+kind, window = sys.argv[6], int(sys.argv[7])
 
 def status():
     out = {}
@@ -65,6 +66,9 @@ truth = pq.read_table(lake, columns=["id"]).column("id").to_numpy()
 kw = {"memory": {}, "disk": {"memory_budget": 1}}[mode]
 for b in al.dataset(lake).limit(100).loader(10, shuffle="global", cache_dir=cache + "-warm", **kw):
     pass  # imports and one-time setup, outside the measure
+if kind != "global":  # the streaming path's one-time setup too
+    for b in al.dataset(lake).loader(10, shuffle=kind, shuffle_window=window, cache_dir=cache + "-warm"):
+        break
 b = None
 
 def trim():  # hand freed memory back to the OS, so that reusing it cannot hide an allocation
@@ -81,7 +85,7 @@ reset_hwm()
 peak_anon[0] = base["RssAnon"]
 sampler = threading.Thread(target=sample, daemon=True)
 sampler.start()
-loader = al.dataset(lake).loader(batch, shuffle="global", seed=3, prefetch=prefetch,
+loader = al.dataset(lake).loader(batch, shuffle=kind, seed=3, prefetch=prefetch, shuffle_window=window,
                                  cache_dir=cache, output="numpy", **kw)
 build_hwm = status()["VmHWM"]  # exact peak of the build: no file is mapped yet, all anonymous
 trim()
@@ -123,8 +127,10 @@ def wide_lake(tmp_path_factory) -> str:
     return str(path)
 
 
-def run_child(lake: str, cache: str, mode: str, prefetch: int, batch: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, lake, cache, mode, str(prefetch), str(batch)],
+def run_child(lake: str, cache: str, mode: str, prefetch: int, batch: int, kind: str = "global",
+              window: int = 8) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, lake, cache, mode, str(prefetch), str(batch), kind,
+                          str(window)],
                          check=True, capture_output=True, text=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -142,6 +148,27 @@ def test_global_shuffle_bytes_in_flight_respect_prefetch(wide_lake, tmp_path, pr
     assert 0 < got["accounted"] <= bound, (got["accounted"], bound)
     # independent: the kernel's high-water mark over the epoch (the table was built before)
     assert got["epoch_growth"] <= bound + 16 * MIB, (got["epoch_growth"] / MIB, bound / MIB)
+
+
+@pytest.mark.parametrize("prefetch", [1, 2 * MIB])
+@pytest.mark.parametrize("kind", ["none", "block"])
+def test_streaming_bytes_in_flight_respect_prefetch(wide_lake, tmp_path, kind, prefetch):
+    """A scan streams its smallest reads: one row group in source order, one window of
+    ``shuffle_window`` row groups for a block shuffle (the unit that cannot be split).
+    By the loader's account, at most max(prefetch, one read's footer estimate in flight
+    (3x its compressed bytes) + the previous read's rows still being cut + one batch); the
+    process's resident memory (the kernel's high-water mark over the epoch) grows by at
+    most twice that plus a constant (a read is copied once: a window made one chunk, then
+    gathered into pooled buffers) -- short of the 64 MiB table a read-ahead without the
+    budget holds."""
+    batch, window = 64, 2
+    rg_bytes = 512 * ROW_BYTES  # 2 MiB, uncompressed
+    read = rg_bytes * (window if kind == "block" else 1)
+    got = run_child(wide_lake, str(tmp_path / "cache"), "memory", prefetch, batch, kind, window)
+    assert got["exact"] and got["source"] == "scan"
+    bound = max(prefetch, 3 * read + read + batch * ROW_BYTES)
+    assert 0 < got["accounted"] <= bound, (got["accounted"] / MIB, bound / MIB)
+    assert got["epoch_growth"] <= 2 * bound + 16 * MIB < ROWS * ROW_BYTES, (got["epoch_growth"] / MIB, bound / MIB)
 
 
 def test_disk_cache_holds_less_anonymous_memory_than_memory(wide_lake, tmp_path):

@@ -2,6 +2,7 @@
 
 from .permutation import derive_key, permute
 from .sequence import KINDS, SHUFFLE_CHOICES, EpochOrder, ShuffleKind, num_batches, rank_range
+from .tasks import SourceShape, Task, TaskKind, plan_tasks
 
-__all__ = ["KINDS", "SHUFFLE_CHOICES", "EpochOrder", "ShuffleKind", "derive_key", "num_batches", "permute",
-           "rank_range"]
+__all__ = ["KINDS", "SHUFFLE_CHOICES", "EpochOrder", "ShuffleKind", "SourceShape", "Task", "TaskKind", "derive_key",
+           "num_batches", "permute", "plan_tasks", "rank_range"]

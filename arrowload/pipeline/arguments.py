@@ -50,8 +50,9 @@ def positive_int(name: str, value: Any, example: str = "") -> int:
     return integer(name, value, low=1, what="a positive integer (>= 1)", example=example)
 
 
-def optional_int(name: str, value: Any, *, low: int, what: str, example: str = "") -> int | None:
-    return None if value is None else integer(name, value, low=low, what=what, example=example)
+def optional_int(name: str, value: Any, *, low: int, high: int | None = None, what: str,
+                 example: str = "") -> int | None:
+    return None if value is None else integer(name, value, low=low, high=high, what=what, example=example)
 
 
 def boolean(name: str, value: Any) -> bool:

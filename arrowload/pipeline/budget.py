@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from ..order.tasks import MAX_READ_ROWS, READ_SHARE, read_rows  # noqa: F401 - read sizes live with the tasks
+
 
 class ByteBudget:
     """Blocks ``acquire(n)`` while ``used + n > limit``; a lone request larger than the
@@ -43,29 +45,18 @@ class ByteBudget:
             self.used = max(0, self.used - n)
             self._cond.notify_all()
 
+    def fits(self, n: int) -> bool:
+        """Whether ``n`` more bytes fit under the limit now (never waits)."""
+        with self._cond:
+            return self.used + n <= self.limit
+
 
 # -- read units sized in bytes ---------------------------------------------------------
 
-#: Most rows one gather (or one slice of the random-access table) takes: past this a
-#: read gains nothing (its fixed costs are already amortized); narrow rows reach it.
-MAX_READ_ROWS = 65_536
-#: A gather may use this share of the prefetch budget, so that several reads overlap
-#: with the batches already queued (io_threads read side by side).
-READ_SHARE = 4
 #: Bytes per record batch of the random-access cache file: what its writer holds (plus
 #: one incoming scan batch) while streaming the selection to disk. Between these bounds,
 #: the memory budget / 4 (a budget of 1 byte still writes 1 MiB batches, not one row each).
 CACHE_CHUNK_BYTES = (1 << 20, 16 << 20)
-
-
-def read_rows(prefetch: int, row_bytes: float, batch_size: int) -> int:
-    """Rows per read of a random-access table (a shuffled gather, a slice in source order):
-    a whole number of batches whose bytes fit ``prefetch / READ_SHARE``, at most
-    ``MAX_READ_ROWS`` rows, and never less than one batch -- a batch larger than the
-    whole prefetch budget is read alone, the one unit that cannot be split."""
-    per_row = max(1.0, float(row_bytes))
-    fit = int(prefetch // (READ_SHARE * per_row))
-    return max(batch_size, min(fit, MAX_READ_ROWS) // batch_size * batch_size)
 
 
 def cache_chunk_rows(memory_budget: int, row_bytes: float) -> int:

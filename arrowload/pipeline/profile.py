@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentTypeError, InvalidArgumentError
-from .loader import LoaderStats
+from .stats import LoaderStats
 
 #: The stages of :meth:`Profile.stages`, in pipeline order.
 STAGES = ("read", "collate", "transform", "convert", "producer idle", "consumer wait")
@@ -46,6 +46,9 @@ class Profile:
     io_threads: int
     output: str
     shuffle: str
+
+    # ``io_threads`` is the most reader threads the run could use (``io_threads=``, or the
+    # cores); ``stats.readers`` / ``stats.readers_peak`` are what the autotuner used.
 
     # -- numbers -----------------------------------------------------------------
     @property
@@ -103,8 +106,10 @@ class Profile:
                     f"{st[worst] / self.wall_s:.0%}")
         par, n = self.read_parallelism, self.io_threads
         if par >= 0.8 * n:
+            more = ("read fewer columns or bytes (the readers already use every core)"
+                    if self.stats.cores and n >= self.stats.cores else "read fewer columns or bytes, or raise io_threads")
             return (f"reading (I/O + decode): the producer waits for reads {1 - busy:.0%} of the time "
-                    f"with all {n} reader threads busy; read fewer columns or bytes, or raise io_threads")
+                    f"with all {n} reader threads busy; {more}")
         if par >= 0.5:
             hint = {"block": "each block-shuffle window is one read task; a smaller shuffle_window "
                              "spreads the reads over the threads",
@@ -146,6 +151,10 @@ class Profile:
             note = f" (summed over {self.io_threads} reader threads)" if name == "read" else ""
             lines.append(f"  {name:<14} {secs:8.3f}s  {share:6.1%} of wall{note}")
         lines.append(f"  bottleneck     {self.bottleneck()}")
+        lines.append(f"  settings       {self.stats.settings_text()}")
+        cpu = self.stats.cpu_text()
+        if cpu:
+            lines.append(f"  cpu            {cpu}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -157,6 +166,9 @@ class Profile:
                 for name, secs in self.stages().items()]
         body = html_table(("stage", "seconds", "of wall"), rows)
         body += f"<div>bottleneck: {esc(self.bottleneck())}</div>"
+        body += f"<div>settings: {esc(self.stats.settings_text())}</div>"
+        if self.stats.cpu_text():
+            body += f"<div>cpu: {esc(self.stats.cpu_text())}</div>"
         try:
             buf = io.BytesIO()
             self.plot().savefig(buf, format="png", dpi=80)
@@ -253,8 +265,8 @@ def profile(loader, n_batches: int | None = None, *, warm_imports: bool = True) 
             setattr(loader, f, v)
     return Profile(stats=stats, batches=len(arrivals), rows=int(sum(batch_rows)), wall_s=wall,
                    first_batch_s=arrivals[0] if arrivals else wall, arrivals=np.asarray(arrivals, dtype=float),
-                   batch_rows=np.asarray(batch_rows, dtype=np.int64), io_threads=loader.options.io_threads,
-                   output=loader.options.output, shuffle=loader.shuffle_kind)
+                   batch_rows=np.asarray(batch_rows, dtype=np.int64), io_threads=loader.max_readers,
+                   output=loader.options.output, shuffle=str(loader.shuffle_kind))
 
 
 __all__ = ["Profile", "STAGES", "profile"]

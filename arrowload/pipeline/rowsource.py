@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -33,6 +34,7 @@ from .. import progress as _progress
 from ..errors import ArrowloadError, InternalError, MemoryBudgetError, SnapshotChangedError
 from ..options import Options
 from ..optimize import optimize
+from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up, walk
 from ..scan import execute
@@ -164,6 +166,36 @@ class ScanRowSource:
                 "or a map() changed the number of rows (loader maps must keep one row per row)")
         return table
 
+    # -- one task of the pipeline (order.tasks) ----------------------------------------
+    def read(self, task, order, conv=None, *, cache=None, map_units=None) -> tuple[list, float]:
+        """Task ``task`` of the epoch ``order``: its rows in order, as a list of parts --
+        host chunks converted here, on the reader thread, by ``conv`` (a
+        ``chunks.ChunkConverter``), or Arrow batches without it -- and the seconds spent
+        converting. A ``UNIT`` task is rows of one unit; a ``WINDOW`` task (block shuffle)
+        reads its window's units (side by side through ``map_units(fn, units)`` when given)
+        and gathers its positions. ``cache(key, load)`` shares a unit or window read
+        between tasks (DataLoader workers cut units between batches)."""
+        cache = cache or _load
+        if task.kind == TaskKind.UNIT:
+            table = cache(("unit", task.unit), lambda: self.read_unit(task.unit))
+            return _parts(table.slice(task.lo, task.hi - task.lo), conv)
+        if task.kind != TaskKind.WINDOW:
+            raise InternalError(f"a scan reads units and windows, not {task.kind} tasks (a bug: please report it)")
+
+        def load_window() -> pa.Table:
+            units = [int(u) for u in order.windows[task.window]]
+            parts = (map_units or _serial)(self.read_unit, units)
+            # one contiguous chunk: Arrow's take over many chunks concatenates per call
+            return pa.concat_tables(parts).combine_chunks()
+
+        window = cache(("window", task.window), load_window)
+        local = np.asarray(order.window_local(task.window, task.lo, task.hi), dtype=np.int64)
+        t0 = time.perf_counter()
+        chunk = conv.gather(window, local, keep=False) if conv is not None else None
+        if chunk is not None:
+            return [chunk], time.perf_counter() - t0
+        return _parts(window.take(pa.array(local, pa.int64())), conv)
+
 
 class TableRowSource:
     """Selected rows held in one table (memory or a memory-mapped IPC cache).
@@ -223,6 +255,26 @@ class TableRowSource:
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
         return grouped.take(pa.array(inverse, pa.int64()))
+
+    # -- one task of the pipeline (order.tasks) ----------------------------------------
+    def read(self, task, order, conv=None, *, cache=None, map_units=None) -> tuple[list, float]:
+        """Task ``task`` of the epoch ``order``: its rows in order, as a list of parts (host
+        chunks made by ``conv``, or Arrow batches without it) and the seconds spent
+        converting. A ``UNIT`` task is a zero-copy slice of one unit; a ``GATHER`` task takes
+        ``order.rows`` of its positions, straight into pooled buffers where ``conv`` can
+        (``ChunkConverter.gather``), else with Arrow's take. ``cache(key, load)`` shares a
+        unit between tasks; ``map_units`` is not needed (one read per task)."""
+        if task.kind == TaskKind.UNIT:
+            table = (cache or _load)(("unit", task.unit), lambda: self.read_unit(task.unit))
+            return _parts(table.slice(task.lo, task.hi - task.lo), conv)
+        if task.kind != TaskKind.GATHER:
+            raise InternalError(f"a table reads slices and gathers, not {task.kind} tasks (a bug: please report it)")
+        rows = order.rows(task.lo, task.hi)
+        t0 = time.perf_counter()
+        chunk = conv.gather(self.table, rows) if conv is not None else None
+        if chunk is not None:  # gathered straight into pooled buffers
+            return [chunk], time.perf_counter() - t0
+        return _parts(self.gather(rows), conv)
 
 
 def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: str | None,
@@ -392,3 +444,24 @@ def _strip_maps(plan: Plan) -> Plan:
     """Maps keep one row per row (checked when reading), so counting can skip them."""
     return transform_up(plan, lambda n: n.child if isinstance(n, Map) else n)
 
+
+# -- helpers of the tasks' reads ---------------------------------------------------------
+
+def _load(key, load):
+    """No shared cache: every read loads."""
+    return load()
+
+
+def _serial(fn, items) -> list:
+    return [fn(x) for x in items]
+
+
+def _parts(table: pa.Table, conv) -> tuple[list, float]:
+    """A read's rows as parts: its non-empty record batches, each converted whole by
+    ``conv`` where it can be (``ChunkConverter.chunk``); and the seconds converting took."""
+    batches = [b for b in table.to_batches() if b.num_rows]
+    if conv is None:
+        return batches, 0.0
+    t0 = time.perf_counter()
+    items = [conv.chunk(b) for b in batches]
+    return items, time.perf_counter() - t0

@@ -1,0 +1,139 @@
+"""Order -> tasks: the reads of an epoch's positions, in order, each with the bytes it holds.
+
+A pure function of integers: the epoch order (:class:`EpochOrder`), the position ranges
+to read (one rank's epoch, or the batches of one DataLoader worker), what the source is
+(:class:`SourceShape`: unit counts, per-unit byte estimates or bytes per row, a scan or a
+random-access table), the batch size and the prefetch budget. No source object is
+touched, so the task sequence is property-tested like the order itself.
+
+The rules (what each task reads, and how big it may be):
+
+- a **scan** is read per unit (a row group) in source order, and per window of units for
+  a block shuffle -- the smallest reads it allows; a task's ``est_bytes`` is its share of
+  its units' footer-known estimate;
+- a **random-access table** is read in pieces sized in bytes (:func:`read_rows`: a whole
+  number of batches within ``prefetch / READ_SHARE``, at most ``MAX_READ_ROWS`` rows, at
+  least one batch): slices of its units in source order, gathers of ``order.rows`` for
+  both shuffles.
+
+>>> from arrowload.order import EpochOrder
+>>> order = EpochOrder((3, 4))
+>>> [(t.kind.value, t.unit, t.lo, t.hi) for t in plan_tasks(order, [(1, 6)], SourceShape((3, 4), unit_bytes=(30, 40)), 2, 1 << 20)]
+[('unit', 0, 1, 3), ('unit', 1, 0, 3)]
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .sequence import EpochOrder, ShuffleKind
+
+#: Most rows one gather (or one slice of the random-access table) takes: past this a
+#: read gains nothing (its fixed costs are already amortized); narrow rows reach it.
+MAX_READ_ROWS = 65_536
+#: A gather may use this share of the prefetch budget, so that several reads overlap
+#: with the batches already queued (reader threads read side by side).
+READ_SHARE = 4
+
+
+def read_rows(prefetch: int, row_bytes: float, batch_size: int) -> int:
+    """Rows per read of a random-access table (a shuffled gather, a slice in source order):
+    a whole number of batches whose bytes fit ``prefetch / READ_SHARE``, at most
+    ``MAX_READ_ROWS`` rows, and never less than one batch -- a batch larger than the
+    whole prefetch budget is read alone, the one unit that cannot be split."""
+    per_row = max(1.0, float(row_bytes))
+    fit = int(prefetch // (READ_SHARE * per_row))
+    return max(batch_size, min(fit, MAX_READ_ROWS) // batch_size * batch_size)
+
+
+class TaskKind(str, enum.Enum):
+    """What a task reads: rows ``[lo, hi)`` of one unit, positions ``[lo, hi)`` of one
+    block-shuffle window of a scan, or epoch positions ``[lo, hi)`` gathered from a table."""
+
+    UNIT = "unit"
+    WINDOW = "window"
+    GATHER = "gather"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Task:
+    """One read. ``rows`` rows, ``est_bytes`` bytes held once read (what the budget counts).
+
+    ``unit`` / ``window`` name what is read (-1 where it does not apply); ``lo`` / ``hi``
+    are rows within the unit (``UNIT``), positions within the window (``WINDOW``) or epoch
+    positions (``GATHER``)."""
+
+    kind: TaskKind
+    rows: int
+    est_bytes: int
+    unit: int = -1
+    lo: int = 0
+    hi: int = 0
+    window: int = -1
+
+    def positions(self, order: EpochOrder) -> tuple[int, int]:
+        """The epoch positions ``[start, stop)`` this task covers."""
+        if self.kind is TaskKind.UNIT:
+            start = int(order.offsets[self.unit]) + self.lo
+        elif self.kind is TaskKind.WINDOW:
+            start = int(order.window_offsets[self.window]) + self.lo
+        else:
+            start = self.lo
+        return start, start + self.rows
+
+
+@dataclass(frozen=True)
+class SourceShape:
+    """What the tasks need to know of a row source, as plain numbers.
+
+    ``table``: a random-access table (slices and gathers sized by ``row_bytes``) rather
+    than a scan (units and windows sized by ``unit_bytes``, one estimate per unit)."""
+
+    counts: tuple[int, ...]
+    table: bool = False
+    unit_bytes: Sequence[int] = ()
+    row_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.table and len(self.unit_bytes) != len(self.counts):
+            raise ValueError(f"a scan needs one byte estimate per unit: {len(self.unit_bytes)} "
+                             f"estimates for {len(self.counts)} units")
+
+
+def plan_tasks(order: EpochOrder, ranges: Sequence[tuple[int, int]], shape: SourceShape,
+               batch_size: int, prefetch: int) -> Iterator[Task]:
+    """The reads of positions ``ranges`` (each ``[start, stop)``, in order), lazily."""
+    table = shape.table
+    if order.kind == ShuffleKind.GLOBAL and not table:
+        raise ValueError("a global shuffle gathers its rows from a random-access table; a scan "
+                         "is read in units (source order) or windows (block shuffle)")
+    step = read_rows(prefetch, shape.row_bytes, batch_size) if table else 0
+    row_bytes = shape.row_bytes
+    for a, b in ranges:
+        if order.kind == ShuffleKind.NONE:
+            for u, lo, hi in order.unit_pieces(a, b):
+                if table:
+                    for p in range(lo, hi, step):
+                        q = min(hi, p + step)
+                        yield Task(TaskKind.UNIT, q - p, max(1, int((q - p) * row_bytes)), unit=u, lo=p, hi=q)
+                    continue
+                est = shape.unit_bytes[u] * (hi - lo) // max(1, shape.counts[u])
+                yield Task(TaskKind.UNIT, hi - lo, est, unit=u, lo=lo, hi=hi)
+        elif order.kind == ShuffleKind.BLOCK and not table:
+            # one task per window: splitting it into gathers shared through the task
+            # cache was measured slower (they wait on the window's read)
+            for w, lo, hi in order.window_pieces(a, b):
+                est = sum(shape.unit_bytes[int(u)] for u in order.windows[w])
+                yield Task(TaskKind.WINDOW, hi - lo, est, window=w, lo=lo, hi=hi)
+        else:
+            for p in range(a, b, step):
+                q = min(b, p + step)
+                yield Task(TaskKind.GATHER, q - p, max(1, int((q - p) * row_bytes)), lo=p, hi=q)
+
+
+__all__ = ["MAX_READ_ROWS", "READ_SHARE", "SourceShape", "Task", "TaskKind", "plan_tasks", "read_rows"]

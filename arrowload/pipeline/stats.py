@@ -1,0 +1,112 @@
+"""``LoaderStats``: what one iteration of a loader did, where its time went, and what CPU it
+took from the program around it.
+
+Filled by the pipeline's threads (``stages``) while an epoch runs; read by
+``Loader.stats()``, ``profile()``, ``repr(loader)`` and ``Loader.explain()``. Plain data,
+no reference to the loader (so ``profile`` and ``display`` import it without importing the
+loader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class LoaderStats:
+    """Where the loader spends its time; the first answer to "is my loader the bottleneck?".
+
+    Seconds are summed over threads (``read_s`` may exceed wall time with several readers).
+    ``wait_s`` is the time the consumer spent waiting for a batch: near zero means the
+    loader keeps up; close to the wall time means training waits on data.
+
+    The loader can also slow training without making it wait: its threads share the cores
+    with the training step. ``cpu_s`` is the whole process's CPU time during the iteration;
+    ``consumer_cpu_s`` the part on the thread that iterates, between batches (the training
+    step's own thread); ``loader_cpu_s`` the loader's threads (readers and producer,
+    ``time.thread_time`` per thread); ``native_cpu_s`` threads Python does not know (Linux
+    only): pyarrow's decode and I/O pools, which do most of the decoding -- and BLAS /
+    OpenMP pools of the training step, where it has them. When ``cpu_s`` is close to
+    ``cores * wall_s`` the cores are saturated, and every CPU second outside the consumer
+    (``loader_share``) is one the training step competed for. Settings chosen for the run:
+    ``readers`` (reader threads the autotuner settled on), ``readers_peak`` (most busy at
+    once), ``readers_max`` (the bound: ``io_threads``, or the cores), ``prefetch`` (the byte
+    budget).
+    """
+
+    rows: int = 0
+    batches: int = 0
+    units_read: int = 0
+    bytes_read: int = 0
+    bytes_decoded: int = 0
+    read_s: float = 0.0
+    transform_s: float = 0.0
+    collate_s: float = 0.0
+    convert_s: float = 0.0
+    wait_s: float = 0.0
+    wall_s: float = 0.0
+    peak_prefetch_bytes: int = 0
+    readers: int = 0
+    readers_peak: int = 0
+    readers_max: int = 0
+    prefetch: int = 0
+    cores: int = 0
+    cpu_s: float = 0.0
+    loader_cpu_s: float = 0.0
+    native_cpu_s: float = 0.0
+    consumer_cpu_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def loader_share(self) -> float:
+        """The share of the process's CPU time spent outside the consumer's thread: the
+        loader's threads and the native pools (see the class docstring)."""
+        return max(0.0, self.cpu_s - self.consumer_cpu_s) / self.cpu_s if self.cpu_s > 0 else 0.0
+
+    @property
+    def cores_busy(self) -> float:
+        """Cores the process kept busy on average (``cpu_s / wall_s``)."""
+        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def cpu_saturated(self) -> bool:
+        """Whether the process used (nearly) every core it may run on during the iteration:
+        then the loader's CPU is CPU the training step did not get."""
+        return bool(self.cores) and self.cores_busy >= 0.85 * self.cores
+
+    def cpu_text(self) -> str:
+        """The CPU figures in words (empty before an iteration)."""
+        if not self.wall_s:
+            return ""
+        text = (f"CPU {self.cpu_s:.3f}s in the process ({self.cores_busy:.1f} of {self.cores} cores busy): "
+                f"loader threads {self.loader_cpu_s:.3f}s, native pools {self.native_cpu_s:.3f}s "
+                f"(pyarrow decoding), consumer {self.consumer_cpu_s:.3f}s")
+        if self.cpu_saturated:
+            text += (f"; the cores are saturated and {self.loader_share:.0%} of the CPU went outside the "
+                     "consumer's thread: the loader competes with the training step even where the consumer "
+                     "does not wait (a smaller io_threads or prefetch leaves it more)")
+        return text
+
+    def settings_text(self) -> str:
+        return (f"{self.readers} reader thread{'s' if self.readers != 1 else ''} "
+                f"(peak {self.readers_peak} busy, at most {self.readers_max}), "
+                f"prefetch {self.prefetch / 2**20:.0f} MiB")
+
+    def __str__(self) -> str:
+        rate = self.rows / self.wall_s if self.wall_s else 0.0
+        text = (f"{self.rows} rows in {self.batches} batches, {self.wall_s:.3f}s wall "
+                f"({rate:,.0f} rows/s); read {self.read_s:.3f}s, transform {self.transform_s:.3f}s, "
+                f"collate {self.collate_s:.3f}s, convert {self.convert_s:.3f}s, consumer waited "
+                f"{self.wait_s:.3f}s; {self.units_read} units, ~{self.bytes_read / 2**20:.1f} MiB read, "
+                f"{self.bytes_decoded / 2**20:.1f} MiB decoded, peak prefetch "
+                f"{self.peak_prefetch_bytes / 2**20:.1f} MiB")
+        if self.readers_max:
+            text += f"; {self.settings_text()}"
+        cpu = self.cpu_text()
+        return f"{text}; {cpu}" if cpu else text
+
+
+__all__ = ["LoaderStats"]

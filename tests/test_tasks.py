@@ -1,0 +1,133 @@
+"""Order -> tasks (``arrowload.order.tasks``): the reads of an epoch's positions, as a pure
+function of integers.
+
+Properties checked with hypothesis against plain truths: the tasks cover the asked
+position ranges exactly, in order (each task's positions, mapped through the order, are
+the order's own rows there); each task stays within one unit (source order over a scan),
+one window (block shuffle over a scan) or one byte-sized read (a random-access table:
+``read_rows`` rows at most, a whole number of batches within ``prefetch / READ_SHARE``);
+each task's byte estimate follows the source's numbers. Golden tasks pin the exact
+sequence for a small case of each kind.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arrowload.order import EpochOrder, ShuffleKind, SourceShape, Task, TaskKind, plan_tasks
+from arrowload.order.tasks import MAX_READ_ROWS, READ_SHARE, read_rows
+
+counts_st = st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=12).map(tuple)
+kinds = st.sampled_from(list(ShuffleKind))
+
+
+def _ranges(draw_data, total: int) -> list[tuple[int, int]]:
+    """Up to 4 disjoint increasing ranges inside [0, total) (a rank's range, or batches of a
+    DataLoader worker)."""
+    cuts = sorted(draw_data.draw(st.lists(st.integers(0, total), min_size=0, max_size=8)))
+    pairs = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2) if cuts[i] < cuts[i + 1]]
+    return pairs or ([(0, total)] if total else [])
+
+
+def _rows_of(task: Task, order: EpochOrder) -> np.ndarray:
+    """Source-order rows a task reads, computed from its own fields (not its positions)."""
+    if task.kind is TaskKind.UNIT:
+        return np.arange(task.lo, task.hi, dtype=np.int64) + order.offsets[task.unit]
+    if task.kind is TaskKind.WINDOW:
+        return order.window_rows(task.window)[order.window_local(task.window, task.lo, task.hi)]
+    return order.rows(task.lo, task.hi)
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=counts_st, kind=kinds, seed=st.integers(0, 2**64 - 1), window=st.integers(1, 5),
+       table=st.booleans(), batch=st.integers(1, 50), prefetch=st.integers(1, 1 << 16),
+       row_bytes=st.floats(1.0, 500.0), data=st.data())
+def test_tasks_cover_the_ranges_exactly_in_order(counts, kind, seed, window, table, batch, prefetch,
+                                                 row_bytes, data):
+    table = table or kind is ShuffleKind.GLOBAL  # a global shuffle needs random access
+    order = EpochOrder(counts, kind.value, seed=seed, epoch=1, window=window)
+    unit_bytes = tuple(data.draw(st.integers(0, 10_000)) for _ in counts)
+    shape = SourceShape(counts, table=table, unit_bytes=() if table else unit_bytes, row_bytes=row_bytes)
+    ranges = _ranges(data, order.total)
+    tasks = list(plan_tasks(order, ranges, shape, batch, prefetch))
+
+    # positions: consecutive tasks tile each range, in order
+    spans = [t.positions(order) for t in tasks]
+    expect = [p for a, b in ranges for p in range(a, b)]
+    assert [p for a, b in spans for p in range(a, b)] == expect
+    assert all(t.rows == b - a > 0 for t, (a, b) in zip(tasks, spans))
+    # rows: what each task reads is the order's rows at its positions
+    got = np.concatenate([_rows_of(t, order) for t in tasks]) if tasks else np.zeros(0, np.int64)
+    want = np.concatenate([order.rows(a, b) for a, b in ranges]) if ranges else np.zeros(0, np.int64)
+    np.testing.assert_array_equal(got, want)
+
+    step = read_rows(prefetch, row_bytes, batch)
+    for t in tasks:
+        assert t.est_bytes >= 0
+        if table:  # byte-sized slices / gathers of the random-access table
+            assert t.kind is (TaskKind.UNIT if kind is ShuffleKind.NONE else TaskKind.GATHER)
+            assert t.rows <= step
+            assert t.est_bytes == max(1, int(t.rows * row_bytes))
+        elif kind is ShuffleKind.BLOCK:  # one window each, its units' estimates
+            assert t.kind is TaskKind.WINDOW
+            assert t.hi <= order.window_offsets[t.window + 1] - order.window_offsets[t.window]
+            assert t.est_bytes == sum(unit_bytes[int(u)] for u in order.windows[t.window])
+        else:  # source order over a scan: within one unit, its share of the unit's estimate
+            assert t.kind is TaskKind.UNIT
+            assert 0 <= t.lo < t.hi <= counts[t.unit]
+            assert t.est_bytes == unit_bytes[t.unit] * t.rows // max(1, counts[t.unit])
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefetch=st.integers(1, 1 << 34), row_bytes=st.floats(0.0, 1e6), batch=st.integers(1, 100_000))
+def test_read_rows_is_whole_batches_within_the_share(prefetch, row_bytes, batch):
+    n = read_rows(prefetch, row_bytes, batch)
+    assert n % batch == 0 and n >= batch
+    if n > batch:  # more than one batch only where it fits the share and the cap
+        assert n <= MAX_READ_ROWS
+        assert n * max(1.0, row_bytes) <= prefetch / READ_SHARE
+
+
+def test_plan_tasks_is_lazy_and_pure():
+    """A generator over integers: nothing is computed before it is iterated, and the same
+    inputs give the same tasks."""
+    order = EpochOrder((5, 5), "none")
+    shape = SourceShape((5, 5), unit_bytes=(50, 50))
+    it = plan_tasks(order, [(0, 10)], shape, 4, 1 << 20)
+    assert iter(it) is it
+    assert list(it) == list(plan_tasks(order, [(0, 10)], shape, 4, 1 << 20))
+
+
+def test_source_shape_checks_its_estimates():
+    with pytest.raises(ValueError, match="one byte estimate per unit"):
+        SourceShape((3, 4), unit_bytes=(1,))
+    SourceShape((3, 4), table=True, row_bytes=8.0)  # a table needs none
+    with pytest.raises(ValueError, match="random-access table"):  # a scan cannot be gathered from
+        list(plan_tasks(EpochOrder((3, 4), "global"), [(0, 7)], SourceShape((3, 4), unit_bytes=(1, 1)), 2, 64))
+
+
+GOLDEN = {  # counts (3, 0, 5, 2, 4), seed 7, epoch 1, window 2, positions [1, 13), batch 2;
+    # (kind, est_bytes, lo, hi, unit or window). Block windows: units (3, 2), (1, 4), (0).
+    ("none", False): [("unit", 6, 1, 3, 0), ("unit", 50, 0, 5, 2), ("unit", 20, 0, 2, 3), ("unit", 30, 0, 3, 4)],
+    ("block", False): [("window", 70, 1, 7, 0), ("window", 40, 0, 4, 1), ("window", 10, 0, 2, 2)],
+    ("global", True): [("gather", 8, 1, 5, -1), ("gather", 8, 5, 9, -1), ("gather", 8, 9, 13, -1)],
+    ("block", True): [("gather", 8, 1, 5, -1), ("gather", 8, 5, 9, -1), ("gather", 8, 9, 13, -1)],
+    ("none", True): [("unit", 4, 1, 3, 0), ("unit", 8, 0, 4, 2), ("unit", 2, 4, 5, 2), ("unit", 4, 0, 2, 3),
+                     ("unit", 6, 0, 3, 4)],
+}
+
+
+@pytest.mark.parametrize("key", sorted(GOLDEN))
+def test_tasks_golden(key):
+    kind, table = key
+    counts = (3, 0, 5, 2, 4)
+    order = EpochOrder(counts, kind, seed=7, epoch=1, window=2)
+    shape = (SourceShape(counts, table=True, row_bytes=2.0) if table else
+             SourceShape(counts, unit_bytes=(10, 0, 50, 20, 40)))
+    # prefetch 32 bytes of 2-byte rows: a share of 8 bytes = 4 rows = 2 batches of 2 per read
+    got = [(t.kind.value, t.est_bytes, t.lo, t.hi, t.unit if t.kind is TaskKind.UNIT else t.window)
+           for t in plan_tasks(order, [(1, 13)], shape, 2, 32)]
+    assert got == GOLDEN[key]
