@@ -232,8 +232,23 @@ class Dataset:
 
     def head(self, n: int = 5) -> pa.Table:
         """The first ``n`` rows, reading as little as possible (one row group for a plain
-        selection)."""
-        return execute.to_table(optimize(Limit(self._plan, n), self._options.optimizer), self._options)
+        selection).
+
+        On a freshly opened Parquet / Arrow IPC folder (``al.dataset(path).head(n)``, no
+        footer read yet) footers are read in file order and no further than the file that
+        completes ``n`` rows: the result then has the columns and types of the files read,
+        as pyarrow's and polars' scans take them from the first file (``schema`` unifies
+        every file; they agree wherever the shards do)."""
+        limit = Limit(self._plan, n)  # checks n
+        plan = self._plan
+        bare = isinstance(plan, Scan) and plan.columns is None and plan.predicate is None and \
+            plan.projection is None and plan.limit is None and plan.units is None
+        if bare and self._options.optimizer.limit_pushdown:
+            first = getattr(plan.source, "head_source", None)
+            sub = first(limit.n) if first is not None else None
+            if sub is not None:
+                limit = Limit(Scan(sub), limit.n)
+        return execute.to_table(optimize(limit, self._options.optimizer), self._options)
 
     def to_arrow(self) -> pa.Table:
         """The whole selection as a ``pyarrow.Table`` (multi-threaded scan; with a progress
