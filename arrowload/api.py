@@ -218,9 +218,9 @@ class Dataset:
             lines += _explain.render_scan_stats(s)
         for node in walk(final):
             if isinstance(node, SqlQuery):
-                from .sql.duck import explain as duck_explain
+                from .scan.duck import explain as duck_explain
                 lines += ["", "== duckdb physical plan (filters / projections pushed into each scan) =="]
-                lines.append(duck_explain(node, self._options))
+                lines.append(duck_explain(node, self._options, execute.PLAN_READER))
         return "\n".join(lines)
 
     # -- results ----------------------------------------------------------
@@ -319,9 +319,13 @@ def sql(query: str, *, external_access: bool = True, **tables: Any) -> Dataset:
     >>> al.sql("SELECT k, max(v) AS m FROM t GROUP BY k ORDER BY k", t=t).to_arrow().to_pylist()
     [{'k': 'a', 'm': 3}, {'k': 'b', 'm': 2}]
     """
-    from .sql import build
-    plan, options = build(query, tables, external_access=external_access)
-    return Dataset(plan, options)
+    from .sql.builder import build, parse_query
+    if not isinstance(external_access, bool):
+        raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
+    tree = parse_query(query)
+    bound = {name: value if isinstance(value, Dataset) else dataset(value) for name, value in tables.items()}
+    plan, first = build(tree, {name: d.plan for name, d in bound.items()}, external_access=external_access)
+    return Dataset(plan, bound[first].options)
 
 
 def dataset(source: Any, *, format: str | None = None, partitioning: Any = None,
