@@ -9,10 +9,10 @@ Every run opens its own in-memory DuckDB connection and closes it when the resul
 exhausted, when the consumer stops early, or on error: no connection or DuckDB thread
 outlives the query. DuckDB errors are translated into arrowload errors (never leaked raw).
 
-A query built with ``external_access=False`` runs on a sandboxed connection (:data:`SANDBOX`):
-DuckDB's ``enable_external_access`` off (no file or network access, no extension install
-or load, no ``getenv``), no extension autoloading, no lookup of Python variables by name,
-and the configuration locked so the query cannot ``SET`` any of it back. The bound tables
+A query built with ``external_access=False`` runs on a sandboxed connection
+(``plan.sandbox.DUCKDB_SANDBOX``): DuckDB's ``enable_external_access`` off (no file or
+network access, no extension install or load, no ``getenv``), no extension autoloading,
+no lookup of Python variables by name, and the configuration locked so the query cannot ``SET`` any of it back. The bound tables
 are registered by arrowload before the lock and stay readable.
 """
 
@@ -28,7 +28,6 @@ from ..errors import (ColumnNotFoundError, ExpressionError, ExternalAccessError,
                       ScanError, TableNotFoundError)
 from ..options import Options
 from ..plan.nodes import Plan, Scan, SqlQuery, scans
-from ..plan.sandbox import DUCKDB_SANDBOX
 
 _BATCH_ROWS = 65_536
 
@@ -51,8 +50,6 @@ class Query(NamedTuple):
     tables: tuple[Plan, ...]
     external_access: bool = True
 
-# DuckDB settings of a sandboxed connection (see the module docstring): the same as for filters.
-SANDBOX = DUCKDB_SANDBOX
 
 
 def _duckdb():
@@ -93,8 +90,12 @@ class _PlanStream:
 
 
 def connect(external_access: bool = True):
-    """A fresh in-memory DuckDB connection; sandboxed unless ``external_access``."""
-    return _duckdb().connect(":memory:", config={} if external_access else dict(SANDBOX))
+    """A fresh in-memory DuckDB connection; sandboxed unless ``external_access`` (DuckDB's
+    settings of ``plan.sandbox.DUCKDB_SANDBOX``, the same as for filters)."""
+    if external_access:
+        return _duckdb().connect(":memory:", config={})
+    from ..plan.sandbox import DUCKDB_SANDBOX
+    return _duckdb().connect(":memory:", config=dict(DUCKDB_SANDBOX))
 
 
 def _connect(node: SqlQuery | Query, options: Options, reader: PlanReader):

@@ -23,7 +23,6 @@ from ..errors import (AmbiguousColumnError, ArrowloadError, CorruptFileError, Ex
                       StorageRetryError)
 from ..optimize.prune_row_groups import sound_columns
 from ..options import Options, ScanOptions
-from ..plan import duckeval
 from ..plan.expr import SqlExpr
 from ..plan.rowselect import filter_rows
 from ..plan.mapfn import apply_map, as_record_batch  # noqa: F401 - as_record_batch: the loader's
@@ -230,6 +229,7 @@ def _duck_values(node: Project, data, duck: list[int]) -> dict[int, pa.Array]:
     """The DuckDB items over ``data`` (a batch or a table), in one query."""
     if not duck:
         return {}
+    from ..plan import duckeval  # DuckDB loads with the first expression it evaluates
     items = [(str(i), node.items[i][1].duck_sql, node.items[i][1].text) for i in duck]
     columns = frozenset().union(*(node.items[i][1].columns for i in duck))
     return dict(zip(duck, duckeval.evaluate_many(data, items, columns)))
