@@ -224,8 +224,6 @@ class FileSource(PicklableLock, Source):
         else:
             types = partitioning if isinstance(partitioning, pa.Schema) else None
             self._partition_schema, self._partition_values = discover_partitions(base, paths, types)
-        self._partition_exprs = [partition_expression(self._partition_schema, v)
-                                 for v in self._partition_values]
 
     # -- facts from footers -------------------------------------------------
     @property
@@ -242,8 +240,9 @@ class FileSource(PicklableLock, Source):
 
     def _fragment(self, i: int) -> ds.FileFragment:
         kwargs = {}
-        if self._partition_exprs[i] is not None:
-            kwargs["partition_expression"] = self._partition_exprs[i]
+        guarantee = partition_expression(self._partition_schema, self._partition_values[i])  # hive folders
+        if guarantee is not None:
+            kwargs["partition_expression"] = guarantee
         return self.format.make_fragment(self.entries[i].path, self.filesystem, **kwargs)
 
     def _fetch(self, i: int):
@@ -365,7 +364,6 @@ class FileSource(PicklableLock, Source):
         sub = copy.copy(self)  # PicklableLock: a fresh lock
         sub.entries = self.entries[:k]
         sub._partition_values = self._partition_values[:k]
-        sub._partition_exprs = self._partition_exprs[:k]
         sub._facts = None
         sub._checks = {}
         sub._fetched = {i: f for i, f in self._fetched.items() if i < k}
