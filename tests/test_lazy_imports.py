@@ -159,3 +159,31 @@ def test_light_parse_of_token_soup_equals_the_duckdb_dialect(parts):
     if tree is None:
         return
     assert tree.dump() == duckdb_tree(text).dump(), text
+
+
+# ---------------------------------------------------------------------------
+# a plain column without its tree says what its tree would
+
+
+@pytest.mark.parametrize("name", ["a", "My Col", 'x"y', "é", "", "select", "1a", "a.b"])
+def test_a_plain_column_without_its_tree_matches_the_tree(name):
+    from arrowload.plan.expr import SqlExpr
+    from arrowload.plan.fingerprint import _expr, sql_tree
+    schema = pa.schema([(name, pa.int32()), ("flag", pa.bool_())])
+    light = SqlExpr.column(name)
+    built = SqlExpr(exp.column(name, quoted=True), name)
+    assert not light.tree_built and built.tree_built
+    assert str(light) == exp.column(name, quoted=True).sql("duckdb") == str(built)
+    assert _expr(light) == {"sql": sql_tree(exp.column(name, quoted=True), resolved=True)} == _expr(built)
+    assert light.column_name() == built.column_name() == name and light.columns == built.columns
+    assert light.projectable_on(schema) == built.projectable_on(schema) is True
+    assert light.pushable_on(schema) == built.pushable_on(schema) is False  # not a boolean
+    assert light.output_type(schema) == built.output_type(schema) == pa.int32()
+    assert light.to_arrow(schema).equals(built.to_arrow(schema))
+    assert not light.tree_built  # none of the above needed the tree
+    other = pa.schema([("other", pa.int8())])  # the column is missing: answered from the tree
+    assert light.projectable_on(other) == built.projectable_on(other) is False
+    assert light.pushable_on(other) == built.pushable_on(other) is False
+    assert light.tree.dump() == built.tree.dump()
+    flag = SqlExpr.column("flag")  # a boolean column is a predicate pyarrow evaluates
+    assert flag.pushable_on(schema) == SqlExpr(exp.column("flag", quoted=True), "flag").pushable_on(schema) is True
