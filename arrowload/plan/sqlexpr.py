@@ -59,7 +59,7 @@ def parse(text: str, what: str = "expression") -> exp.Expression:
 
 
 # Tokens sqlglot's default dialect reads as its DuckDB dialect does, into the same trees
-# (tests/test_light_parse.py checks both parsers on generated expressions): plain and
+# (tests/test_lazy_imports.py checks both parsers on generated expressions): plain and
 # quoted names, numbers, strings, comparisons, arithmetic, AND / OR / NOT, IN, IS, NULL,
 # TRUE / FALSE, BETWEEN, LIKE / ILIKE, parentheses and commas. No function call, cast,
 # typed literal (DATE '...'), ``::``, ``||``, ``^``, ``//``, ``**``, ``$`` or ``E'...'``.
