@@ -230,9 +230,9 @@ class Dataset:
             lines += _explain.render_scan_stats(s)
         for node in walk(final):
             if isinstance(node, SqlQuery):
-                from .sql.duck import explain as duck_explain
+                from .scan.duck import explain as duck_explain
                 lines += ["", "== duckdb physical plan (filters / projections pushed into each scan) =="]
-                lines.append(duck_explain(node, self._options))
+                lines.append(duck_explain(node, self._options, execute.PLAN_READER))
         return "\n".join(lines)
 
     # -- results ----------------------------------------------------------
@@ -244,8 +244,23 @@ class Dataset:
 
     def head(self, n: int = 5) -> pa.Table:
         """The first ``n`` rows, reading as little as possible (one row group for a plain
-        selection)."""
-        return execute.to_table(optimize(Limit(self._plan, n), self._options.optimizer), self._options)
+        selection).
+
+        On a freshly opened Parquet / Arrow IPC folder (``al.dataset(path).head(n)``, no
+        footer read yet) footers are read in file order and no further than the file that
+        completes ``n`` rows: the result then has the columns and types of the files read,
+        as pyarrow's and polars' scans take them from the first file (``schema`` unifies
+        every file; they agree wherever the shards do)."""
+        limit = Limit(self._plan, n)  # checks n
+        plan = self._plan
+        bare = isinstance(plan, Scan) and plan.columns is None and plan.predicate is None and \
+            plan.projection is None and plan.limit is None and plan.units is None
+        if bare and self._options.optimizer.limit_pushdown:
+            first = getattr(plan.source, "head_source", None)
+            sub = first(limit.n) if first is not None else None
+            if sub is not None:
+                limit = Limit(Scan(sub), limit.n)
+        return execute.to_table(optimize(limit, self._options.optimizer), self._options)
 
     def to_arrow(self) -> pa.Table:
         """The whole selection as a ``pyarrow.Table`` (multi-threaded scan; with a progress
@@ -316,9 +331,13 @@ def sql(query: str, *, external_access: bool = True, **tables: Any) -> Dataset:
     >>> al.sql("SELECT k, max(v) AS m FROM t GROUP BY k ORDER BY k", t=t).to_arrow().to_pylist()
     [{'k': 'a', 'm': 3}, {'k': 'b', 'm': 2}]
     """
-    from .sql import build
-    plan, options = build(query, tables, external_access=external_access)
-    return Dataset(plan, options)
+    from .sql.builder import build, parse_query
+    if not isinstance(external_access, bool):
+        raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
+    tree = parse_query(query)
+    bound = {name: value if isinstance(value, Dataset) else dataset(value) for name, value in tables.items()}
+    plan, first = build(tree, {name: d.plan for name, d in bound.items()}, external_access=external_access)
+    return Dataset(plan, bound[first].options)
 
 
 def dataset(source: Any, *, format: str | None = None, partitioning: Any = None,

@@ -95,8 +95,9 @@ def test_head_reads_one_row_group(lake):
     # the rows: the first five in source order, as plain pyarrow reads them
     assert got.equals(plain(root).head(5))
 
-    # footers of every shard (to plan), then one row group of the first file, nothing else
-    assert len(footer) == FOOTER_READS_PER_FILE * len(facts)
+    # the first file's footer (it holds 5 rows: no other footer is read), then one row
+    # group of that file, nothing else
+    assert len(footer) == FOOTER_READS_PER_FILE and {r.path for r in footer} == {first.path}
     assert {r.path for r in data} == {first.path}
     start, end = first.row_group_range(0)
     assert all(start <= r.offset and r.offset + r.nbytes <= end for r in data)
@@ -117,6 +118,31 @@ def test_head_reads_one_row_group(lake):
           f"{rg0} B); plain pyarrow {pa_bytes} B when head() returned, "
           f"{pfs.stats.bytes_read} B after its readahead settled")
 
+
+def test_head_of_a_folder_reads_footers_in_file_order_and_stops(tmp_path):
+    """``head(n)`` of a freshly opened folder of 50 files opens the first file only (its
+    footer holds the rows, so no later footer is read); more rows read footers in file
+    order up to the file that completes them. Rows as plain pyarrow reads them."""
+    write_lake(tmp_path, rows=50 * 400, shards=50, row_group_size=200, emb_dim=4)
+    root = str(tmp_path)
+    paths = sorted(str(p) for p in tmp_path.glob("*.parquet"))
+    assert len(paths) == 50
+
+    fs, ds = fresh(root)
+    got = ds.head(5)
+    assert got.equals(plain(root).head(5))
+    assert set(fs.stats.opens) == {paths[0]}, sorted(fs.stats.opens)
+
+    fs, ds = fresh(root)
+    got = ds.head(1000)  # 400 rows a file: the first three files
+    assert got.equals(plain(root).head(1000))
+    assert set(fs.stats.opens) == set(paths[:3]), sorted(fs.stats.opens)
+
+    fs, ds = fresh(root)
+    assert ds.schema == plain(root).schema  # footers known: head reads no other footer
+    fs.reset()
+    assert ds.head(5).equals(plain(root).head(5))
+    assert set(fs.stats.opens) == {paths[0]}
 
 def test_head_of_selection_reads_only_selected_columns(lake):
     root, facts = lake

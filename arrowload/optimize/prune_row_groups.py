@@ -22,8 +22,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
-from sqlglot import exp
-
 from ..plan.expr import SqlExpr, conjuncts
 from ..plan.nodes import Plan, Scan, transform_up
 
@@ -90,6 +88,7 @@ def _nan_false(part, schema: pa.Schema) -> bool:
         return True
     if not isinstance(part, SqlExpr):
         return False
+    from sqlglot import exp  # a SQL predicate: sqlglot is loaded already
 
     def is_float(node) -> bool:
         while isinstance(node, exp.Paren):

@@ -3,6 +3,9 @@
 The planner needs three things of an expression: which columns it reads, whether it
 can run inside the pyarrow scan (and so prune partitions and row groups), and how to
 rewrite it when a projection renames or computes the columns it reads.
+
+sqlglot (the SQL parser) and DuckDB load on first use, not with this module: a plain
+column (``select("f0", "f1")``) is a SqlExpr with no syntax tree until one is asked for.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from sqlglot import exp
+import pyarrow.types as pat
 
 from ..errors import ArgumentTypeError, ColumnNotFoundError, ExpressionError
-from . import duckeval, pushable, sandbox, sqlexpr
+from .arrowtypes import type_of
 from .rowselect import filter_rows
 
 
@@ -78,10 +81,18 @@ class Expr:
                                   "as SQL text (DuckDB semantics)") from None
 
     def output_type(self, schema: pa.Schema) -> pa.DataType:
-        return sqlexpr._type_of(self.to_arrow(schema), schema)
+        return type_of(self.to_arrow(schema), schema)
 
 
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+
+
+DIALECT = "duckdb"  # the SQL dialect of filters and computed columns (as in sqlexpr)
+
+
+def quote_column(name: str) -> str:
+    """A column reference as DuckDB's SQL writes it: ``"name"``, inner quotes doubled."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 class SqlExpr(Expr):
@@ -90,25 +101,33 @@ class SqlExpr(Expr):
     The parts ``pushable.equivalent`` proves to mean the same in pyarrow compile to a
     pyarrow expression (scan pushdown, pruning); everything else is evaluated by DuckDB
     over the Arrow batch (``duckeval``). Subqueries, table functions and file, network or
-    environment access are refused when it is built (``sandbox``).
+    environment access are refused when it is built (``sandbox``). A bare column
+    (:meth:`column`) is answered without sqlglot; its ``tree`` is built on first use.
     """
 
-    def __init__(self, tree: exp.Expression, text: str | None = None,
-                 schema: pa.Schema | None = None) -> None:
-        self.tree = tree
-        self.text = text if text is not None else tree.sql(sqlexpr.DIALECT)
+    def __init__(self, tree, text: str | None = None, schema: pa.Schema | None = None) -> None:
+        from sqlglot import exp
+
+        from . import sandbox
+        self._tree = tree
+        self._text = text  # None: SQL generated from the tree when first asked for
         self.schema = schema
         self.columns = frozenset(c.name for c in tree.find_all(exp.Column))
-        sandbox.check_expression(tree, self.text)
+        self._column = tree.name if isinstance(tree, exp.Column) else None
+        sandbox.check_expression(tree, text)
 
     @classmethod
     def parse(cls, text: str, schema: pa.Schema, what: str = "expression") -> "SqlExpr":
+        from . import sqlexpr
         return cls.bind(sqlexpr.parse(text, what), schema, text)
 
     @classmethod
-    def bind(cls, tree: exp.Expression, schema: pa.Schema, text: str | None = None) -> "SqlExpr":
+    def bind(cls, tree, schema: pa.Schema, text: str | None = None) -> "SqlExpr":
         """Resolve the tree's column names against ``schema`` now, so an unknown column
         fails at the call that named it (unquoted names match case-insensitively)."""
+        from sqlglot import exp
+
+        from . import sandbox, sqlexpr
         sandbox.check_expression(tree, text)
 
         def fix(node):
@@ -121,16 +140,54 @@ class SqlExpr(Expr):
 
     @classmethod
     def column(cls, name: str) -> "SqlExpr":
-        return cls(exp.column(name, quoted=True), name)
+        """The column ``name`` as it is (a quoted identifier), built without parsing."""
+        self = cls.__new__(cls)
+        self._tree = None
+        self._column = name
+        self._text = name
+        self.schema = None
+        self.columns = frozenset((name,))
+        return self
+
+    @property
+    def text(self) -> str:
+        """The SQL as the user wrote it (or as generated from the tree, DuckDB dialect)."""
+        if self._text is None:
+            self._text = str(self)
+        return self._text
+
+    @property
+    def tree(self):
+        """The sqlglot syntax tree (a bare column's is made here, on first use)."""
+        if self._tree is None:
+            from sqlglot import exp
+            self._tree = exp.column(self._column, quoted=True)
+        return self._tree
+
+    @property
+    def tree_built(self) -> bool:
+        """False for a plain column whose tree was never asked for (``column()``)."""
+        return self._tree is not None
+
+    def _field(self, schema: pa.Schema) -> int:
+        """Index of the bare column in ``schema`` (-1: not a bare column, missing or repeated)."""
+        return -1 if self._column is None else schema.get_field_index(self._column)
 
     @property
     def pushable(self) -> bool:
-        return self.schema is not None and pushable.equivalent(self.tree, self.schema)
+        return self.schema is not None and self.pushable_on(self.schema)
 
     def pushable_on(self, schema: pa.Schema) -> bool:
+        i = self._field(schema)
+        if i >= 0:  # a column as a predicate: booleans only
+            return pat.is_boolean(schema.field(i).type)
+        from . import pushable
         return pushable.equivalent(self.tree, schema)
 
     def projectable_on(self, schema: pa.Schema) -> bool:
+        if self._field(schema) >= 0:
+            return True
+        from . import pushable
         return pushable.projection_equivalent(self.tree, schema)
 
     def runs_in(self, schema: pa.Schema, predicate: bool = True) -> str:
@@ -140,21 +197,25 @@ class SqlExpr(Expr):
     @cached_property
     def duck_sql(self) -> str:
         """The SQL text DuckDB evaluates (regenerated from the bound tree)."""
-        return self.tree.sql(sqlexpr.DIALECT)
+        return str(self)
 
     def to_arrow(self, schema: pa.Schema, predicate: bool = False) -> pc.Expression:
+        if not predicate and self._field(schema) >= 0:
+            return pc.field(self._column)
         ok = self.pushable_on(schema) if predicate else self.projectable_on(schema)
         if not ok:
             raise ExpressionError(f"{self.text!r} is evaluated by DuckDB, not compiled to a pyarrow "
                                   "expression (its meaning in pyarrow compute would differ)")
+        from . import sqlexpr
         if predicate:
-            return sqlexpr.compile_predicate(self.tree, schema, self.text)
-        return sqlexpr.compile_expression(self.tree, schema, self.text)
+            return sqlexpr.compile_predicate(self.tree, schema, self._text)
+        return sqlexpr.compile_expression(self.tree, schema, self._text)
 
     def check(self, schema: pa.Schema, predicate: bool = False) -> None:
         if predicate and self.pushable_on(schema):
             self.to_arrow(schema, predicate=True)
         elif predicate:
+            from . import duckeval
             duckeval.check_predicate(schema, self.duck_sql, self.text, self.columns)
         else:
             self.output_type(schema)
@@ -162,24 +223,31 @@ class SqlExpr(Expr):
     def filter_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         if self.pushable_on(batch.schema):
             return super().filter_batch(batch)
+        from . import duckeval
         return duckeval.filter_batch(batch, self.duck_sql, self.text, self.columns)
 
     def evaluate(self, batch: pa.RecordBatch) -> pa.Array:
         if self.projectable_on(batch.schema):
             return super().evaluate(batch)
+        from . import duckeval
         return duckeval.evaluate_many(batch, [("_", self.duck_sql, self.text)], self.columns)[0]
 
     def output_type(self, schema: pa.Schema) -> pa.DataType:
+        i = self._field(schema)
+        if i >= 0:
+            return schema.field(i).type
         if self.projectable_on(schema):
             return super().output_type(schema)
+        from . import duckeval
         return duckeval.output_types(schema, [("_", self.duck_sql, self.text)], self.columns)[0]
 
     def column_name(self) -> str | None:
-        return self.tree.name if isinstance(self.tree, exp.Column) else None
+        return self._column
 
     def substitute(self, mapping: Mapping[str, Expr]) -> Expr | None:
         if not all(isinstance(mapping.get(c), SqlExpr) for c in self.columns):
             return None
+        from sqlglot import exp
 
         def fix(node):
             if isinstance(node, exp.Column) and node.name in mapping:
@@ -190,7 +258,9 @@ class SqlExpr(Expr):
         return SqlExpr(tree)
 
     def __str__(self) -> str:
-        return self.tree.sql(sqlexpr.DIALECT)
+        if self._tree is None:
+            return quote_column(self._column)
+        return self._tree.sql(DIALECT)
 
     def __repr__(self) -> str:
         return f"SqlExpr({self})"
@@ -372,10 +442,12 @@ def conjuncts(e: Expr) -> list[Expr]:
     """Split a predicate at its top-level ANDs (so the pushable parts can go down alone)."""
     if isinstance(e, AndExpr):
         return [c for p in e.parts for c in conjuncts(p)]
-    if isinstance(e, SqlExpr) and isinstance(e.tree, (exp.And, exp.Paren)):
-        inner = e.tree.unnest() if isinstance(e.tree, exp.Paren) else e.tree
-        if isinstance(inner, exp.And):
-            return [c for t in inner.flatten() for c in conjuncts(SqlExpr(t, schema=e.schema))]
+    if isinstance(e, SqlExpr) and e.column_name() is None:
+        from sqlglot import exp
+        if isinstance(e.tree, (exp.And, exp.Paren)):
+            inner = e.tree.unnest() if isinstance(e.tree, exp.Paren) else e.tree
+            if isinstance(inner, exp.And):
+                return [c for t in inner.flatten() for c in conjuncts(SqlExpr(t, schema=e.schema))]
     return [e]
 
 
@@ -386,9 +458,11 @@ def conjoin(parts: list[Expr]) -> Expr | None:
     sql = [p for p in parts if isinstance(p, SqlExpr)]
     rest = [p for p in parts if not isinstance(p, SqlExpr)]
     merged: list[Expr] = []
-    if sql:
-        merged.append(sql[0] if len(sql) == 1 else
-                      SqlExpr(exp.and_(*[exp.paren(p.tree.copy(), copy=False) for p in sql], copy=False),
+    if len(sql) == 1:
+        merged.append(sql[0])
+    elif sql:
+        from sqlglot import exp
+        merged.append(SqlExpr(exp.and_(*[exp.paren(p.tree.copy(), copy=False) for p in sql], copy=False),
                               schema=sql[0].schema))
     merged.extend(rest)
     return merged[0] if len(merged) == 1 else AndExpr(tuple(merged))

@@ -37,9 +37,6 @@ import json
 from typing import Any
 
 import pyarrow as pa
-from sqlglot import exp, parse_one
-from sqlglot.errors import SqlglotError
-from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from .expr import AndExpr, ArrowExpr, Expr, PolarsExpr, SqlExpr
 from .nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
@@ -102,6 +99,8 @@ def source_doc(source, *, data: bool = True) -> dict:
 def canonical_sql(text: str) -> Any:
     """SQL text as its syntax tree (see ``sql_tree``): ``select A from T`` and
     ``SELECT a FROM (t)`` give the same data. Text sqlglot cannot parse is kept as it is."""
+    from sqlglot import parse_one
+    from sqlglot.errors import SqlglotError
     try:
         tree = parse_one(text, dialect=_DIALECT)
     except (SqlglotError, ValueError):
@@ -109,12 +108,14 @@ def canonical_sql(text: str) -> Any:
     return sql_tree(tree)
 
 
-def sql_tree(tree: exp.Expression, resolved: bool = False) -> Any:
+def sql_tree(tree, resolved: bool = False) -> Any:
     """A sqlglot tree as plain data: ``[kind, {arg: value}]`` with arguments sorted, quoting
     and parentheses dropped (the tree's shape already holds the precedence they spelled).
     Unless ``resolved`` (names already bound to real column names), identifiers are
     normalized as DuckDB resolves them (case-insensitively: lower case), except output
     aliases, whose case names the result's columns."""
+    from sqlglot import exp
+    from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
     tree = tree.copy()
     if resolved:  # names already bound to the schema's columns: exact, nothing to normalize
         return _node(tree)
@@ -126,6 +127,7 @@ def sql_tree(tree: exp.Expression, resolved: bool = False) -> Any:
 
 
 def _node(node: Any) -> Any:
+    from sqlglot import exp
     if isinstance(node, exp.Paren):
         return _node(node.this)
     if isinstance(node, exp.Expression):
@@ -150,9 +152,15 @@ def _expr(e: Expr | None) -> Any:
         return None
     if isinstance(e, AndExpr):
         return {"and": [_expr(p) for p in e.parts]}
+    if isinstance(e, SqlExpr):
+        if not e.tree_built:  # a plain column (select("f0")): its tree's data, without sqlglot
+            return {"sql": ["column", {"this": ["identifier", {"this": e.column_name()}]}]}
+        return {"sql": sql_tree(e.tree, resolved=True)}
     tree = getattr(e, "tree", None)
-    if isinstance(e, SqlExpr) or isinstance(tree, exp.Expression):
-        return {"sql": sql_tree(tree, resolved=True)}
+    if tree is not None:
+        from sqlglot import exp
+        if isinstance(tree, exp.Expression):
+            return {"sql": sql_tree(tree, resolved=True)}
     if isinstance(e, ArrowExpr):
         return {"arrow": str(e.expr)}
     if isinstance(e, PolarsExpr):

@@ -16,6 +16,7 @@ import pyarrow as pa
 from ..errors import AmbiguousColumnError, ArgumentTypeError, ColumnNotFoundError, InvalidArgumentError
 from ..source import Source
 from .expr import Expr
+from .mapfn import apply_map
 
 
 @dataclass(frozen=True, eq=False)
@@ -228,7 +229,6 @@ class Map(Plan):
     def schema(self):
         if self.output_schema is not None:
             return self.output_schema
-        from ..scan.execute import apply_map
         return apply_map(self, pa.RecordBatch.from_pylist([], schema=self.input_schema)).schema
 
 
@@ -288,27 +288,32 @@ class SqlQuery(Plan):
 
     Each child is registered with DuckDB under its name as a pyarrow dataset (or a
     stream), so DuckDB pushes its own projections and filters into arrowload's scans;
-    the result streams back as Arrow record batches.
+    the result streams back as Arrow record batches. ``result_schema`` is what DuckDB
+    said the query returns when it was bound (``al.sql`` binds it when building the node:
+    a plan never asks DuckDB later).
     """
 
     query: str
     names: tuple[str, ...]
     tables: tuple[Plan, ...]
+    result_schema: pa.Schema
     # False: DuckDB runs sandboxed (no file, network, extension, setting or environment access)
     external_access: bool = True
 
     def __post_init__(self) -> None:
         if len(self.names) != len(self.tables):
             raise ValueError("SqlQuery needs one name per bound table")
+        if not isinstance(self.result_schema, pa.Schema):
+            raise ValueError("SqlQuery needs the result's pyarrow.Schema (bind the query first)")
 
     @property
     def children(self):
         return self.tables
 
     def with_children(self, *children):
-        return SqlQuery(self.query, self.names, tuple(children), self.external_access)
+        # rewrites below keep each table's rows and columns: the result is the same
+        return SqlQuery(self.query, self.names, tuple(children), self.result_schema, self.external_access)
 
-    @cached_property
+    @property
     def schema(self):
-        from ..sql.duck import result_schema
-        return result_schema(self)
+        return self.result_schema

@@ -16,6 +16,7 @@ division, ``%`` truncates toward zero, integer arithmetic raises on overflow, an
 from __future__ import annotations
 
 import datetime as dt
+import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -27,6 +28,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import ColumnNotFoundError, ExpressionError
+from .arrowtypes import type_of
 from .syntax import check_complete, syntax_error, token_error
 
 DIALECT = "duckdb"
@@ -35,9 +37,17 @@ _NO = object()
 
 def parse(text: str, what: str = "expression") -> exp.Expression:
     """Parse one SQL expression; syntax errors become ExpressionError with line/column and
-    a message in SQL terms (see :mod:`arrowload.plan.syntax`)."""
+    a message in SQL terms (see :mod:`arrowload.plan.syntax`).
+
+    Text in the small grammar that sqlglot's default dialect reads exactly as its DuckDB
+    dialect does (:func:`parse_light`) is parsed without loading the DuckDB dialect; the
+    rest, and every error, with the DuckDB dialect."""
     if not isinstance(text, str) or not text.strip():
         raise ExpressionError(f"empty {what}: pass SQL text such as \"x > 0 AND y = 'a'\"")
+    tree = parse_light(text)
+    if tree is not None:
+        check_complete(tree, text, what)
+        return tree
     try:
         tree = sqlglot.parse_one(text, read=DIALECT, into=exp.Condition)
     except sqlglot.errors.ParseError as e:
@@ -46,6 +56,75 @@ def parse(text: str, what: str = "expression") -> exp.Expression:
         raise token_error(text, what, *_unterminated_at(text)) from None
     check_complete(tree, text, what)
     return tree
+
+
+# Tokens sqlglot's default dialect reads as its DuckDB dialect does, into the same trees
+# (tests/test_lazy_imports.py checks both parsers on generated expressions): plain and
+# quoted names, numbers, strings, comparisons, arithmetic, AND / OR / NOT, IN, IS, NULL,
+# TRUE / FALSE, BETWEEN, LIKE / ILIKE, parentheses and commas. No function call, cast,
+# typed literal (DATE '...'), ``::``, ``||``, ``^``, ``//``, ``**``, ``$`` or ``E'...'``.
+_LIGHT_TOKENS = frozenset({
+    "VAR", "IDENTIFIER", "NUMBER", "STRING", "EQ", "NEQ", "LT", "LTE", "GT", "GTE", "L_PAREN",
+    "R_PAREN", "COMMA", "PLUS", "DASH", "STAR", "SLASH", "MOD", "AND", "OR", "NOT", "IN", "IS",
+    "NULL", "TRUE", "FALSE", "BETWEEN", "LIKE", "ILIKE",
+})
+# Words the DuckDB tokenizer reads as keywords where the default one reads names (sqlglot
+# 30; the test compares this with both tokenizers' keyword tables).
+DUCKDB_WORDS = frozenset({
+    "ATTACH", "BINARY", "BITSTRING", "BPCHAR", "CHAR", "CONNECT", "DATETIME", "DETACH", "DISCONNECT",
+    "FORCE", "INSTALL", "INT8", "LOGICAL", "MACRO", "ONLY", "PIVOT_WIDER", "POSITIONAL", "RESET", "ROW",
+    "SIGNED", "SUMMARIZE", "TIMESTAMP", "TIMESTAMP_MS", "TIMESTAMP_NS", "TIMESTAMP_S", "TIMESTAMP_US",
+    "UBIGINT", "UINTEGER", "USMALLINT", "UTINYINT", "VARCHAR",
+})
+_OPERANDS = frozenset({"VAR", "IDENTIFIER", "NUMBER", "STRING", "NULL", "TRUE", "FALSE", "R_PAREN"})
+_OPERAND_STARTS = _OPERANDS - {"R_PAREN"} | {"L_PAREN"}
+_COMPARISONS = frozenset({"EQ", "NEQ", "LT", "LTE", "GT", "GTE"})
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def parse_light(text: str) -> exp.Expression | None:
+    """``text`` parsed by sqlglot's default dialect when every token is in the grammar both
+    dialects read alike (``_LIGHT_TOKENS``; plain names that are no DuckDB keyword; no
+    operand right after another, as in a call or an alias): the DuckDB dialect's own tree,
+    without importing it. None for anything else, or text the default dialect cannot parse."""
+    from sqlglot.dialects.dialect import Dialect
+    dialect = Dialect.get_or_raise(None)
+    try:
+        tokens = dialect.tokenize(text)
+    except sqlglot.errors.TokenError:
+        return None
+    previous = None
+    # per parenthesis depth: [a comparison since the last AND / OR, a BETWEEN awaiting its AND]
+    depth = [[False, False]]
+    for token in tokens:
+        kind = token.token_type.name
+        if kind not in _LIGHT_TOKENS:
+            return None
+        if kind == "VAR" and (not _PLAIN_NAME.match(token.text) or token.text.upper() in DUCKDB_WORDS):
+            return None
+        if previous in _OPERANDS and kind in _OPERAND_STARTS:
+            return None  # a call f(x), an alias, E'x', 1_000, 'a' 'b': the dialects differ there
+        level = depth[-1]
+        if kind in _COMPARISONS:
+            level[0] = True
+        elif kind == "IS" and level[0]:
+            return None  # ``a = b IS NULL``: the dialects group it differently
+        elif kind == "BETWEEN":
+            level[1] = True
+        elif kind == "AND" and level[1]:
+            level[1] = False
+        elif kind in ("AND", "OR", "COMMA"):
+            level[0] = False
+        elif kind == "L_PAREN":
+            depth.append([False, False])
+        elif kind == "R_PAREN" and len(depth) > 1:
+            depth.pop()
+        previous = kind
+    try:
+        trees = dialect.parser().parse_into(exp.Condition, tokens, text)
+    except sqlglot.errors.ParseError:
+        return None
+    return trees[0] if len(trees) == 1 else None
 
 
 def _unterminated_at(text: str) -> tuple[int, int]:
@@ -255,14 +334,7 @@ def _unify(a: Typed, b: Typed) -> tuple[pc.Expression, pc.Expression]:
     return ea, eb
 
 
-def _type_of(expr: pc.Expression, schema: pa.Schema) -> pa.DataType:
-    """The output type of ``expr`` over ``schema`` (evaluated on zero rows)."""
-    import pyarrow.dataset as ds
-    empty = schema.empty_table()
-    try:
-        return ds.dataset(empty).to_table(columns={"_": expr}).schema.field("_").type
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-        raise ExpressionError(f"cannot evaluate {expr}: {e}") from None
+_type_of = type_of  # the output type of a pyarrow expression over a schema
 
 
 _COMPARE = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
@@ -276,9 +348,17 @@ _UNARY_FUNCS = {exp.Abs: "abs_checked", exp.Lower: "utf8_lower", exp.Upper: "utf
 class Compiler:
     """Compile one sqlglot tree against a schema. Stateless apart from the schema."""
 
-    def __init__(self, schema: pa.Schema, text: str = "") -> None:
+    def __init__(self, schema: pa.Schema, text: str | None = "", root: exp.Expression | None = None) -> None:
         self.schema = schema
-        self.text = text
+        self._text = text
+        self._root = root
+
+    @property
+    def text(self) -> str:
+        """The expression's text for messages (generated from the tree only when needed)."""
+        if self._text is None:
+            self._text = self._root.sql(DIALECT) if self._root is not None else ""
+        return self._text
 
     def compile(self, node: exp.Expression) -> pc.Expression:
         t = self.visit(node)
@@ -554,9 +634,11 @@ class Compiler:
         return Typed(e, self._typ(e))
 
 
-def compile_expression(tree: exp.Expression, schema: pa.Schema, text: str = "") -> pc.Expression:
-    return Compiler(schema, text).compile(tree)
+def compile_expression(tree: exp.Expression, schema: pa.Schema, text: str | None = "") -> pc.Expression:
+    """``tree`` as a pyarrow expression; ``text`` (None: generated from ``tree`` if an error
+    needs it) names it in errors."""
+    return Compiler(schema, text, tree).compile(tree)
 
 
-def compile_predicate(tree: exp.Expression, schema: pa.Schema, text: str = "") -> pc.Expression:
-    return Compiler(schema, text).predicate(tree)
+def compile_predicate(tree: exp.Expression, schema: pa.Schema, text: str | None = "") -> pc.Expression:
+    return Compiler(schema, text, tree).predicate(tree)

@@ -19,17 +19,20 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.types as pat
 
-from ..errors import (AmbiguousColumnError, ArgumentTypeError, ArrowloadError, CorruptFileError, ExpressionError,
-                      ScanError, SchemaMismatchError, StorageRetryError)
+from ..errors import (AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError, ScanError,
+                      StorageRetryError)
 from ..optimize.prune_row_groups import sound_columns
 from ..options import Options, ScanOptions
-from ..plan import duckeval
 from ..plan.expr import SqlExpr
 from ..plan.rowselect import filter_rows
+from ..plan.mapfn import apply_map, as_record_batch  # noqa: F401 - as_record_batch: the loader's
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.filesystem import storage_error
 from ..source.retry import is_transient, retry
+from .duck import PlanReader
+from .duck import count as sql_count
+from .duck import stream as sql_stream
 
 _MAX_BATCH_ROWS = 1 << 20
 KEEP = "__arrowload_keep"
@@ -216,41 +219,6 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
         raise typed from exc
 
 
-def as_record_batch(out, what: str) -> pa.RecordBatch:
-    """What a user function returned (a RecordBatch, Table or polars DataFrame) as one
-    RecordBatch; a Table of several chunks is concatenated (one copy)."""
-    if type(out).__module__.split(".")[0] == "polars":
-        out = out.to_arrow()
-    if isinstance(out, pa.Table):
-        return out.combine_chunks().to_batches()[0] if out.num_rows else \
-            pa.RecordBatch.from_pylist([], schema=out.schema)
-    if not isinstance(out, pa.RecordBatch):
-        raise ArgumentTypeError(f"{what} must return a pyarrow RecordBatch (or Table / polars DataFrame), "
-                                f"got {type(out).__name__}; return e.g. batch.append_column(...) or "
-                                "pa.RecordBatch.from_pydict({...})", "fn")
-    return out
-
-
-def apply_map(node: Map, batch: pa.RecordBatch) -> pa.RecordBatch:
-    if node.columns is not None:
-        batch = batch.select(list(node.columns))
-    what = f"map function {node.name or node.fn!r}"
-    out = as_record_batch(node.fn(batch), what)
-    declared = node.output_schema
-    if declared is not None and not out.schema.equals(declared):
-        if [(f.name, f.type) for f in out.schema] == [(f.name, f.type) for f in declared]:
-            return pa.RecordBatch.from_arrays(out.columns, schema=declared)  # nullability, metadata
-        raise SchemaMismatchError(
-            f"{what} returned columns ({_fields(out.schema)}) that differ from its "
-            f"output_schema ({_fields(node.output_schema)}); return what output_schema says, or fix "
-            "output_schema (or leave it out: the function's output on an empty batch is then used)")
-    return out
-
-
-def _fields(schema: pa.Schema) -> str:
-    return ", ".join(f"{f.name}: {f.type}" for f in schema)
-
-
 def _duck_items(node: Project, schema: pa.Schema) -> list[int]:
     """Positions of the projection's items DuckDB computes."""
     return [i for i, (_, e) in enumerate(node.items)
@@ -261,6 +229,7 @@ def _duck_values(node: Project, data, duck: list[int]) -> dict[int, pa.Array]:
     """The DuckDB items over ``data`` (a batch or a table), in one query."""
     if not duck:
         return {}
+    from ..plan import duckeval  # DuckDB loads with the first expression it evaluates
     items = [(str(i), node.items[i][1].duck_sql, node.items[i][1].text) for i in duck]
     columns = frozenset().union(*(node.items[i][1].columns for i in duck))
     return dict(zip(duck, duckeval.evaluate_many(data, items, columns)))
@@ -350,8 +319,7 @@ def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) ->
         for b in iter_batches(plan.child, options, _under_limit=_under_limit):
             yield apply_map(plan, b)
     elif isinstance(plan, SqlQuery):
-        from ..sql.duck import stream
-        yield from stream(plan, options)
+        yield from sql_stream(plan, options, PLAN_READER)
     elif isinstance(plan, Limit):
         remaining = plan.n
         if remaining == 0:
@@ -364,6 +332,11 @@ def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) ->
             yield b
     else:  # pragma: no cover - every node type is handled above
         raise TypeError(f"cannot execute {type(plan).__name__}")
+
+
+# How DuckDB reads the tables a SqlQuery binds (duck.py runs those nodes and, through
+# this, the plans under them).
+PLAN_READER = PlanReader(iter_batches, read_error)
 
 
 def to_table(plan: Plan, options: Options) -> pa.Table:
@@ -452,8 +425,7 @@ def count_rows(plan: Plan, options: Options) -> int:
     if isinstance(node, Limit):
         return min(node.n, count_rows(node.child, options))
     if isinstance(node, SqlQuery):
-        from ..sql.duck import count
-        return count(node, options)
+        return sql_count(node, options, PLAN_READER)
     if isinstance(node, Scan) and options.optimizer.metadata_count:
         units = node.selected_units()
         if node.predicate is None and all(u.num_rows is not None for u in units):

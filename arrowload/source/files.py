@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import os
@@ -190,7 +191,8 @@ class FileSource(PicklableLock, Source):
     """Files of one format on one filesystem, sorted by path, with hive partitions.
 
     Listing happens at construction (a missing path fails fast); footers are fetched on
-    first need, concurrently (``ScanOptions.io_threads``), with retries, and cached.
+    first need (one after the other on local disk, ``ScanOptions.io_threads`` at a time
+    on object stores), with retries, and cached per file.
     """
 
     def __init__(self, filesystem: pafs.FileSystem, entries: Sequence[FileEntry], fmt: str,
@@ -214,6 +216,7 @@ class FileSource(PicklableLock, Source):
         self._facts: tuple | None = None
         self._checks: dict[int, FooterCheck] = {}
         self._footers: dict[int, bytes | None] = {}
+        self._fetched: dict[int, tuple] = {}  # file -> (fragment, schema, footer facts)
         self._streams: set[int] = set()  # IPC stream files (read whole, see ipc.py)
         paths = [e.path for e in self.entries]
         if partitioning is False:
@@ -221,8 +224,6 @@ class FileSource(PicklableLock, Source):
         else:
             types = partitioning if isinstance(partitioning, pa.Schema) else None
             self._partition_schema, self._partition_values = discover_partitions(base, paths, types)
-        self._partition_exprs = [partition_expression(self._partition_schema, v)
-                                 for v in self._partition_values]
 
     # -- facts from footers -------------------------------------------------
     @property
@@ -239,8 +240,9 @@ class FileSource(PicklableLock, Source):
 
     def _fragment(self, i: int) -> ds.FileFragment:
         kwargs = {}
-        if self._partition_exprs[i] is not None:
-            kwargs["partition_expression"] = self._partition_exprs[i]
+        guarantee = partition_expression(self._partition_schema, self._partition_values[i])  # hive folders
+        if guarantee is not None:
+            kwargs["partition_expression"] = guarantee
         return self.format.make_fragment(self.entries[i].path, self.filesystem, **kwargs)
 
     def _fetch(self, i: int):
@@ -296,6 +298,23 @@ class FileSource(PicklableLock, Source):
             raise typed from exc
         return frag, schema, meta
 
+    def _file_facts(self, i: int) -> tuple:
+        """``(fragment, physical schema, footer facts)`` of file ``i``, fetched once (a
+        race between two threads fetches it twice, to the same result)."""
+        got = self._fetched.get(i)
+        if got is None:
+            got = self._fetched[i] = self._fetch(i)
+        return got
+
+    def _footer_workers(self, n: int) -> int:
+        """Threads fetching ``n`` footers: one on local disk (a footer is a read of a few
+        KiB from the page cache; a thread pool costs more CPU than it saves, and the
+        threads would take cores from decoding), ``io_threads`` on object stores, where
+        many requests in flight hide their latency."""
+        if self.is_local:
+            return 1
+        return max(1, min(n, self._scan.io_threads))
+
     def _ensure(self) -> tuple:
         if self._facts is not None:
             return self._facts
@@ -303,15 +322,15 @@ class FileSource(PicklableLock, Source):
             if self._facts is not None:
                 return self._facts
             n = len(self.entries)
-            # Remote stores profit from many footers in flight; on local disk a thread per
-            # core is enough (thread start-up would cost more than it saves).
-            limit = self._scan.io_threads if not self.is_local else (os.cpu_count() or 1)
-            workers = max(1, min(limit, n, self._scan.io_threads))
+            missing = [i for i in range(n) if i not in self._fetched]
+            workers = self._footer_workers(len(missing))
             if workers == 1:
-                fetched = [self._fetch(i) for i in range(n)]
+                for i in missing:
+                    self._file_facts(i)
             else:
                 with ThreadPoolExecutor(workers, thread_name_prefix="arrowload-footer") as pool:
-                    fetched = list(pool.map(self._fetch, range(n)))
+                    list(pool.map(self._file_facts, missing))
+            fetched = [self._fetched[i] for i in range(n)]
             file_schemas = [(self.entries[i].path, s) for i, (_, s, _) in enumerate(fetched)]
             schema = unify_schemas(file_schemas)
             for f in self._partition_schema:
@@ -322,6 +341,35 @@ class FileSource(PicklableLock, Source):
                 units.extend(self._units_of(i, meta, len(units)))
             self._facts = (tuple(f for f, _, _ in fetched), schema, tuple(units))
             return self._facts
+
+    def head_source(self, rows: int) -> "FileSource | None":
+        """The first files, in path order, whose footers say they hold at least ``rows``
+        rows, as a source of their own (same filesystem, format, partition columns and
+        options); footers are read one by one in file order and no further than needed.
+        None where that would not read less: the footers are all known already, the
+        format's footers hold no row count (CSV, JSON), or ``rows`` needs every file."""
+        if self._facts is not None or self.kind not in ("parquet", "ipc"):
+            return None
+        covered, k = 0, 0
+        while k < len(self.entries) and (covered < rows or k == 0):
+            _, _, meta = self._file_facts(k)
+            covered += meta.num_rows if self.kind == "parquet" else meta
+            k += 1
+        if k == len(self.entries):
+            return None
+        return self._prefix(k)
+
+    def _prefix(self, k: int) -> "FileSource":
+        """This source restricted to its first ``k`` files, sharing what is known of them."""
+        sub = copy.copy(self)  # PicklableLock: a fresh lock
+        sub.entries = self.entries[:k]
+        sub._partition_values = self._partition_values[:k]
+        sub._facts = None
+        sub._checks = {}
+        sub._fetched = {i: f for i, f in self._fetched.items() if i < k}
+        sub._footers = self._footers  # shared: whichever checks a file first takes its bytes
+        sub._streams = self._streams
+        return sub
 
     def _units_of(self, i: int, meta, start: int) -> list[Unit]:
         path, part = self.entries[i].path, self._partition_values[i]

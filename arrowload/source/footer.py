@@ -38,39 +38,6 @@ class FooterDecodeError(ValueError):
 
 
 # ---------------------------------------------------------------------------
-# Thrift compact protocol: just enough to walk any struct
-
-
-class _Reader:
-    __slots__ = ("buf", "pos")
-
-    def __init__(self, buf: bytes) -> None:
-        self.buf, self.pos = buf, 0
-
-    def byte(self) -> int:
-        if self.pos >= len(self.buf):
-            raise FooterDecodeError("footer ends inside a value")
-        b = self.buf[self.pos]
-        self.pos += 1
-        return b
-
-    def varint(self) -> int:
-        shift = result = 0
-        while True:
-            b = self.byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-            if shift > 70:
-                raise FooterDecodeError("varint too long")
-
-    def zigzag(self) -> int:
-        n = self.varint()
-        return (n >> 1) ^ -(n & 1)
-
-
-# ---------------------------------------------------------------------------
 # leaf columns
 
 
@@ -177,9 +144,11 @@ def check_footer(path: str, footer: bytes | None, leaves: list[tuple[str, str]])
     if footer is None:
         return FooterCheck(path)
     try:
-        encrypted, row_groups = _decode_file(_Reader(footer))
+        encrypted, row_groups = _decode_file(footer)
     except FooterDecodeError as exc:
         return FooterCheck(path, problem=f"the footer cannot be decoded ({exc})")
+    except IndexError:  # a read past the last byte
+        return FooterCheck(path, problem="the footer cannot be decoded (footer ends inside a value)")
     bad: dict[tuple[int, int], str] = {}
     for r, chunks in enumerate(row_groups):
         if len(chunks) != len(leaves):
@@ -194,77 +163,149 @@ def check_footer(path: str, footer: bytes | None, leaves: list[tuple[str, str]])
     return FooterCheck(path, bad, names, encrypted)
 
 
-# FileMetaData -> RowGroup -> ColumnChunk -> ColumnMetaData: only the fields checked are
-# kept; everything else (schema, statistics, histograms ...) is skipped without building it.
+# The Thrift compact protocol, walked over ``(buf, pos)`` with the position returned by
+# every step (no reader object, no per-byte method call: a footer of a few hundred KiB is
+# walked in milliseconds). Reading past the end raises IndexError, which ``check_footer``
+# reports as a footer that ends inside a value. Only the fields checked are kept
+# (FileMetaData -> RowGroup -> ColumnChunk -> ColumnMetaData); everything else (schema,
+# statistics, histograms ...) is skipped without building it.
 
 
-def _fields(r: _Reader):
-    """(field id, compact type) of each field of the struct at the reader, in order; the
-    caller reads or skips each value before asking for the next."""
-    last = 0
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    pos += 1
+    if b < 0x80:
+        return b, pos
+    result, shift = b & 0x7F, 7
     while True:
-        head = r.byte()
-        if head == 0:
-            return
-        delta, ctype = head >> 4, head & 0x0F
-        fid = last + delta if delta else r.zigzag()
-        yield fid, ctype
-        last = fid
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 70:
+            raise FooterDecodeError("varint too long")
 
 
-def _list_header(r: _Reader) -> tuple[int, int]:
-    head = r.byte()
+def _zigzag(buf: bytes, pos: int) -> tuple[int, int]:
+    n, pos = _varint(buf, pos)
+    return (n >> 1) ^ -(n & 1), pos
+
+
+_STOP = -1
+
+
+def _field(buf: bytes, pos: int, last: int) -> tuple[int, int, int]:
+    """``(field id, compact type, pos)`` of the next field header; the type is ``_STOP``
+    at the end of the struct."""
+    head = buf[pos]
+    pos += 1
+    if head == 0:
+        return 0, _STOP, pos
+    delta = head >> 4
+    if delta:
+        return last + delta, head & 0x0F, pos
+    n, pos = _varint(buf, pos)
+    return (n >> 1) ^ -(n & 1), head & 0x0F, pos
+
+
+def _list_header(buf: bytes, pos: int) -> tuple[int, int, int]:
+    head = buf[pos]
+    pos += 1
     size, etype = head >> 4, head & 0x0F
     if size == 15:
-        size = r.varint()
-    if size > len(r.buf):
+        size, pos = _varint(buf, pos)
+    if size > len(buf):
         raise FooterDecodeError("list longer than the footer")
-    return size, etype
+    return size, etype, pos
 
 
-def _skip(r: _Reader, ctype: int, depth: int = 0) -> None:
+def _skip(buf: bytes, pos: int, ctype: int, depth: int = 0) -> int:
+    """The position after a value of compact type ``ctype`` at ``pos``."""
     if depth > 64:
         raise FooterDecodeError("footer nests too deeply")
-    if ctype in (1, 2):
-        return
-    if ctype == 3:
-        r.pos += 1
-    elif ctype in (4, 5, 6):
-        buf, pos = r.buf, r.pos
-        while True:
-            if pos >= len(buf):
-                raise FooterDecodeError("footer ends inside a value")
-            b = buf[pos]
+    if ctype == 12:
+        return _skip_struct(buf, pos, depth)
+    if ctype in (4, 5, 6):  # varints: up to the first byte without the high bit
+        while buf[pos] & 0x80:
             pos += 1
-            if not b & 0x80:
-                break
-        r.pos = pos
+        pos += 1
+    elif ctype == 8:  # binary
+        n, pos = _varint(buf, pos)
+        pos += n
+    elif ctype in (1, 2):  # booleans live in the field header
+        return pos
+    elif ctype == 3:
+        pos += 1
     elif ctype == 7:
-        r.pos += 8
-    elif ctype == 8:
-        n = r.varint()
-        r.pos += n
-    elif ctype in (9, 10):
-        size, etype = _list_header(r)
+        pos += 8
+    elif ctype in (9, 10):  # list, set
+        size, etype, pos = _list_header(buf, pos)
         if etype in (1, 2):
-            r.pos += size
+            pos += size
+        elif etype in (4, 5, 6):
+            for _ in range(size):
+                while buf[pos] & 0x80:
+                    pos += 1
+                pos += 1
+        elif etype == 8 and depth < 64:  # binaries (a column's path)
+            end = len(buf)
+            for _ in range(size):
+                n, pos = _varint(buf, pos)
+                pos += n
+                if pos > end:
+                    raise FooterDecodeError("a value runs past the footer")
+        elif etype == 12 and depth < 64:  # structs (encoding stats)
+            for _ in range(size):
+                pos = _skip_struct(buf, pos, depth + 1)
         else:
             for _ in range(size):
-                _skip(r, etype, depth + 1)
-    elif ctype == 11:
-        size = r.varint()
+                pos = _skip(buf, pos, etype, depth + 1)
+    elif ctype == 11:  # map
+        size, pos = _varint(buf, pos)
         if size:
-            types = r.byte()
+            types = buf[pos]
+            pos += 1
             for _ in range(size):
-                _skip(r, types >> 4, depth + 1)
-                _skip(r, types & 0x0F, depth + 1)
-    elif ctype == 12:
-        for _, t in _fields(r):
-            _skip(r, t, depth + 1)
+                pos = _skip(buf, pos, types >> 4, depth + 1)
+                pos = _skip(buf, pos, types & 0x0F, depth + 1)
     else:
         raise FooterDecodeError(f"unknown Thrift type {ctype}")
-    if r.pos > len(r.buf):
+    if pos > len(buf):
         raise FooterDecodeError("a value runs past the footer")
+    return pos
+
+
+def _skip_struct(buf: bytes, pos: int, depth: int) -> int:
+    """The position after the struct at ``pos`` (``depth``: its nesting, for ``_skip``).
+    Varints and binaries, most of a footer, are skipped here without a call each."""
+    end = len(buf)
+    while True:
+        head = buf[pos]
+        pos += 1
+        if head == 0:
+            return pos
+        if depth >= 64:
+            raise FooterDecodeError("footer nests too deeply")
+        if not head & 0xF0:  # a field id of its own (zigzag varint) follows
+            _, pos = _varint(buf, pos)
+        ctype = head & 0x0F
+        if ctype in (5, 6, 4):
+            while buf[pos] & 0x80:
+                pos += 1
+            pos += 1
+        elif ctype == 8:
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos)
+            pos += n
+            if pos > end:
+                raise FooterDecodeError("a value runs past the footer")
+        elif ctype not in (1, 2):
+            pos = _skip(buf, pos, ctype, depth + 1)
 
 
 def _expect(ctype: int, want: int) -> None:
@@ -272,65 +313,116 @@ def _expect(ctype: int, want: int) -> None:
         raise FooterDecodeError(f"a field has Thrift type {ctype}, expected {want}")
 
 
-def _decode_file(r: _Reader) -> tuple[bool, list[list[dict]]]:
-    encrypted, row_groups = False, None
-    for fid, ctype in _fields(r):
+def _decode_file(buf: bytes) -> tuple[bool, list[list[dict]]]:
+    encrypted, row_groups, pos, fid = False, None, 0, 0
+    while True:
+        fid, ctype, pos = _field(buf, pos, fid)
+        if ctype == _STOP:
+            break
         if fid == 4:
             _expect(ctype, 9)
-            size, etype = _list_header(r)
+            size, etype, pos = _list_header(buf, pos)
             _expect(etype, 12)
-            row_groups = [_decode_row_group(r) for _ in range(size)]
+            row_groups = []
+            for _ in range(size):
+                chunks, pos = _decode_row_group(buf, pos)
+                row_groups.append(chunks)
         else:
             encrypted = encrypted or fid == 8  # encryption_algorithm: a plaintext-footer encrypted file
-            _skip(r, ctype)
+            pos = _skip(buf, pos, ctype)
     if row_groups is None:
         raise FooterDecodeError("the footer has no row groups field")
     return encrypted, row_groups
 
 
-def _decode_row_group(r: _Reader) -> list[dict]:
+def _decode_row_group(buf: bytes, pos: int) -> tuple[list[dict], int]:
     chunks: list[dict] = []
-    for fid, ctype in _fields(r):
+    fid = 0
+    while True:
+        fid, ctype, pos = _field(buf, pos, fid)
+        if ctype == _STOP:
+            return chunks, pos
         if fid == 1:
             _expect(ctype, 9)
-            size, etype = _list_header(r)
+            size, etype, pos = _list_header(buf, pos)
             _expect(etype, 12)
-            chunks = [_decode_chunk(r) for _ in range(size)]
+            chunks = []
+            for _ in range(size):
+                chunk, pos = _decode_chunk(buf, pos)
+                chunks.append(chunk)
         else:
-            _skip(r, ctype)
-    return chunks
+            pos = _skip(buf, pos, ctype)
 
 
-def _decode_chunk(r: _Reader) -> dict:
+def _decode_chunk(buf: bytes, pos: int) -> tuple[dict, int]:
     out: dict = {}
-    for fid, ctype in _fields(r):
+    fid = 0
+    while True:
+        head = buf[pos]
+        pos += 1
+        if head == 0:
+            return out, pos
+        if head >> 4:
+            fid += head >> 4
+        else:
+            n, pos = _varint(buf, pos)
+            fid = (n >> 1) ^ -(n & 1)
+        ctype = head & 0x0F
         if fid == 3 and ctype == 12:
-            out[3] = _decode_column_meta(r)
+            out[3], pos = _decode_column_meta(buf, pos)
+            continue
+        if fid in (8, 9):
+            out[fid] = True
+        if ctype == 5 or ctype == 6:  # offsets and lengths of the page indexes
+            while buf[pos] & 0x80:
+                pos += 1
+            pos += 1
         else:
-            if fid in (8, 9):
-                out[fid] = True
-            _skip(r, ctype)
-    return out
+            pos = _skip(buf, pos, ctype)
 
 
-def _decode_column_meta(r: _Reader) -> dict:
+def _decode_column_meta(buf: bytes, pos: int) -> tuple[dict, int]:
     out: dict = {}
-    for fid, ctype in _fields(r):
-        if fid in (1, 4, 5, 6, 7, 9) and ctype in (5, 6):
-            out[fid] = r.zigzag()
+    fid = 0
+    while True:  # the field headers inline: the hottest loop of a footer
+        head = buf[pos]
+        pos += 1
+        if head == 0:
+            return out, pos
+        if head >> 4:
+            fid += head >> 4
+        else:
+            n, pos = _varint(buf, pos)
+            fid = (n >> 1) ^ -(n & 1)
+        ctype = head & 0x0F
+        if ctype == 5 or ctype == 6:
+            if fid in (1, 4, 5, 6, 7, 9):
+                n, pos = _varint(buf, pos)
+                out[fid] = (n >> 1) ^ -(n & 1)
+            else:
+                while buf[pos] & 0x80:
+                    pos += 1
+                pos += 1
         elif fid == 2 and ctype == 9:
-            size, etype = _list_header(r)
+            size, etype, pos = _list_header(buf, pos)
             _expect(etype, 5)
-            out[2] = [r.zigzag() for _ in range(size)]
+            values = []
+            for _ in range(size):
+                n, pos = _varint(buf, pos)
+                values.append((n >> 1) ^ -(n & 1))
+            out[2] = values
         elif fid == 16 and ctype == 12:
             present = {}
-            for sid, stype in _fields(r):
+            sid = 0
+            while True:
+                sid, stype, pos = _field(buf, pos, sid)
+                if stype == _STOP:
+                    break
                 present[sid] = True
-                _skip(r, stype)
+                pos = _skip(buf, pos, stype)
             out[16] = present
         else:
-            _skip(r, ctype)
-    return out
+            pos = _skip(buf, pos, ctype)
 
 
 def _check_chunk(chunk, physical: str) -> str | None:

@@ -1,33 +1,55 @@
-"""Run SQL in DuckDB over arrowload scans.
+"""Run SQL in DuckDB over arrowload scans: the ``SqlQuery`` nodes of a plan.
+
+DuckDB reads each bound table through arrowload (its plan's batches, or the pyarrow
+dataset of a plain scan), so running a query runs plans: the executor's functions come in
+as a :class:`PlanReader` (``scan.execute.PLAN_READER``) rather than by importing the
+executor, which imports this module to run ``SqlQuery`` nodes.
 
 Every run opens its own in-memory DuckDB connection and closes it when the result is
 exhausted, when the consumer stops early, or on error: no connection or DuckDB thread
 outlives the query. DuckDB errors are translated into arrowload errors (never leaked raw).
 
-A query built with ``external_access=False`` runs on a sandboxed connection (:data:`SANDBOX`):
-DuckDB's ``enable_external_access`` off (no file or network access, no extension install
-or load, no ``getenv``), no extension autoloading, no lookup of Python variables by name,
-and the configuration locked so the query cannot ``SET`` any of it back. The bound tables
+A query built with ``external_access=False`` runs on a sandboxed connection
+(``plan.sandbox.DUCKDB_SANDBOX``): DuckDB's ``enable_external_access`` off (no file or
+network access, no extension install or load, no ``getenv``), no extension autoloading,
+no lookup of Python variables by name, and the configuration locked so the query cannot ``SET`` any of it back. The bound tables
 are registered by arrowload before the lock and stay readable.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import pyarrow as pa
 
 from ..errors import (ColumnNotFoundError, ExpressionError, ExternalAccessError, PathNotFoundError, QueryError,
                       ScanError, TableNotFoundError)
 from ..options import Options
-from ..plan.nodes import Plan, Scan, SqlQuery
-from ..plan.sandbox import DUCKDB_SANDBOX
+from ..plan.nodes import Plan, Scan, SqlQuery, scans
 
 _BATCH_ROWS = 65_536
 
-# DuckDB settings of a sandboxed connection (see the module docstring): the same as for filters.
-SANDBOX = DUCKDB_SANDBOX
+
+class PlanReader(NamedTuple):
+    """How a query reads its bound tables: ``batches(plan, options)`` streams a plan's
+    record batches, ``read_error(scan, exc)`` names the file at fault when a read of
+    ``scan`` failed (``scan.execute.iter_batches`` / ``read_error``)."""
+
+    batches: Callable[[Plan, Options], Iterator[pa.RecordBatch]]
+    read_error: Callable[[Scan, BaseException], Exception]
+
+
+class Query(NamedTuple):
+    """A query with its bound tables, before it is a ``SqlQuery`` node (its result schema
+    is what binding it finds out)."""
+
+    query: str
+    names: tuple[str, ...]
+    tables: tuple[Plan, ...]
+    external_access: bool = True
+
 
 
 def _duckdb():
@@ -35,7 +57,7 @@ def _duckdb():
     return duckdb
 
 
-def arrow_source(plan: Plan, options: Options):
+def arrow_source(plan: Plan, options: Options, reader: PlanReader):
     """What DuckDB scans for a bound table: the pyarrow dataset of the kept units (with the
     pushed predicate, restricted to the plan's columns) when the plan is a plain scan —
     DuckDB then pushes its own projection and filters into it — else a stream of the
@@ -48,7 +70,7 @@ def arrow_source(plan: Plan, options: Options):
         if plan.columns is not None:
             dataset = dataset.replace_schema(plan.schema)
         return dataset
-    return _PlanStream(plan, options)
+    return _PlanStream(plan, options, reader)
 
 
 class _PlanStream:
@@ -56,28 +78,31 @@ class _PlanStream:
     (a query may scan a bound table twice: self-joins, subqueries); a RecordBatchReader
     could be read only once."""
 
-    def __init__(self, plan: Plan, options: Options) -> None:
-        self.plan, self.options = plan, options
+    def __init__(self, plan: Plan, options: Options, reader: PlanReader) -> None:
+        self.plan, self.options, self.reader = plan, options, reader
 
     def __arrow_c_schema__(self):
         return self.plan.schema.__arrow_c_schema__()
 
     def __arrow_c_stream__(self, requested_schema=None):
-        from ..scan.execute import iter_batches
-        reader = pa.RecordBatchReader.from_batches(self.plan.schema, iter_batches(self.plan, self.options))
-        return reader.__arrow_c_stream__(requested_schema)
+        batches = pa.RecordBatchReader.from_batches(self.plan.schema, self.reader.batches(self.plan, self.options))
+        return batches.__arrow_c_stream__(requested_schema)
 
 
 def connect(external_access: bool = True):
-    """A fresh in-memory DuckDB connection; sandboxed unless ``external_access``."""
-    return _duckdb().connect(":memory:", config={} if external_access else dict(SANDBOX))
+    """A fresh in-memory DuckDB connection; sandboxed unless ``external_access`` (DuckDB's
+    settings of ``plan.sandbox.DUCKDB_SANDBOX``, the same as for filters)."""
+    if external_access:
+        return _duckdb().connect(":memory:", config={})
+    from ..plan.sandbox import DUCKDB_SANDBOX
+    return _duckdb().connect(":memory:", config=dict(DUCKDB_SANDBOX))
 
 
-def _connect(node: SqlQuery, options: Options):
+def _connect(node: SqlQuery | Query, options: Options, reader: PlanReader):
     con = connect(node.external_access)
     try:
         for name, child in zip(node.names, node.tables):
-            con.register(name, arrow_source(child, options))
+            con.register(name, arrow_source(child, options, reader))
     except BaseException:
         con.close()
         raise
@@ -94,7 +119,7 @@ _SANDBOX_REFUSALS = re.compile(
 _TABLE_READ = re.compile(r"reading the stream registered as '([^']+)' failed", re.IGNORECASE)
 
 
-def _table_read_error(msg: str, node: SqlQuery) -> Exception | None:
+def _table_read_error(msg: str, node: SqlQuery | Query, reader: PlanReader) -> Exception | None:
     """A failure while DuckDB read a bound table is the table's, not the query's: re-read
     the table's scans to name the file at fault and why (a corrupt page, a checksum that
     does not match, storage refusing access) with the error the same read outside SQL
@@ -102,20 +127,18 @@ def _table_read_error(msg: str, node: SqlQuery) -> Exception | None:
     m = _TABLE_READ.search(msg)
     if m is None or m.group(1) not in node.names:
         return None
-    from ..plan.nodes import scans
-    from ..scan.execute import read_error
     for scan in scans(node.tables[node.names.index(m.group(1))]):
-        typed = read_error(scan, RuntimeError(msg))
+        typed = reader.read_error(scan, RuntimeError(msg))
         if not isinstance(typed, ScanError):  # the re-read named the file and the cause
             return typed
     return None
 
 
-def translate(exc: Exception, node: SqlQuery) -> Exception:
+def translate(exc: Exception, node: SqlQuery | Query, reader: PlanReader) -> Exception:
     """A DuckDB exception as the arrowload error a user can act on."""
     duckdb = _duckdb()
     msg = str(exc)
-    table_error = _table_read_error(msg, node)
+    table_error = _table_read_error(msg, node, reader)
     if table_error is not None:
         return table_error
     if not node.external_access and (isinstance(exc, duckdb.PermissionException)
@@ -160,40 +183,43 @@ def _errors():
     return _duckdb().Error
 
 
-def stream(node: SqlQuery, options: Options, query: str | None = None) -> Iterator[pa.RecordBatch]:
+def stream(node: SqlQuery, options: Options, reader: PlanReader,
+           query: str | None = None) -> Iterator[pa.RecordBatch]:
     """Stream the query's result; the connection closes when the generator finishes or is
     closed early."""
-    con = _connect(node, options)
+    con = _connect(node, options, reader)
     try:
         try:
-            reader = con.sql(query or node.query).to_arrow_reader(_BATCH_ROWS)
+            result = con.sql(query or node.query).to_arrow_reader(_BATCH_ROWS)
         except _errors() as exc:
-            raise translate(exc, node) from None
+            raise translate(exc, node, reader) from None
         while True:
             try:
-                batch = reader.read_next_batch()
+                batch = result.read_next_batch()
             except StopIteration:
                 return
             except _errors() as exc:
-                raise translate(exc, node) from None
+                raise translate(exc, node, reader) from None
             if batch.num_rows:
                 yield batch
     finally:
         con.close()
 
 
-def _scalar_query(node: SqlQuery, query: str, options: Options):
-    con = _connect(node, options)
+def _scalar_query(node: SqlQuery, query: str, options: Options, reader: PlanReader):
+    con = _connect(node, options, reader)
     try:
         return con.sql(query).fetchall()
     except _errors() as exc:
-        raise translate(exc, node) from None
+        raise translate(exc, node, reader) from None
     finally:
         con.close()
 
 
-def result_schema(node: SqlQuery) -> pa.Schema:
-    con = _connect(node, Options())
+def result_schema(node: Query, reader: PlanReader) -> pa.Schema:
+    """The schema of ``node``'s result, as DuckDB binds it (no row is read); binding
+    errors (unknown columns, types) raise here, at the call that wrote the query."""
+    con = _connect(node, Options(), reader)
     try:
         schema = con.sql(f"SELECT * FROM ({node.query}) AS q LIMIT 0").to_arrow_table().schema
         # the subquery renamed repeated names (``user_id_1``); the stream keeps DuckDB's own
@@ -202,7 +228,7 @@ def result_schema(node: SqlQuery) -> pa.Schema:
             schema = pa.schema([f.with_name(n) for f, n in zip(schema, names)], schema.metadata)
         return schema
     except _errors() as exc:
-        raise translate(exc, node) from None
+        raise translate(exc, node, reader) from None
     finally:
         con.close()
 
@@ -225,11 +251,11 @@ def output_names(tree, schema: pa.Schema) -> list[str] | None:
         con.close()
 
 
-def count(node: SqlQuery, options: Options) -> int:
-    return int(_scalar_query(node, f"SELECT count(*) FROM ({node.query}) AS q", options)[0][0])
+def count(node: SqlQuery, options: Options, reader: PlanReader) -> int:
+    return int(_scalar_query(node, f"SELECT count(*) FROM ({node.query}) AS q", options, reader)[0][0])
 
 
-def explain(node: SqlQuery, options: Options) -> str:
+def explain(node: SqlQuery, options: Options, reader: PlanReader) -> str:
     """DuckDB's physical plan: it shows the projections and filters pushed into each scan."""
-    rows = _scalar_query(node, f"EXPLAIN {node.query}", options)
+    rows = _scalar_query(node, f"EXPLAIN {node.query}", options, reader)
     return "\n".join(r[1] for r in rows)

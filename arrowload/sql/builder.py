@@ -1,0 +1,181 @@
+"""``al.sql``: SQL over bound tables, as a plan.
+
+A select-project-filter query (``SELECT cols/exprs FROM t WHERE ... LIMIT n``, with
+aliases, ``*`` and ``* EXCLUDE (...)``) becomes the same lazy plan as
+``.filter().select().limit()``: same pushdown, same splits, so loaders can shuffle,
+shard and resume over it. Everything else (joins, aggregates, GROUP BY, windows,
+subqueries, UNION, ORDER BY, DISTINCT, CTEs) runs in DuckDB over arrowload's scans of
+the bound tables, with DuckDB's projections and filters pushed into those scans, and
+streams back as Arrow record batches.
+"""
+
+from __future__ import annotations
+
+import sqlglot
+from sqlglot import exp
+
+from ..errors import ArgumentTypeError, ExpressionError, TableNotFoundError
+from ..plan.expr import SqlExpr
+from ..plan.nodes import Filter, Limit, Plan, Project, SqlQuery
+from ..plan.sqlexpr import DIALECT, _unterminated_at, resolve_column
+from ..plan.syntax import check_complete, syntax_error, token_error
+from ..scan import duck
+from ..scan.execute import PLAN_READER
+
+# Clauses that make a query more than select-project-filter.
+_COMPLEX_ARGS = ("joins", "group", "having", "order", "distinct", "windows", "qualify",
+                 "offset", "laterals", "pivots", "with", "with_", "for_", "sample", "prewhere", "connect",
+                 "match", "cluster", "distribute", "sort", "settings", "format", "into",
+                 "locks", "kind", "operation_modifiers")
+
+
+def parse_query(query: str) -> exp.Expression:
+    """The one SELECT statement of ``query`` (DuckDB dialect); a syntax error is an
+    ExpressionError with the line and column."""
+    if not isinstance(query, str):
+        raise ArgumentTypeError(f"al.sql() takes the query as SQL text, got {type(query).__name__}: "
+                                "al.sql('SELECT ... FROM t', t=al.dataset(...))", "query")
+    if not query.strip():
+        raise ExpressionError("empty SQL query")
+    try:
+        trees = sqlglot.parse(query, read=DIALECT)
+    except sqlglot.errors.ParseError as e:
+        raise syntax_error(e.errors[0] if e.errors else {}, query, "SQL") from None
+    except sqlglot.errors.TokenError:
+        raise token_error(query, "SQL", *_unterminated_at(query)) from None
+    trees = [t for t in trees if t is not None]
+    if len(trees) != 1:
+        raise ExpressionError(f"al.sql() runs one statement; got {len(trees)}")
+    tree = trees[0]
+    check_complete(tree, query, "SQL")
+    if not isinstance(tree, exp.Query):
+        raise ExpressionError(f"al.sql() runs queries (SELECT ...); got {type(tree).__name__.upper()}")
+    return tree
+
+
+def _table_names(tree: exp.Expression) -> list[str]:
+    """Tables the query reads, minus its own CTE names."""
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    out = []
+    for t in tree.find_all(exp.Table):
+        if isinstance(t.this, exp.Identifier) and t.name.lower() not in ctes and not t.args.get("db"):
+            out.append(t.name)
+    return out
+
+
+def _is_simple(tree: exp.Expression) -> bool:
+    if not isinstance(tree, exp.Select):
+        return False
+    if any(tree.args.get(a) for a in _COMPLEX_ARGS):
+        return False
+    from_ = tree.args.get("from") or tree.args.get("from_")
+    if from_ is None or not isinstance(from_.this, exp.Table) or not isinstance(from_.this.this, exp.Identifier):
+        return False
+    table = from_.this
+    if any(v for k, v in table.args.items() if k not in ("this", "alias")) or \
+            (isinstance(table.args.get("alias"), exp.TableAlias) and table.args["alias"].columns):
+        return False  # TABLESAMPLE, PIVOT, column aliases ...: DuckDB runs it
+    for node in tree.walk():
+        if node is tree:
+            continue
+        if isinstance(node, (exp.AggFunc, exp.Window, exp.Subquery, exp.Select, exp.Union,
+                             exp.Unnest, exp.Lateral, exp.TryCast)):
+            return False
+    limit = tree.args.get("limit")
+    if limit is not None and not (isinstance(limit.expression, exp.Literal) and limit.expression.is_int):
+        return False
+    return True
+
+
+def _output_name(e: exp.Expression) -> str:
+    if isinstance(e, exp.Alias):
+        return e.alias
+    if isinstance(e, exp.Column):
+        return e.name
+    return e.sql(DIALECT)
+
+
+def _lower_simple(tree: exp.Select, child: Plan) -> Plan:
+    """SELECT-project-filter-limit as Filter / Project / Limit nodes over ``child``."""
+    schema = child.schema
+    plan: Plan = child
+    where = tree.args.get("where")
+    if where is not None:
+        plan = Filter(plan, SqlExpr.bind(where.this, schema, where.this.sql(DIALECT)))
+        plan.predicate.check(schema, predicate=True)  # types now: an error -> DuckDB runs the query
+    unnamed = []
+    items: list[tuple[str, SqlExpr]] = []
+    star_only = True
+    for e in tree.expressions:
+        if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
+            star = e if isinstance(e, exp.Star) else e.this
+            excluded = star.args.get("except_") or star.args.get("except") or star.args.get("exclude") or []
+            drop = {_resolve(x.name, schema) for x in excluded}
+            if star.args.get("replace") or star.args.get("rename") or star.args.get("ilike"):
+                raise ExpressionError("SELECT * REPLACE / RENAME / ILIKE is not supported; use aliases")
+            items.extend((n, SqlExpr.column(n)) for n in schema.names if n not in drop)
+            star_only = star_only and not drop
+            continue
+        star_only = False
+        inner = e.this if isinstance(e, exp.Alias) else e
+        bound_e = SqlExpr.bind(inner, schema, inner.sql(DIALECT))
+        if not isinstance(e, (exp.Alias, exp.Column)):
+            unnamed.append(len(items))
+        # a column keeps its name as stored (``SELECT ID`` outputs ``id``, as in DuckDB)
+        items.append((bound_e.column_name() if isinstance(e, exp.Column) else _output_name(e), bound_e))
+    if unnamed:  # unaliased expressions are named as DuckDB names them
+        names = duck.output_names(tree, schema)
+        if names is not None and len(names) == len(items):
+            items = [(names[i], e) if i in unnamed else (n, e) for i, (n, e) in enumerate(items)]
+    if not star_only:
+        plan = Project(plan, tuple(items))
+        _ = plan.schema  # types every expression now: one arrowload cannot compute -> DuckDB
+    limit = tree.args.get("limit")
+    if limit is not None:
+        plan = Limit(plan, int(limit.expression.this))
+    return plan
+
+
+def _resolve(name: str, schema) -> str:
+    return resolve_column(name, schema)
+
+
+def build(tree: exp.Expression, tables: dict[str, Plan], *,
+          external_access: bool = True) -> tuple[Plan, str]:
+    """The plan of the parsed query ``tree`` (``parse_query``) over ``tables`` (bound name
+    -> plan), and the name of the first table it reads (whose options run it).
+
+    A select-project-filter query over one table becomes Filter / Project / Limit nodes
+    over that table's plan; anything else a ``SqlQuery`` node, bound now (its result
+    schema from DuckDB: unknown columns and bad types fail here). ``external_access=False``:
+    what DuckDB runs is sandboxed (see :mod:`arrowload.scan.duck`); a lowered query reads
+    only its bound table."""
+    if not isinstance(external_access, bool):
+        raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
+    lookup = {n.lower(): n for n in tables}
+    used: list[str] = []
+    for t in _table_names(tree):
+        real = lookup.get(t.lower())
+        if real is None:
+            raise TableNotFoundError(t, list(tables))
+        if real not in used:
+            used.append(real)
+    if not used:
+        raise ExpressionError("the query reads no bound table; bind one by keyword: "
+                              "al.sql('SELECT ... FROM t', t=...)")
+    if _is_simple(tree) and len(used) == 1:
+        try:
+            return _lower_simple(tree, tables[used[0]]), used[0]
+        except ValueError:
+            pass  # an expression (or repeated name) the lazy plan cannot express: DuckDB runs it
+    # DuckDB runs it; bound names are registered as they are written in the query.
+    written = {}
+    for t in _table_names(tree):
+        written.setdefault(lookup[t.lower()], t)
+    names = tuple(written[n] for n in used)
+    query = duck.Query(tree.sql(DIALECT), names, tuple(tables[n] for n in used), external_access)
+    schema = duck.result_schema(query, PLAN_READER)
+    return SqlQuery(query.query, query.names, query.tables, schema, external_access), used[0]
+
+
+__all__ = ["build", "parse_query"]
