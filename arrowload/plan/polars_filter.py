@@ -23,7 +23,7 @@ in polars, the others (if any) are evaluated after, over the rows polars kept.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -186,22 +186,34 @@ def to_polars(tree: exp.Expression, schema: pa.Schema):
     return _build(_shape(tree, schema), pl)
 
 
-@dataclass(frozen=True)
 class PolarsSplit:
-    """A predicate split for a polars prefilter: ``polars`` keeps a superset of the rows
-    (the conjuncts it translates), ``rest`` (None when everything translated) is the
-    predicate still to apply to what polars kept. ``polars_columns`` / ``rest_columns``:
-    the columns each reads."""
+    """A predicate split for a polars prefilter: ``polars`` (built on first use, which
+    imports polars) keeps a superset of the rows, the conjuncts it translates; ``rest``
+    (None when everything translated) is the predicate still to apply to what polars kept.
+    ``polars_columns`` / ``rest_columns``: the columns each reads."""
 
-    polars: Any
-    polars_columns: frozenset[str]
-    rest: Expr | None
-    rest_columns: frozenset[str]
+    def __init__(self, parts: list[SqlExpr], rest: Expr | None, schema: pa.Schema) -> None:
+        self._parts = parts
+        self._schema = schema
+        self.polars_columns = frozenset().union(*(p.columns for p in parts))
+        self.rest = rest
+        self.rest_columns = rest.columns if rest is not None else frozenset()
+
+    @cached_property
+    def polars(self):
+        expr = None
+        for part in self._parts:
+            e = to_polars(part.tree, self._schema)
+            expr = e if expr is None else expr & e
+        return expr
+
+    def __str__(self) -> str:
+        return " AND ".join(str(p) for p in self._parts)
 
 
 def split_for_polars(predicate: Expr, schema: pa.Schema) -> PolarsSplit | None:
     """Split ``predicate`` at its top-level ANDs into the part polars evaluates with the
-    same meaning and the rest; None when no conjunct translates."""
+    same meaning and the rest; None when no conjunct translates. Polars is not imported."""
     done, rest = [], []
     for part in conjuncts(predicate):
         if isinstance(part, SqlExpr) and translatable(part.tree, schema):
@@ -210,10 +222,4 @@ def split_for_polars(predicate: Expr, schema: pa.Schema) -> PolarsSplit | None:
             rest.append(part)
     if not done:
         return None
-    expr = None
-    for part in done:
-        e = to_polars(part.tree, schema)
-        expr = e if expr is None else expr & e
-    left = conjoin(rest)
-    return PolarsSplit(expr, frozenset().union(*(p.columns for p in done)),
-                       left, left.columns if left is not None else frozenset())
+    return PolarsSplit(done, conjoin(rest), schema)

@@ -11,7 +11,12 @@ only the CPU they cost.
 CPU is the reading thread's own (``time.thread_time``) plus, for polars, the CPU its
 thread pool spent meanwhile (Linux: ``/proc/self/task/*/schedstat``); a polars measurement
 that overlapped another polars call of the process is discarded. Where the pool's time
-cannot be read, polars is not measured and so not chosen.
+cannot be read, polars is not measured and so not chosen. A measured read runs alone among
+its reader's reads (``Gate``): decoders that share the cores with other reads cost more
+than alone (polars' pool threads spin while they wait), and unevenly so.
+
+pyarrow's dataset scanner is not a candidate where ``ParquetFile`` reads: it decodes on
+pyarrow's own threads, which no reading thread's clock sees.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import statistics
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 WARMUP = 1   # unmeasured reads per candidate (imports, files opened)
 TRIALS = 3   # measured reads per candidate before the first choice
@@ -120,6 +126,17 @@ class Chooser:
             if self.chosen is not None:
                 self._decide(self._live())
 
+    def add(self, name: str) -> None:
+        """A new candidate, measured (the others keep their measurements) before the
+        choice is made again."""
+        with self._lock:
+            if name in self.names:
+                return
+            self.names += (name,)
+            self._started[name] = self._busy[name] = 0
+            self._costs[name] = []
+            self.chosen = None
+
     def fail(self, name: str) -> None:
         """``name`` failed where another decoder read the unit: never pick it again."""
         with self._lock:
@@ -131,6 +148,41 @@ class Chooser:
         """Median measured CPU seconds per byte of each candidate measured so far."""
         with self._lock:
             return {n: statistics.median(c) for n, c in self._costs.items() if c}
+
+
+class Gate:
+    """Lets a measured read run alone among its reader's reads: it waits for the reads in
+    flight to end and holds new ones back while it runs (a few reads per epoch), so that
+    what it costs is not what sharing the cores with the other reads costs."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._waiting = 0
+        self._alone = False
+
+    @contextmanager
+    def enter(self, alone: bool):
+        with self._cond:
+            if alone:
+                self._waiting += 1
+                while self._active or self._alone:
+                    self._cond.wait()
+                self._waiting -= 1
+                self._alone = True
+            else:
+                while self._alone or self._waiting:
+                    self._cond.wait()
+                self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                if alone:
+                    self._alone = False
+                else:
+                    self._active -= 1
+                self._cond.notify_all()
 
 
 # ---------------------------------------------------------------------------

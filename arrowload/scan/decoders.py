@@ -166,6 +166,7 @@ class _OpenFiles:
         self.source = source
         self.options = options
         self.cap = cap
+        self.local = source.is_local
         self._lock = threading.Lock()
         self._free: dict[int, list] = {}
         self._order: list[tuple[int, object]] = []  # (file, reader) free, oldest first
@@ -174,7 +175,9 @@ class _OpenFiles:
         import pyarrow.parquet as pq
         src, scan = self.source, self.options.scan
         handle = src.filesystem.open_input_file(src.entries[file].path)
-        return pq.ParquetFile(handle, metadata=src.file_metadata(file), pre_buffer=scan.pre_buffer,
+        # local files: each column chunk read on the calling thread (its CPU clock then sees
+        # the reading too, as polars' does); object storage: pre-buffered, one request per range
+        return pq.ParquetFile(handle, metadata=src.file_metadata(file), pre_buffer=scan.pre_buffer and not self.local,
                               page_checksum_verification=scan.page_checksums)
 
     @contextmanager

@@ -46,14 +46,16 @@ from ..plan.nodes import Filter, Map, Plan, Project, Scan, scans
 from ..plan.rowselect import filter_rows
 from ..source.retry import retry
 from . import execute
-from .choose import Chooser, Measure, pool_cpu_readable
+from .choose import Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
 
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
-# polars is a candidate where its import (about 0.2 CPU seconds) is already paid, or where
-# the scan reads enough to repay it: polars decodes about 10% cheaper than pyarrow on plain
-# reads and 25-40% on selective filters (benchmarks/RESULTS.md)
-POLARS_MIN_BYTES = 256 << 20
+# polars costs an import (about 0.2 CPU seconds, once per process) and decodes about 15%
+# cheaper than ParquetFile on plain reads, 25-40% on filters it prefilters
+# (benchmarks/RESULTS.md): it joins the candidates at once where its import is paid
+# already or an epoch reads POLARS_BYTES, else once the reader has read POLARS_BYTES
+# (a few epochs of a small selection)
+POLARS_BYTES = 256 << 20
 _ENV = "ARROWLOAD_DECODER"
 
 
@@ -145,6 +147,7 @@ class UnitReader:
         self._compile_scan(scan)
         self._bad: set[tuple[str, int]] = set()  # (decoder, file) that failed where dataset read
         self._decided: frozenset[int] | None = None
+        self._sizes: tuple[int, ...] | None = None
         self._compile_decoders(decoders)
 
     # -- compile ---------------------------------------------------------------
@@ -196,9 +199,8 @@ class UnitReader:
         parquet = src.kind == "parquet" and hasattr(src, "file_metadata") and not getattr(src, "in_memory_reads", True)
         pinned = decoders if decoders is not None else \
             [d.strip() for d in os.environ.get(_ENV, "").split(",") if d.strip()] or None
-        eligible = {"dataset": True, "pyarrow": parquet,
-                    "polars": parquet and PolarsDecoder.eligible(scan, options)
-                    and (pinned is not None or (pool_cpu_readable() and self._repays_polars()))}
+        polars = parquet and PolarsDecoder.eligible(scan, options) and (pinned is not None or pool_cpu_readable())
+        eligible = {"dataset": True, "pyarrow": parquet, "polars": polars}
         if pinned is not None:
             unknown = [d for d in pinned if d not in eligible]
             if unknown:
@@ -229,17 +231,20 @@ class UnitReader:
                     self._polars_cols = tuple(n for n in dict.fromkeys(src.schema.names) if n in keep)
                     self._polars_count_cols = tuple(n for n in dict.fromkeys(src.schema.names)
                                                     if n in split.rest_columns)
+        self._read_bytes = 0
+        self._polars_later = False
+        if "polars" in names and pinned is None and "polars" not in sys.modules:
+            if sum(self._unit_bytes()) < POLARS_BYTES:
+                names.remove("polars")  # not yet: see POLARS_BYTES
+                self._polars_later = True
         self._chooser = Chooser(names, exclusive=("polars",))
+        self._gate = Gate()
 
-    def _repays_polars(self) -> bool:
-        if "polars" in sys.modules:
-            return True
-        total = 0
-        for u in self.units:
-            total += u.bytes_for(self._all) or 0
-            if total >= POLARS_MIN_BYTES:
-                return True
-        return False
+    def _unit_bytes(self) -> tuple[int, ...]:
+        """Compressed bytes of the columns read, per unit (rows where footers do not say)."""
+        if self._sizes is None:
+            self._sizes = tuple(u.bytes_for(self._all) or u.num_rows or 1 for u in self.units)
+        return self._sizes
 
     # -- what the reader chose ---------------------------------------------------
     @property
@@ -255,7 +260,8 @@ class UnitReader:
         """What was compiled and chosen, for ``explain()`` / ``stats()``."""
         return {"decoder": self.decoder, "candidates": list(self.candidates),
                 "cpu_per_byte": self._chooser.costs(), "late_materialization": self._late,
-                "polars_prefilter": str(self._polars.polars) if self._polars is not None else None,
+                "polars_prefilter": str(self._polars) if self._polars is not None and "polars" in self.candidates
+                else None,
                 "units_read": self.reads}
 
     def close(self) -> None:
@@ -321,33 +327,44 @@ class UnitReader:
         decoder's failure hands the unit to the dataset scanner, whose answer stands."""
         if self._refused is not None:
             raise self._refused
-        unit = self.units[i]
         counting = fn == self._count_unit
         name, measure = self._chooser.pick()
-        return self._read_with(name, measure, unit, fn, counting)
+        return self._read_with(name, measure, i, fn, counting)
 
-    def _read_with(self, name: str, measure: bool, unit, fn: Callable, counting: bool):
+    def _count_read(self, size: int) -> None:
+        with self._lock:
+            self._read_bytes += size
+            if not self._polars_later or self._read_bytes < POLARS_BYTES:
+                return
+            self._polars_later = False
+        self._chooser.add("polars")
+
+    def _read_with(self, name: str, measure: bool, i: int, fn: Callable, counting: bool):
+        unit = self.units[i]
         picked, cpu = name, None
         try:
             if not self._usable(name, unit, self._columns_for(name, counting)):
                 name, measure = next((n for n in self.candidates
                                       if self._usable(n, unit, self._columns_for(n, counting))), "dataset"), False
-            m = Measure() if measure else None
-            if name == "dataset":
-                out = self._on_dataset(unit, fn)
-            else:
-                try:
-                    out = fn(self._decoders[name], unit, m)
-                except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
-                    if not isinstance(exc, Exception) and not _is_polars_panic(exc):
-                        raise
-                    return self._on_dataset(unit, fn, failed=name)
-            if m is not None and name == picked:
-                cpu = m.done()
+            with self._gate.enter(alone=measure):
+                m = Measure() if measure else None
+                if name == "dataset":
+                    out = self._on_dataset(unit, fn)
+                else:
+                    try:
+                        out = fn(self._decoders[name], unit, m)
+                    except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
+                        if not isinstance(exc, Exception) and not _is_polars_panic(exc):
+                            raise
+                        return self._on_dataset(unit, fn, failed=name)
+                if m is not None and name == picked:
+                    cpu = m.done()
             return out
         finally:
-            size = (unit.bytes_for(self._all) or unit.num_rows or 1) if cpu is not None else 0
+            size = self._unit_bytes()[i]
             self._chooser.done(picked, cpu, size)
+            if self._polars_later:
+                self._count_read(size)
 
     def _on_dataset(self, unit, fn: Callable, failed: str | None = None):
         opts = self.options.scan
