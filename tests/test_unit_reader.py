@@ -344,6 +344,22 @@ def test_late_materialization_reads_no_more_and_skips_empty_units(tmp_path, dec)
         assert read >= key + payload
 
 
+def test_open_files_are_bounded_and_closed(tmp_path):
+    """The ParquetFile readers kept open are bounded (least recently used closed first)
+    and ``ScanRowSource.close()`` closes them; reading again reopens."""
+    for k in range(5):
+        pq.write_table(pa.table({"a": np.arange(k * 10, k * 10 + 10)}), tmp_path / f"p{k}.parquet")
+    d = al.dataset(str(tmp_path))
+    reader = UnitReader(d.optimized_plan(), d.options, decoders=["pyarrow"])
+    files = reader._decoders["pyarrow"]._files
+    files.cap = 3
+    got = [reader.read(i).column("a").to_pylist() for i in range(reader.num_units)]
+    assert got == [list(range(k * 10, k * 10 + 10)) for k in range(5)]
+    assert [f for f, _ in files._order] == [2, 3, 4]
+    reader.close()
+    assert files._order == [] and reader.read(0).column("a").to_pylist() == list(range(10))
+
+
 # ---------------------------------------------------------------------------
 # the choice by measurement
 

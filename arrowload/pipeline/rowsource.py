@@ -150,6 +150,10 @@ class ScanRowSource:
         finally:
             counter.close()
 
+    def close(self) -> None:
+        """Close the Parquet files the reader keeps open (a later read opens them again)."""
+        self.reader.close()
+
     # -- reading ---------------------------------------------------------------
     def est_bytes(self, i: int) -> int:
         """Bytes unit ``i`` holds once read: 3x the footer's compressed bytes of the

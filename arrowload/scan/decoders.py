@@ -52,7 +52,7 @@ def _constant(value, n: int, t: pa.DataType) -> pa.Array:
 
 def _leaves(t: pa.DataType) -> int:
     """Parquet leaf columns of a column of Arrow type ``t``."""
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         t = t.storage_type
     if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t) or \
             pat.is_list_view(t) or pat.is_large_list_view(t):
@@ -93,6 +93,7 @@ class _Base:
         self.source = scan.source
         self.options = options
         self.schema = self.source.schema
+        self._types = {f.name: f.type for f in reversed(list(self.schema))}  # a repeated name: its first
         self.partitions = frozenset(self.source.partition_schema.names)
         self._lock = threading.Lock()
         self._facts: dict[int, _FileFacts | None] = {}
@@ -120,7 +121,7 @@ class _Base:
             return empty_columns(n)
         arrays = []
         for c in columns:
-            t = self.schema.field(c).type
+            t = self._types[c]
             if c in self.partitions:
                 arrays.append(_constant(unit.partition.get(c), n, t))
             elif c in facts.types:
@@ -192,7 +193,7 @@ class _OpenFiles:
         try:
             yield pf
         except BaseException:
-            pf.close()  # a failed reader is not reused
+            pf.close(force=True)  # a failed reader is not reused
             raise
         closing = []
         with self._lock:
@@ -203,13 +204,13 @@ class _OpenFiles:
                 self._free[f].remove(old)
                 closing.append(old)
         for old in closing:
-            old.close()
+            old.close(force=True)
 
     def close(self) -> None:
         with self._lock:
             readers, self._order, self._free = [r for _, r in self._order], [], {}
         for r in readers:
-            r.close()
+            r.close(force=True)
 
 
 class ParquetDecoder(_Base):
@@ -295,7 +296,7 @@ class PolarsDecoder(_Base):
             facts = self.facts(file)
             got = frozenset() if facts is None else frozenset(
                 c for c, t in facts.types.items()
-                if c in self.schema.names and t.equals(self.schema.field(c).type) and polars_reads(t)) | self.partitions
+                if c in self._types and t.equals(self._types[c]) and polars_reads(t)) | self.partitions
             self._readable[file] = got
         return got
 

@@ -44,17 +44,17 @@ from ..options import Options
 from ..plan.expr import SqlExpr
 from ..plan.nodes import Filter, Map, Plan, Project, Scan, scans
 from ..plan.rowselect import filter_rows
+from ..source import FileSource
 from ..source.retry import retry
 from . import execute
 from .choose import Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
 
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
-# polars costs an import (about 0.2 CPU seconds, once per process) and decodes about 15%
-# cheaper than ParquetFile on plain reads, 25-40% on filters it prefilters
-# (benchmarks/RESULTS.md): it joins the candidates at once where its import is paid
-# already or an epoch reads POLARS_BYTES, else once the reader has read POLARS_BYTES
-# (a few epochs of a small selection)
+# polars costs an import (about 0.2 CPU seconds, once per process); on the 4M-row benchmark
+# lake it decoded 16% cheaper than before this reader on plain reads and 35% on the filter
+# it prefilters. It joins the candidates at once where its import is paid already or an
+# epoch reads POLARS_BYTES, else once the reader has read POLARS_BYTES.
 POLARS_BYTES = 256 << 20
 _ENV = "ARROWLOAD_DECODER"
 
@@ -140,9 +140,9 @@ class UnitReader:
         self._lock = threading.Lock()
         try:
             execute._refuse_ambiguous(scan)
-            self._refused: Exception | None = None
-        except AmbiguousColumnError as exc:  # raised by every read, as the scanner did
-            self._refused = exc
+            self._refused = False
+        except AmbiguousColumnError:  # raised by every read, as the scanner did
+            self._refused = True
         self._compile_stages(plan, scan)
         self._compile_scan(scan)
         self._bad: set[tuple[str, int]] = set()  # (decoder, file) that failed where dataset read
@@ -196,7 +196,10 @@ class UnitReader:
     def _compile_decoders(self, decoders: Sequence[str] | None) -> None:
         scan, options = self.scan, self.options
         src = scan.source
-        parquet = src.kind == "parquet" and hasattr(src, "file_metadata") and not getattr(src, "in_memory_reads", True)
+        # the fast decoders read Parquet files as they are: only where the source's own
+        # datasets do too (a source that maps columns or deletes rows overrides dataset())
+        parquet = isinstance(src, FileSource) and type(src).dataset is FileSource.dataset \
+            and src.kind == "parquet" and not src.in_memory_reads
         pinned = decoders if decoders is not None else \
             [d.strip() for d in os.environ.get(_ENV, "").split(",") if d.strip()] or None
         polars = parquet and PolarsDecoder.eligible(scan, options) and (pinned is not None or pool_cpu_readable())
@@ -302,7 +305,7 @@ class UnitReader:
         if self._decided is None:
             decided: frozenset[int] = frozenset()
             scan = self.scan
-            if self.options.optimizer.metadata_count and scan.source.kind == "parquet" and self._refused is None:
+            if self.options.optimizer.metadata_count and scan.source.kind == "parquet" and not self._refused:
                 try:
                     got = execute._decided_by_statistics(scan, scan.source.dataset(scan.units), self._pred)
                 except Exception:  # noqa: BLE001 - each unit's own read raises what is wrong
@@ -325,8 +328,8 @@ class UnitReader:
     def _run(self, i: int, fn: Callable) -> object:
         """``fn(decoder, unit, measure)`` with the decoder chosen for unit ``i``; a fast
         decoder's failure hands the unit to the dataset scanner, whose answer stands."""
-        if self._refused is not None:
-            raise self._refused
+        if self._refused:
+            execute._refuse_ambiguous(self.scan)
         counting = fn == self._count_unit
         name, measure = self._chooser.pick()
         return self._read_with(name, measure, i, fn, counting)
