@@ -285,10 +285,11 @@ class PolarsDecoder(_Base):
     @staticmethod
     def eligible(scan: Scan, options: Options) -> bool:
         """Whether polars may read this scan at all: local Parquet files, no page checksums
-        asked (polars does not verify them)."""
+        asked (polars does not verify them), threads allowed (polars decodes on its pool)."""
         src = scan.source
         return (isinstance(src, FileSource) and src.kind == "parquet" and not src.in_memory_reads
-                and isinstance(src.filesystem, pafs.LocalFileSystem) and not options.scan.page_checksums)
+                and isinstance(src.filesystem, pafs.LocalFileSystem) and not options.scan.page_checksums
+                and options.scan.use_threads)
 
     def _columns_ok(self, file: int) -> frozenset[str]:
         got = self._readable.get(file)
