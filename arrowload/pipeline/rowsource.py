@@ -38,6 +38,7 @@ from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up, walk
 from ..scan import execute
+from ..scan.units import UnitReader
 from .budget import cache_chunk_rows
 from .documents import (FORMAT_VERSION, RA_FORMAT, SELECTION_FORMAT, load_json, read_ra_manifest,
                         read_selection_index)
@@ -101,6 +102,10 @@ class ScanRowSource:
         self._meta = {u.index: u for u in self.scan.selected_units()}
         self.cache_dir = cache_dir
         self.io_threads = io_threads
+        # the plan compiled once: every unit read (and counting, below) goes through it
+        self.reader = UnitReader(plan, options)
+        self.compiles = 1
+        self._est: tuple[int, ...] | None = None
         self.counts = self._counts()
 
     # -- exact counts --------------------------------------------------------
@@ -133,23 +138,38 @@ class ScanRowSource:
         return counts
 
     def _count_units(self, count_plan: Plan) -> tuple[int, ...]:
-        def one(u: int) -> int:
-            return execute.count_rows(restrict(count_plan, (u,)), self.options)
+        """Rows of each unit after the plan, reading only what the count plan needs (the
+        filters' columns; footers where checked statistics decide): one reader compiled for
+        the count plan over this source's units, one ``count`` per unit."""
+        counter = UnitReader(restrict(count_plan, self.units), self.options)
+        self.compiles += 1
         desc, n = "counting the selected rows", len(self.units)
-        if len(self.units) <= 1 or self.io_threads <= 1:
-            return tuple(_progress.track((one(u) for u in self.units), n, desc, "unit"))
-        with ThreadPoolExecutor(self.io_threads, thread_name_prefix="arrowload-count") as pool:
-            return tuple(_progress.track(pool.map(one, self.units), n, desc, "unit"))
+        try:
+            if len(self.units) <= 1 or self.io_threads <= 1:
+                return tuple(_progress.track((counter.count(i) for i in range(n)), n, desc, "unit"))
+            with ThreadPoolExecutor(self.io_threads, thread_name_prefix="arrowload-count") as pool:
+                return tuple(_progress.track(pool.map(counter.count, range(n)), n, desc, "unit"))
+        finally:
+            counter.close()
+
+    def close(self) -> None:
+        """Close the Parquet files the reader keeps open (a later read opens them again)."""
+        self.reader.close()
 
     # -- reading ---------------------------------------------------------------
     def est_bytes(self, i: int) -> int:
-        b = self._meta[self.units[i]].bytes_for(self.scan.read_columns)
-        return int(b * 3) if b else self.counts[i] * 64
+        """Bytes unit ``i`` holds once read: 3x the footer's compressed bytes of the
+        columns read, else 64 bytes a row (computed for every unit on first use)."""
+        if self._est is None:
+            cols = self.scan.read_columns
+            sizes = (u.bytes_for(cols) for u in self.scan.selected_units())
+            self._est = tuple(int(b * 3) if b else c * 64 for b, c in zip(sizes, self.counts))
+        return self._est[i]
 
     def read_unit(self, i: int) -> pa.Table:
         """Rows of unit ``i`` (index into ``units``) after the whole plan, in order."""
         try:
-            table = execute.to_table(restrict(self.plan, (self.units[i],)), self.options)
+            table = self.reader.read(i)
         except (ArrowloadError, OSError) as exc:
             changed = self.source.changed_files() if hasattr(self.source, "changed_files") else []
             if changed:

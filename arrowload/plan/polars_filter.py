@@ -1,0 +1,225 @@
+"""Which pushed predicates polars evaluates exactly as DuckDB does, translated to polars.
+
+A scan's pushed predicate has DuckDB's meaning (``pushable`` proves pyarrow computes the
+same). Where polars can compute that same meaning too, the unit reader hands it to
+polars' Parquet decoder (``parallel="prefiltered"``): the predicate's columns are decoded
+first and the others only where rows survive. Only this whitelist is translated, by node
+type AND operand types, each shape checked against DuckDB by a differential test
+(``tests/test_polars_filter.py``):
+
+* ``col <op> literal`` / ``literal <op> col`` for ``= <> < <= > >=``, ``col <op> col`` of
+  the very same type, ``col [NOT] IN (literals)``, ``col BETWEEN literal AND literal``,
+  ``col IS [NOT] NULL``, a boolean column, ``TRUE`` / ``FALSE``, combined with AND / OR /
+  NOT (polars' ``&`` / ``|`` / ``~`` are three-valued like SQL's, and a null keeps no row);
+* columns that are integers (signed or unsigned), ``string`` / ``large_string``, ``bool``
+  and ``date32``, with literals ``pushable.literal_fits`` accepts for that column type, typed
+  as the column (as DuckDB and ``sqlexpr`` type them).
+
+Floats (NaN order), decimals, timestamps, LIKE and everything else stay with arrowload's
+evaluator. A predicate is split at its top-level ANDs: the translated conjuncts prefilter
+in polars, the others (if any) are evaluated after, over the rows polars kept.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from functools import cached_property
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.types as pat
+from sqlglot import exp
+
+from . import pushable
+from .expr import Expr, SqlExpr, conjoin, conjuncts
+
+_FLIP = {exp.EQ: exp.EQ, exp.NEQ: exp.NEQ, exp.LT: exp.GT, exp.GT: exp.LT, exp.LTE: exp.GTE, exp.GTE: exp.LTE}
+_KINDS = ("int", "str", "bool", "date")
+
+
+class _No(Exception):
+    """Not in the whitelist."""
+
+
+def polars_kind(t: pa.DataType) -> str | None:
+    """The whitelist's kind of a column type, or None when polars does not filter it here."""
+    kind = pushable._kind(t)
+    return kind if kind in _KINDS else None
+
+
+def _polars_type(t: pa.DataType, pl):
+    if pat.is_integer(t):
+        return {"int8": pl.Int8, "int16": pl.Int16, "int32": pl.Int32, "int64": pl.Int64,
+                "uint8": pl.UInt8, "uint16": pl.UInt16, "uint32": pl.UInt32, "uint64": pl.UInt64}[str(t)]
+    if pat.is_string(t) or pat.is_large_string(t):
+        return pl.String
+    if pat.is_boolean(t):
+        return pl.Boolean
+    return pl.Date
+
+
+def _column(node: exp.Expression, schema: pa.Schema) -> tuple[str, pa.DataType] | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Column) and node.name in schema.names and schema.names.count(node.name) == 1:
+        t = schema.field(node.name).type
+        if polars_kind(t) is not None:
+            return node.name, t
+        raise _No(f"column {node.name} of type {t}")
+    return None
+
+
+def _value(node: exp.Expression, t: pa.DataType) -> Any:
+    """The Python value of literal ``node`` compared with a column of type ``t``."""
+    if not pushable.literal_fits(node, t):
+        raise _No("literal")
+    kind = polars_kind(t)
+    if kind == "int":
+        return int(pushable._number(node))
+    if kind == "bool":
+        while isinstance(node, exp.Paren):
+            node = node.this
+        return bool(node.this)
+    typed = pushable._typed_string(node)
+    if typed is None:  # pragma: no cover - literal_fits accepted it
+        raise _No("literal")
+    return typed[1] if kind == "str" else dt.date.fromisoformat(typed[1])
+
+
+_OPS = {exp.EQ: "==", exp.NEQ: "!=", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+
+
+def _compare(cls, a: exp.Expression, b: exp.Expression, schema: pa.Schema) -> tuple:
+    ca, cb = _column(a, schema), _column(b, schema)
+    if ca is not None and cb is not None:
+        if not ca[1].equals(cb[1]):
+            raise _No("columns of different types")
+        return ("cmp", _OPS[cls], ca[0], ("col", cb[0]))
+    if ca is not None:
+        return ("cmp", _OPS[cls], ca[0], ("val", _value(b, ca[1]), ca[1]))
+    if cb is not None:
+        return ("cmp", _OPS[_FLIP[cls]], cb[0], ("val", _value(a, cb[1]), cb[1]))
+    raise _No("no column")
+
+
+def _shape(node: exp.Expression, schema: pa.Schema) -> tuple:
+    """The predicate as a small tree of whitelisted shapes (polars not needed yet):
+    ``("and"|"or", a, b)``, ``("not", a)``, ``("true"|"false",)``, ``("col", name)``,
+    ``("cmp", op, name, ("col", name) | ("val", value, type))``, ``("null", name)``,
+    ``("in", name, values, type)``; raises ``_No`` outside the whitelist."""
+    if isinstance(node, exp.Paren):
+        return _shape(node.this, schema)
+    if isinstance(node, (exp.And, exp.Or)):
+        return ("and" if isinstance(node, exp.And) else "or",
+                _shape(node.this, schema), _shape(node.expression, schema))
+    if isinstance(node, exp.Not):
+        return ("not", _shape(node.this, schema))
+    if isinstance(node, exp.Boolean):
+        return ("true",) if node.this else ("false",)
+    if isinstance(node, exp.Column):
+        c = _column(node, schema)
+        if c is None or not pat.is_boolean(c[1]):
+            raise _No("a non-boolean column as a predicate")
+        return ("col", c[0])
+    if type(node) in _OPS:
+        return _compare(type(node), node.this, node.expression, schema)
+    if isinstance(node, exp.Is):
+        c = _column(node.this, schema)
+        if c is None or not isinstance(node.expression, exp.Null):
+            raise _No("IS")
+        return ("null", c[0])
+    if isinstance(node, exp.In):
+        c = _column(node.this, schema)
+        if c is None or node.args.get("query") is not None or node.args.get("unnest") is not None \
+                or not node.expressions:
+            raise _No("IN")
+        return ("in", c[0], [_value(e, c[1]) for e in node.expressions], c[1])
+    if isinstance(node, exp.Between):
+        c = _column(node.this, schema)
+        if c is None or node.args.get("symmetric"):
+            raise _No("BETWEEN")
+        low, high = (("val", _value(node.args[k], c[1]), c[1]) for k in ("low", "high"))
+        return ("and", ("cmp", ">=", c[0], low), ("cmp", "<=", c[0], high))
+    raise _No(type(node).__name__)
+
+
+def _build(shape: tuple, pl):
+    kind = shape[0]
+    if kind in ("and", "or"):
+        a, b = _build(shape[1], pl), _build(shape[2], pl)
+        return a & b if kind == "and" else a | b
+    if kind == "not":
+        return ~_build(shape[1], pl)
+    if kind in ("true", "false"):
+        return pl.lit(kind == "true", dtype=pl.Boolean)
+    if kind == "col":
+        return pl.col(shape[1])
+    if kind == "null":
+        return pl.col(shape[1]).is_null()
+    if kind == "in":
+        _, name, values, t = shape
+        return pl.col(name).is_in(pl.Series(values, dtype=_polars_type(t, pl)).implode())
+    _, op, name, right = shape
+    left = pl.col(name)
+    right = pl.col(right[1]) if right[0] == "col" else pl.lit(right[1], dtype=_polars_type(right[2], pl))
+    return {"==": left.__eq__, "!=": left.__ne__, "<": left.__lt__, "<=": left.__le__,
+            ">": left.__gt__, ">=": left.__ge__}[op](right)
+
+
+def translatable(tree: exp.Expression, schema: pa.Schema) -> bool:
+    """Whether predicate ``tree`` is in the whitelist (polars is not imported)."""
+    if not pushable.equivalent(tree, schema):
+        return False
+    try:
+        _shape(tree, schema)
+    except _No:
+        return False
+    return True
+
+
+def to_polars(tree: exp.Expression, schema: pa.Schema):
+    """Predicate ``tree`` (bound, DuckDB dialect) as a polars expression keeping the same
+    rows, or None when it is not in the whitelist."""
+    if not translatable(tree, schema):
+        return None
+    import polars as pl
+    return _build(_shape(tree, schema), pl)
+
+
+class PolarsSplit:
+    """A predicate split for a polars prefilter: ``polars`` (built on first use, which
+    imports polars) keeps a superset of the rows, the conjuncts it translates; ``rest``
+    (None when everything translated) is the predicate still to apply to what polars kept.
+    ``polars_columns`` / ``rest_columns``: the columns each reads."""
+
+    def __init__(self, parts: list[SqlExpr], rest: Expr | None, schema: pa.Schema) -> None:
+        self._parts = parts
+        self._schema = schema
+        self.polars_columns = frozenset().union(*(p.columns for p in parts))
+        self.rest = rest
+        self.rest_columns = rest.columns if rest is not None else frozenset()
+
+    @cached_property
+    def polars(self):
+        expr = None
+        for part in self._parts:
+            e = to_polars(part.tree, self._schema)
+            expr = e if expr is None else expr & e
+        return expr
+
+    def __str__(self) -> str:
+        return " AND ".join(str(p) for p in self._parts)
+
+
+def split_for_polars(predicate: Expr, schema: pa.Schema) -> PolarsSplit | None:
+    """Split ``predicate`` at its top-level ANDs into the part polars evaluates with the
+    same meaning and the rest; None when no conjunct translates. Polars is not imported."""
+    done, rest = [], []
+    for part in conjuncts(predicate):
+        if isinstance(part, SqlExpr) and translatable(part.tree, schema):
+            done.append(part)
+        else:
+            rest.append(part)
+    if not done:
+        return None
+    return PolarsSplit(done, conjoin(rest), schema)

@@ -1,0 +1,273 @@
+"""The cheapest decoder of a reader, chosen by measurement.
+
+Each eligible decoder reads a few units (after one warm-up read each, which pays for
+imports and opened files); its cost is CPU seconds per byte of the unit (compressed bytes
+of the columns read, from the footer, else rows: the same measure whatever the decoder).
+The cheapest median wins; every ``recheck``-th unit after that is read and measured by
+each candidate in turn, so a choice that stops being cheapest is undone.
+Which decoder reads a unit never changes its rows (the decoders return identical tables),
+only the CPU they cost.
+
+CPU is the reading thread's own (``time.thread_time``) plus, for polars, the CPU its
+thread pool spent meanwhile (Linux: ``/proc/self/task/*/schedstat``); a polars measurement
+that overlapped another polars call of the process is discarded. Where the pool's time
+cannot be read, polars is not measured and so not chosen. A measured read runs alone among
+its reader's reads (``Gate``): decoders that share the cores with other reads cost more
+than alone (polars' pool threads spin while they wait), and unevenly so.
+
+pyarrow's dataset scanner is not a candidate where ``ParquetFile`` reads: it decodes on
+pyarrow's own threads, which no reading thread's clock sees.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+WARMUP = 1   # unmeasured reads per candidate (imports, files opened)
+TRIALS = 3   # measured reads per candidate before the first choice
+RECHECK = 32  # after the choice, every RECHECK-th read measures another candidate
+KEEP = 4     # measurements kept per candidate (the median decides)
+
+_POOL_PREFIXES = ("polars", "async-executor", "tokio-rt-worker")
+
+
+class Chooser:
+    """Which candidate reads the next unit, and whether to measure it. Thread-safe.
+
+    Every ``pick()`` is followed by one ``done(name, cpu_s, size)`` when the read ends
+    (``cpu_s`` None when it was not measured, or the measurement is void). ``exclusive``
+    candidates (polars: one thread pool for the whole process) are measured only while no
+    other read of theirs is in flight; meanwhile the other candidates read.
+
+    >>> c = Chooser(["a", "b"], warmup=0, trials=1)
+    >>> name, measure = c.pick(); c.done(name, 2.0, 1)
+    >>> name, measure = c.pick(); c.done(name, 1.0, 1)
+    >>> c.pick()[0], c.chosen
+    ('b', 'b')
+    """
+
+    def __init__(self, names: Sequence[str], *, warmup: int = WARMUP, trials: int = TRIALS,
+                 recheck: int = RECHECK, exclusive: Sequence[str] = ()) -> None:
+        if not names:
+            raise ValueError("a chooser needs at least one candidate")
+        self.names = tuple(names)
+        self._warmup, self._trials, self._recheck = warmup, trials, recheck
+        self._exclusive = frozenset(exclusive)
+        self._lock = threading.Lock()
+        self._started = {n: 0 for n in self.names}   # reads handed out (warm-up included)
+        self._busy = {n: 0 for n in self.names}      # reads in flight
+        self._costs: dict[str, list[float]] = {n: [] for n in self.names}
+        self._failed: set[str] = set()
+        self._picks = 0
+        self._next_other = 0
+        self.chosen: str | None = self.names[0] if len(self.names) == 1 else None
+
+    def pick(self) -> tuple[str, bool]:
+        """``(candidate, measure)`` for the next read."""
+        with self._lock:
+            name, measure = self._pick()
+            self._busy[name] += 1
+            return name, measure
+
+    def _live(self) -> list[str]:
+        return [n for n in self.names if n not in self._failed] or [self.names[-1]]
+
+    def _free(self, n: str) -> bool:
+        return n not in self._exclusive or self._busy[n] == 0
+
+    def _pick(self) -> tuple[str, bool]:
+        live = self._live()
+        if len(live) == 1:
+            return live[0], False
+        if self.chosen is None:
+            # each candidate in turn until every one has its warm-up and its trials
+            # (a void measurement is tried again, up to 3x the trials)
+            short = [n for n in live if self._started[n] < self._warmup + self._trials or
+                     (len(self._costs[n]) < self._trials and
+                      self._started[n] < self._warmup + 3 * self._trials)]
+            if short:
+                ready = [n for n in short if self._free(n)]
+                if not ready:  # an exclusive candidate is being measured: read with another
+                    others = [n for n in live if n not in self._exclusive]
+                    return (others or live)[0], False
+                n = min(ready, key=lambda k: self._started[k])
+                self._started[n] += 1
+                return n, self._started[n] > self._warmup
+            self._decide(live)
+        self._picks += 1
+        if self._recheck and self._picks % self._recheck == 0:
+            n = live[self._next_other % len(live)]  # each candidate in turn, the chosen too
+            self._next_other += 1
+            return n, self._free(n)
+        return self.chosen, False
+
+    def _decide(self, live: list[str]) -> str:
+        measured = [n for n in live if self._costs[n]]
+        if not measured:  # nothing could be measured: the first candidate
+            self.chosen = live[0]
+        else:
+            self.chosen = min(measured, key=lambda n: (statistics.median(self._costs[n]), live.index(n)))
+        return self.chosen
+
+    def done(self, name: str, cpu_s: float | None, size: int) -> None:
+        """A read by ``name`` ended; measured, it cost ``cpu_s`` for ``size`` bytes (or rows)."""
+        with self._lock:
+            self._busy[name] -= 1
+            if cpu_s is None or size <= 0:
+                return
+            costs = self._costs[name]
+            costs.append(cpu_s / size)
+            del costs[:-KEEP]
+            if self.chosen is not None:
+                self._decide(self._live())
+
+    def add(self, name: str) -> None:
+        """A new candidate, measured (the others keep their measurements) before the
+        choice is made again."""
+        with self._lock:
+            if name in self.names:
+                return
+            self.names += (name,)
+            self._started[name] = self._busy[name] = 0
+            self._costs[name] = []
+            self.chosen = None
+
+    def fail(self, name: str) -> None:
+        """``name`` failed where another decoder read the unit: never pick it again."""
+        with self._lock:
+            self._failed.add(name)
+            if self.chosen == name:
+                self._decide(self._live())
+
+    def costs(self) -> dict[str, float]:
+        """Median measured CPU seconds per byte of each candidate measured so far."""
+        with self._lock:
+            return {n: statistics.median(c) for n, c in self._costs.items() if c}
+
+
+class Gate:
+    """Lets a measured read run alone among its reader's reads: it waits for the reads in
+    flight to end and holds new ones back while it runs (a few reads per epoch), so that
+    what it costs is not what sharing the cores with the other reads costs."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._waiting = 0
+        self._alone = False
+
+    @contextmanager
+    def enter(self, alone: bool):
+        with self._cond:
+            if alone:
+                self._waiting += 1
+                while self._active or self._alone:
+                    self._cond.wait()
+                self._waiting -= 1
+                self._alone = True
+            else:
+                while self._alone or self._waiting:
+                    self._cond.wait()
+                self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                if alone:
+                    self._alone = False
+                else:
+                    self._active -= 1
+                self._cond.notify_all()
+
+
+# ---------------------------------------------------------------------------
+# CPU time of polars' thread pool
+
+_TASKS = "/proc/self/task"
+_pool_tids: dict[str, bool] = {}
+_pool_lock = threading.Lock()
+_inflight = 0
+_generation = 0
+
+
+def pool_cpu_readable() -> bool:
+    """True where the CPU time of other threads of the process can be read (Linux)."""
+    try:
+        tid = os.listdir(_TASKS)[0]
+        with open(f"{_TASKS}/{tid}/schedstat") as f:
+            int(f.read().split()[0])
+        return True
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _pool_cpu_ns() -> int:
+    total = 0
+    for tid in os.listdir(_TASKS):
+        mine = _pool_tids.get(tid)
+        try:
+            if mine is None:
+                with open(f"{_TASKS}/{tid}/comm") as f:
+                    mine = f.read().startswith(_POOL_PREFIXES)
+                _pool_tids[tid] = mine
+            if mine:
+                with open(f"{_TASKS}/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        except (OSError, ValueError):
+            continue  # the thread ended meanwhile
+    return total
+
+
+class PolarsCall:
+    """Brackets one polars call: counts the calls in flight in the process (so that a
+    measurement can tell it overlapped another) and, when ``measure``, the CPU polars'
+    pool spent during the call (``cpu_s``; None when it overlapped another call)."""
+
+    def __init__(self, measure: bool) -> None:
+        self.measure = measure
+        self.cpu_s: float | None = None
+
+    def __enter__(self) -> "PolarsCall":
+        global _inflight, _generation
+        with _pool_lock:
+            _inflight += 1
+            _generation += 1
+            self._gen, self._alone = _generation, _inflight == 1
+        if self.measure:
+            self._pool = _pool_cpu_ns()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _inflight
+        if self.measure:
+            pool = _pool_cpu_ns() - self._pool
+        with _pool_lock:
+            _inflight -= 1
+            alone = self._alone and _generation == self._gen
+        if self.measure and alone and exc[0] is None:
+            self.cpu_s = pool / 1e9
+
+
+class Measure:
+    """CPU of one read: the reading thread's, plus what helper pools report (``add_pool``;
+    None marks the measurement as spoiled)."""
+
+    def __init__(self) -> None:
+        self._thread = time.thread_time()
+        self._pool = 0.0
+        self._spoiled = False
+
+    def add_pool(self, cpu_s: float | None) -> None:
+        if cpu_s is None:
+            self._spoiled = True
+        else:
+            self._pool += cpu_s
+
+    def done(self) -> float | None:
+        """CPU seconds of the read, or None where it cannot be known."""
+        return None if self._spoiled else time.thread_time() - self._thread + self._pool
