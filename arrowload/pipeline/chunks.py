@@ -10,7 +10,9 @@ that orders batches. Instead, the reader thread that made a read converts it who
   ``[rows, k]`` buffer;
 - a shuffled gather goes straight into pooled buffers: ``np.take`` from host views of the
   random-access table (made once per table) into a buffer from the pool, a stacked column
-  into its column of the ``[rows, k]`` buffer. No Arrow ``take``, no second copy.
+  into its column of the ``[rows, k]`` buffer. No Arrow ``take``, no second copy. A
+  ``stack=`` group the table already holds row-major (``rabuild``: a fixed-size-list
+  column named for the group) is one ``np.take`` along rows.
 
 A batch is then a set of views ``arr[lo:hi]`` of one chunk; a batch that straddles two
 chunks is concatenated into a pooled buffer (the one planned copy).
@@ -31,6 +33,7 @@ chunk buffer it came from (at most one read's rows) alive, never overwritten.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,6 +47,7 @@ from ..convert.host import array_valued, to_host
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError
 from .collate import BufferPool, StackSpec, resolve_stack, stack_batch
+from .rabuild import stacked_members
 
 
 class HostChunk:
@@ -108,7 +112,11 @@ class ChunkConverter(PicklableLock):
             # (an unpadded one converts as [rows, k] when its lists have one length k, else errors)
             fixed = self.opts.pad_to is not None
             whole = all(not _varlist(f.type) or fixed or not self.opts.pads(f.name) for f in schema)
-            spec = resolve_stack(self.stack, schema) if self.stack else None
+            stack = self.stack
+            held = {f.name for f in schema if stacked_members(f) is not None}
+            if stack and held:  # groups the table holds stacked already (rabuild)
+                stack = {out: cols for out, cols in stack.items() if out not in held}
+            spec = resolve_stack(stack, schema) if stack else None
             found = self._specs[schema] = (whole, spec)
         return found
 
@@ -169,11 +177,16 @@ class ChunkConverter(PicklableLock):
             if self._views is not None and self._views[0] is table:
                 return self._views[1]
             views = None
+            opts = self.opts
+            members = {m for f in table.schema for m in (stacked_members(f) or ())}
+            if members and opts.fill_null:  # held stacked only without nulls: nothing to fill
+                opts = dataclasses.replace(opts, fill_null={k: v for k, v in opts.fill_null.items()
+                                                            if k not in members})
             if all(array_valued(f.type) and not (_varlist(f.type) and self.opts.pads(f.name))
                    for f in table.schema):
                 try:
                     batches = table.to_batches()
-                    parts = [to_host(b, self.opts) for b in batches]
+                    parts = [to_host(b, opts) for b in batches]
                     lengths = [b.num_rows for b in batches]
                     views = (np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), parts)
                 except ConversionError:
