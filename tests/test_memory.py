@@ -106,6 +106,8 @@ print(json.dumps({
     "accounted": loader.stats().peak_prefetch_bytes,
     "source": loader.source_kind,
     "table_bytes": loader._source.table.nbytes if hasattr(loader._source, "table") else 0,
+    "window_est": max((sum(loader._source.est_bytes(int(u)) for u in w) for w in loader._order(0).windows),
+                      default=0) if kind == "block" else 0,
 }))
 """
 
@@ -200,6 +202,20 @@ def test_disk_cache_record_batches_are_bounded_in_bytes(wide_lake, tmp_path):
     # the units (and so any order) are the table's 65,536-row units, not the file's batches
     assert loader._source.counts == (ROWS,)
     loader.close()
+
+
+def test_block_shuffle_peak_is_the_prefetch_plus_two_windows(wide_lake, tmp_path):
+    """A block epoch never holds the table: at most the windows its budget lets in (the
+    one being cut into batches and the next being read, each counted at the loader's
+    estimate), + 10% (+ 16 MiB for the interpreter and allocator). A window is shuffled
+    from one row-major copy of it (``chunks.ChunkConverter.gather``), freed at once."""
+    prefetch = 32 * MIB
+    got = run_child(wide_lake, str(tmp_path / "cache"), "memory", prefetch, 64, "block")
+    assert got["exact"] and got["source"] == "scan"
+    window = got["window_est"]
+    assert window >= 8 * 512 * ROW_BYTES  # 8 row groups of 512 rows per window
+    bound = 1.1 * (prefetch + 2 * window) + 16 * MIB
+    assert got["peak_anon"] <= bound, (got["peak_anon"] / MIB, bound / MIB)
 
 
 @pytest.mark.parametrize("prefetch", [1, 64 << 10, 256 << 20])

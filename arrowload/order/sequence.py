@@ -61,7 +61,7 @@ ORDER_VERSION = 2
 #: version would resume into another order
 ORDER_SINCE = {"none": 1, "global": 1, "block": 2}
 #: windows whose permutation an EpochOrder keeps (reader threads work on a few at once)
-_KEPT_WINDOWS = 4
+_KEPT_WINDOWS = 2
 
 
 def rank_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
