@@ -236,7 +236,7 @@ def test_transform_and_arrow_output_see_the_plans_columns(parquet_lake, tmp_path
 
 def test_spill_to_the_disk_cache_gives_the_same_batches(parquet_lake, tmp_path):
     sel = al.dataset(parquet_lake).select("id", *FEATS[:4])
-    kw = dict(shuffle="global", seed=5, stack={"x": FEATS[:4]}, cache_dir=str(tmp_path))
+    kw = {"shuffle": "global", "seed": 5, "stack": {"x": FEATS[:4]}, "cache_dir": str(tmp_path)}
     memory = sel.loader(1_000, **kw)
     disk = sel.loader(1_000, memory_budget=1 << 16, **kw)
     assert memory.source_kind == "table (memory)" and disk.source_kind.endswith(".arrow)")
@@ -285,3 +285,13 @@ def test_temporal_and_boolean_columns_through_a_global_shuffle(tmp_path):
         expect = table.column(name).to_numpy()[order]
         np.testing.assert_array_equal(np.concatenate([b[name] for b in got]), expect)
     assert got[0]["day"].dtype == np.dtype("datetime64[D]")
+
+
+def test_groups_are_not_stacked_beside_columns_gathered_with_arrow():
+    """A string column sends every gather through Arrow: the group stays as its columns."""
+    n = 1_000
+    table = pa.table({"s": [str(i) for i in range(n)], "a": np.arange(n, dtype=np.float64),
+                      "b": np.arange(n, dtype=np.float64)})
+    read, counts = _units(table, [600, 400])
+    built = rabuild.build(read, counts, table.schema, stack={"x": ["a", "b"]}, memory_budget=1 << 40)
+    assert built.schema == table.schema and built.equals(table)

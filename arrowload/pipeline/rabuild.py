@@ -10,9 +10,11 @@ copied straight to its row offset, column by column, then dropped:
   Arrow array at the end; nulls are kept (a byte mask made only for a column that has
   some, packed into its validity bitmap at the end), so the table equals the scan's;
 - a ``stack=`` group (``{"x": ["f0", ..., "f15"]}``) whose columns all have the group's
-  dtype and no nulls is written row-major into one ``[rows, k]`` buffer and held as a
-  fixed-size-list column named for the group (the member columns are not kept twice): a
-  shuffled batch is then one ``np.take`` along rows (see ``chunks.ChunkConverter.gather``).
+  dtype and no nulls, in a table whose other columns are fixed-width or booleans (its
+  batches are then gathered into host arrays), is written row-major into one
+  ``[rows, k]`` buffer and held as a fixed-size-list column named for the group (the
+  member columns are not kept twice): a shuffled batch is then one ``np.take`` along
+  rows (see ``chunks.ChunkConverter.gather``).
   The field carries ``STACK_KEY`` metadata naming its columns; a group with nulls is
   split back into its columns at the end (the null checks and fills then see them);
 - other columns (strings, booleans, variable-length lists, structs, decimals) keep each
@@ -238,9 +240,20 @@ def _stack_groups(stack: Mapping[str, Any] | None, schema: pa.Schema) -> list[tu
     return groups
 
 
+def _fixed_type(t: pa.DataType) -> bool:
+    return _fixed_leaf(t) or (pa.types.is_fixed_size_list(t) and _fixed_leaf(t.value_type) and t.list_size > 0)
+
+
 def make_layout(schema: pa.Schema, rows: int, stack: Mapping[str, Any] | None) -> Layout:
+    """Where each column of ``schema`` goes. Groups are held stacked only where every other
+    column has an array form of fixed width too (numbers, temporals, booleans, fixed-size
+    lists): otherwise batches are gathered with Arrow, from the plan's own columns."""
     layout = Layout(schema, rows)
-    for out, cols, dtype in _stack_groups(stack, schema):
+    groups = _stack_groups(stack, schema)
+    members = {c for _, cols, _ in groups for c in cols}
+    if not all(_fixed_type(f.type) or pa.types.is_boolean(f.type) for f in schema if f.name not in members):
+        groups = []
+    for out, cols, dtype in groups:
         g = _Group(out, cols, dtype, rows)
         layout.groups.append(g)
         for j, c in enumerate(cols):
@@ -248,10 +261,8 @@ def make_layout(schema: pa.Schema, rows: int, stack: Mapping[str, Any] | None) -
     for f in schema:
         if f.name in layout.member:
             continue
-        t = f.type
-        if _fixed_leaf(t) or (pa.types.is_fixed_size_list(t) and _fixed_leaf(t.value_type)
-                              and t.list_size > 0):
-            layout.fixed[f.name] = _Fixed(f.name, t, rows)
+        if _fixed_type(f.type):
+            layout.fixed[f.name] = _Fixed(f.name, f.type, rows)
         else:
             layout.other.append(f.name)
     return layout
