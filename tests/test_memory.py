@@ -207,8 +207,7 @@ def test_disk_cache_record_batches_are_bounded_in_bytes(wide_lake, tmp_path):
 def test_block_shuffle_peak_is_the_prefetch_plus_two_windows(wide_lake, tmp_path):
     """A block epoch never holds the table: at most the windows its budget lets in (the
     one being cut into batches and the next being read, each counted at the loader's
-    estimate), + 10% (+ 16 MiB for the interpreter and allocator). A window is shuffled
-    from one row-major copy of it (``chunks.ChunkConverter.gather``), freed at once."""
+    estimate), + 10% (+ 16 MiB for the interpreter and allocator)."""
     prefetch = 32 * MIB
     got = run_child(wide_lake, str(tmp_path / "cache"), "memory", prefetch, 64, "block")
     assert got["exact"] and got["source"] == "scan"
