@@ -265,3 +265,29 @@ def test_fixed_width_padding_converts_per_read_and_fails_the_right_batch(tmp_pat
         for b in al.dataset(table).loader(256, pad_lists=True, pad_to=6, cache_dir=str(tmp_path)):
             seen.append(b)
     assert len(seen) == 2000 // 256  # the batches before the one holding row 2000
+
+
+@pytest.mark.parametrize("take", [300, 15_000, 20_011])
+@pytest.mark.parametrize("chunks", [1, 7])
+def test_gather_from_chunks_dense_and_sparse_is_pyarrows_take(mixed, take, chunks):
+    """``ChunkConverter.gather`` straight from a table of several chunks (a block window read
+    unit by unit, the memory-mapped cache) and from one: a small gather takes from each
+    chunk, a large one (half the table or more) lays the stack group out row-major first.
+    Truth: pyarrow's ``take`` of the same rows, stacked with numpy."""
+    from arrowload.convert.options import ConvertOptions
+    from arrowload.pipeline.chunks import ChunkConverter
+
+    table = pa.Table.from_batches(mixed.to_batches(max_chunksize=-(-mixed.num_rows // chunks)))
+    assert table.column("id").num_chunks == chunks
+    conv = ChunkConverter(ConvertOptions(), {"x": ["f0", "small", "f1"]}, BufferPool())
+    rows = np.random.default_rng(take).permutation(mixed.num_rows)[:take]
+    got = conv.gather(table, rows, keep=False)
+    truth = mixed.take(pa.array(rows))
+    assert list(got.columns) == ["id", "x", "flag", "day", "emb"]
+    expect = np.stack([rows_of(truth, c).astype(np.float32) for c in ("f0", "small", "f1")], axis=1)
+    np.testing.assert_array_equal(got.columns["x"], expect)
+    for name in ("id", "flag", "day", "emb"):
+        np.testing.assert_array_equal(got.columns[name], rows_of(truth, name))
+        assert got.columns[name].dtype == rows_of(truth, name).dtype
+    with pytest.raises(IndexError):
+        conv.gather(table, np.array([0, mixed.num_rows]), keep=False)

@@ -17,7 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arrowload.order import KINDS, EpochOrder, derive_key, num_batches, permute, rank_range
+from arrowload.order import (KINDS, ORDER_SINCE, ORDER_VERSION, EpochOrder, derive_key, num_batches, permute,
+                             rank_range, shuffled_range)
+from arrowload.order.permutation import _splitmix64
 
 keys = st.integers(min_value=0, max_value=2**64 - 1)
 sizes = st.integers(min_value=1, max_value=3000)
@@ -36,7 +38,13 @@ GOLDEN_COUNTS = (3, 0, 5, 2, 4)  # 14 rows in 5 units, one of them empty
 GOLDEN_ROWS = {  # EpochOrder(GOLDEN_COUNTS, kind, seed=7, epoch=1, window=2).rows(0, 14)
     "none": list(range(14)),
     "global": [13, 11, 12, 9, 7, 4, 5, 0, 1, 6, 3, 8, 10, 2],
-    "block": [4, 7, 9, 6, 5, 3, 8, 11, 10, 13, 12, 1, 2, 0],
+    # order version 2 (rows inside windows by shuffled_range; version 1 gave
+    # [4, 7, 9, 6, 5, 3, 8, 11, 10, 13, 12, 1, 2, 0]: the same windows, other rows inside)
+    "block": [8, 7, 3, 9, 4, 5, 6, 13, 10, 12, 11, 0, 2, 1],
+}
+GOLDEN_SHUFFLED = {  # shuffled_range(10, key)
+    0: [6, 9, 4, 8, 2, 3, 0, 7, 1, 5],
+    12345: [2, 8, 6, 9, 1, 4, 0, 3, 5, 7],
 }
 GOLDEN_BLOCK_WINDOWS = [[3, 2], [1, 4], [0]]
 GOLDEN_KEYS = {(0,): 1927618558350093866, (1, 2): 7450458766295249246}
@@ -45,6 +53,19 @@ GOLDEN_KEYS = {(0,): 1927618558350093866, (1, 2): 7450458766295249246}
 @pytest.mark.parametrize("key", sorted(GOLDEN_PERMUTE))
 def test_permute_golden(key):
     assert permute(np.arange(10), 10, key).tolist() == GOLDEN_PERMUTE[key]
+
+
+@pytest.mark.parametrize("key", sorted(GOLDEN_SHUFFLED))
+def test_shuffled_range_golden(key):
+    assert shuffled_range(10, key).tolist() == GOLDEN_SHUFFLED[key]
+
+
+def test_order_version_names_the_block_change():
+    """The order arithmetic's version: a state records it, and a kind's order loads only from
+    states taken since it last changed (block changed in version 2)."""
+    assert ORDER_VERSION == 2
+    assert ORDER_SINCE == {"none": 1, "global": 1, "block": 2}
+    assert set(ORDER_SINCE) == set(KINDS) and max(ORDER_SINCE.values()) <= ORDER_VERSION
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -135,6 +156,85 @@ def test_permute_all_orders_of_four_equally_likely():
 
 
 # ---------------------------------------------------------------------------
+# shuffled_range (rows inside a block-shuffle window)
+
+_U32 = 2**32 - 1
+
+
+def _fmix32(h: int) -> int:
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _U32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _U32
+    return h ^ (h >> 16)
+
+
+def _shuffled_truth(n: int, key: int) -> list[int]:
+    """The spec in plain Python integers: positions sorted by their hash."""
+    k = _splitmix64(key)
+    h = [_fmix32(_fmix32((i * 0x9E3779B9 + (k & _U32)) & _U32) ^ (k >> 32)) for i in range(n)]
+    assert len(set(h)) == n  # a bijection of uint32: no ties
+    return sorted(range(n), key=h.__getitem__)
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(0, 2000), key=keys)
+def test_shuffled_range_is_the_hash_order(n, key):
+    out = shuffled_range(n, key)
+    assert out.dtype == np.int64
+    assert out.tolist() == _shuffled_truth(n, key)
+    assert sorted(out.tolist()) == list(range(n))  # a bijection
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(20, 3000), key=keys)
+def test_shuffled_range_depends_on_key_and_moves_rows(n, key):
+    p = shuffled_range(n, key)
+    assert p.tolist() != shuffled_range(n, (key + 1) % 2**64).tolist()
+    assert p.tolist() != list(range(n))
+
+
+def test_shuffled_range_edges():
+    assert shuffled_range(0, 3).tolist() == [] and shuffled_range(1, 3).tolist() == [0]
+    with pytest.raises(ValueError):
+        shuffled_range(-1, 0)
+    with pytest.raises(ValueError):
+        shuffled_range(2**32 + 1, 0)
+
+
+@pytest.mark.parametrize("n", [2, 5, 10])
+def test_shuffled_range_positions_are_uniform_over_keys(n):
+    """As for ``permute``: small windows (a few rows left in a window) must be uniform too.
+    Keys as the order layer makes them (``derive_key``) and raw consecutive keys."""
+    keys_ = 1500
+    for make in (lambda k: derive_key(3, k), lambda k: k):
+        cnt = np.zeros((n, n))
+        for k in range(keys_):
+            cnt[np.arange(n), shuffled_range(n, make(k))] += 1
+        expected = keys_ / n
+        chi2 = float(((cnt - expected) ** 2 / expected).sum())
+        assert _z(chi2, (n - 1) ** 2) < 5, cnt
+
+
+def test_shuffled_range_all_orders_of_four_equally_likely():
+    trials = 2400
+    seen = Counter(tuple(shuffled_range(4, derive_key(9, k)).tolist()) for k in range(trials))
+    assert len(seen) == factorial(4)
+    expected = trials / factorial(4)
+    chi2 = sum((v - expected) ** 2 / expected for v in seen.values())
+    assert _z(chi2, factorial(4) - 1) < 5, seen
+
+
+def test_shuffled_range_pairs_are_unordered_on_a_large_window():
+    """No position structure survives: over a 65,536-row window, a row's new place is
+    uncorrelated with its old one and neighbours land far apart."""
+    n = 1 << 16
+    p = shuffled_range(n, derive_key(1, 2, 3))
+    assert abs(np.corrcoef(np.arange(n), p)[0, 1]) < 0.02
+    assert np.median(np.abs(np.diff(p))) > n / 5
+
+
+# ---------------------------------------------------------------------------
 # EpochOrder
 
 
@@ -199,6 +299,24 @@ def test_epochs_and_seeds_differ(counts, kind, seed, epoch, window):
     base = EpochOrder(counts, kind, seed, epoch, window).rows(0, n).tolist()
     assert EpochOrder(counts, kind, seed, epoch + 1, window).rows(0, n).tolist() != base
     assert EpochOrder(counts, kind, seed + 1, epoch, window).rows(0, n).tolist() != base
+
+
+@settings(max_examples=60, deadline=None)
+@given(counts=counts_st, seed=st.integers(0, 2**32), epoch=st.integers(0, 50), window=st.integers(1, 6),
+       data=st.data())
+def test_block_window_local_is_a_slice_of_the_window_permutation(counts, seed, epoch, window, data):
+    """Resume inside a window = recompute that window's permutation and slice it: the same
+    rows from a fresh order (nothing kept) as from one that computed every window."""
+    order = EpochOrder(counts, "block", seed, epoch, window)
+    for w in range(len(order.windows)):
+        size = int(order.window_offsets[w + 1] - order.window_offsets[w])
+        whole = order.window_permutation(w)
+        assert sorted(whole.tolist()) == list(range(size))
+        assert whole.tolist() == shuffled_range(size, derive_key(seed, epoch, 0x63, w)).tolist()
+        lo = data.draw(st.integers(0, size))
+        hi = data.draw(st.integers(lo, size))
+        fresh = EpochOrder(counts, "block", seed, epoch, window)
+        assert fresh.window_local(w, lo, hi).tolist() == whole[lo:hi].tolist()
 
 
 def test_global_shuffle_mixes_units():

@@ -1,8 +1,10 @@
 """Order is arithmetic: shuffle, shard and resume as pure functions over integers."""
 
-from .permutation import derive_key, permute
-from .sequence import KINDS, SHUFFLE_CHOICES, EpochOrder, ShuffleKind, num_batches, rank_range
+from .permutation import derive_key, permute, shuffled_range
+from .sequence import (KINDS, ORDER_SINCE, ORDER_VERSION, SHUFFLE_CHOICES, EpochOrder, ShuffleKind,
+                       num_batches, rank_range)
 from .tasks import SourceShape, Task, TaskKind, plan_tasks
 
-__all__ = ["KINDS", "SHUFFLE_CHOICES", "EpochOrder", "ShuffleKind", "SourceShape", "Task", "TaskKind", "derive_key",
-           "num_batches", "permute", "plan_tasks", "rank_range"]
+__all__ = ["KINDS", "ORDER_SINCE", "ORDER_VERSION", "SHUFFLE_CHOICES", "EpochOrder", "ShuffleKind",
+           "SourceShape", "Task", "TaskKind", "derive_key", "num_batches", "permute", "plan_tasks",
+           "rank_range", "shuffled_range"]

@@ -12,9 +12,15 @@ Kinds:
 
 - ``"none"``: source order.
 - ``"global"``: a uniform pseudorandom permutation of all N rows (``permutation.permute``).
-- ``"block"``: units in a random order, cut into windows of ``window`` consecutive units;
-  rows are shuffled within each window. A rank's positions cover whole windows except at
-  its two ends. Quality knob: ``window`` (more units mixed = closer to global, more memory).
+- ``"block"``: units in a random order (``permute``), cut into windows of ``window``
+  consecutive units; rows are shuffled within each window by ``shuffled_range`` (one
+  permutation array per window, computed when the window is first read and sliced; a
+  resume recomputes it, O(window)). A rank's positions cover whole windows except at its
+  two ends. Quality knob: ``window`` (more units mixed = closer to global, more memory).
+
+The arithmetic is versioned (``ORDER_VERSION``): a loader state records the version it was
+taken under, and loads only where its kind's order is still the same
+(``ORDER_SINCE[kind] <= version``).
 """
 
 from __future__ import annotations
@@ -25,8 +31,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .permutation import derive_key, permute
-
+from .permutation import derive_key, permute, shuffled_range
 
 
 class ShuffleKind(str, enum.Enum):
@@ -48,6 +53,15 @@ SHUFFLE_CHOICES = KINDS + ("auto",)
 _SALT_GLOBAL = 0x61
 _SALT_UNITS = 0x62
 _SALT_WINDOW = 0x63
+
+#: the version of the order arithmetic: bumped whenever any kind's order changes
+#: 2: "block" shuffles rows inside a window by ``shuffled_range`` (was ``permute``)
+ORDER_VERSION = 2
+#: the version in which each kind's order last changed: a state taken under an earlier
+#: version would resume into another order
+ORDER_SINCE = {"none": 1, "global": 1, "block": 2}
+#: windows whose permutation an EpochOrder keeps (reader threads work on a few at once)
+_KEPT_WINDOWS = 2
 
 
 def rank_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -117,11 +131,32 @@ class EpochOrder:
         parts = [np.arange(offs[u], offs[u + 1], dtype=np.int64) for u in self.windows[w]]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
+    def window_permutation(self, w: int) -> np.ndarray:
+        """Local indices (into ``window_rows(w)``) of all of window ``w``'s positions, in
+        order: ``shuffled_range(size, key(seed, epoch, w))``. The last few are kept (read-only
+        arrays shared by the threads that slice them)."""
+        kept = self._window_cache
+        found = kept.get(w)
+        if found is None:
+            size = int(self.window_offsets[w + 1] - self.window_offsets[w])
+            found = shuffled_range(size, derive_key(self.seed, self.epoch, _SALT_WINDOW, w))
+            found.flags.writeable = False
+            kept[w] = found  # a race computes it twice, never differently
+            while len(kept) > _KEPT_WINDOWS:
+                try:
+                    kept.pop(next(iter(kept)))
+                except (KeyError, RuntimeError, StopIteration):  # another thread trimmed it
+                    break
+        return found
+
+    @cached_property
+    def _window_cache(self) -> dict:
+        return {}
+
     def window_local(self, w: int, lo: int, hi: int) -> np.ndarray:
-        """Local indices (into ``window_rows(w)``) of window positions ``[lo, hi)``."""
-        size = int(self.window_offsets[w + 1] - self.window_offsets[w])
-        key = derive_key(self.seed, self.epoch, _SALT_WINDOW, w)
-        return permute(np.arange(lo, hi, dtype=np.int64), size, key)
+        """Local indices (into ``window_rows(w)``) of window positions ``[lo, hi)``: a slice
+        of ``window_permutation(w)``."""
+        return self.window_permutation(w)[lo:hi]
 
     # -- the sequence -----------------------------------------------------------
     def rows(self, start: int, stop: int) -> np.ndarray:

@@ -10,7 +10,9 @@ that orders batches. Instead, the reader thread that made a read converts it who
   ``[rows, k]`` buffer;
 - a shuffled gather goes straight into pooled buffers: ``np.take`` from host views of the
   random-access table (made once per table) into a buffer from the pool, a stacked column
-  into its column of the ``[rows, k]`` buffer. No Arrow ``take``, no second copy.
+  into its column of the ``[rows, k]`` buffer. No Arrow ``take``, no second copy. A
+  ``stack=`` group the table already holds row-major (``rabuild``: a fixed-size-list
+  column named for the group) is one ``np.take`` along rows.
 
 A batch is then a set of views ``arr[lo:hi]`` of one chunk; a batch that straddles two
 chunks is concatenated into a pooled buffer (the one planned copy).
@@ -31,6 +33,7 @@ chunk buffer it came from (at most one read's rows) alive, never overwritten.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,6 +47,7 @@ from ..convert.host import array_valued, to_host
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError
 from .collate import BufferPool, StackSpec, resolve_stack, stack_batch
+from .rabuild import stacked_members
 
 
 class HostChunk:
@@ -108,7 +112,11 @@ class ChunkConverter(PicklableLock):
             # (an unpadded one converts as [rows, k] when its lists have one length k, else errors)
             fixed = self.opts.pad_to is not None
             whole = all(not _varlist(f.type) or fixed or not self.opts.pads(f.name) for f in schema)
-            spec = resolve_stack(self.stack, schema) if self.stack else None
+            stack = self.stack
+            held = {f.name for f in schema if stacked_members(f) is not None}
+            if stack and held:  # groups the table holds stacked already (rabuild)
+                stack = {out: cols for out, cols in stack.items() if out not in held}
+            spec = resolve_stack(stack, schema) if stack else None
             found = self._specs[schema] = (whole, spec)
         return found
 
@@ -169,11 +177,16 @@ class ChunkConverter(PicklableLock):
             if self._views is not None and self._views[0] is table:
                 return self._views[1]
             views = None
+            opts = self.opts
+            members = {m for f in table.schema for m in (stacked_members(f) or ())}
+            if members and opts.fill_null:  # held stacked only without nulls: nothing to fill
+                opts = dataclasses.replace(opts, fill_null={k: v for k, v in opts.fill_null.items()
+                                                            if k not in members})
             if all(array_valued(f.type) and not (_varlist(f.type) and self.opts.pads(f.name))
                    for f in table.schema):
                 try:
                     batches = table.to_batches()
-                    parts = [to_host(b, self.opts) for b in batches]
+                    parts = [to_host(b, opts) for b in batches]
                     lengths = [b.num_rows for b in batches]
                     views = (np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64), parts)
                 except ConversionError:
@@ -185,49 +198,83 @@ class ChunkConverter(PicklableLock):
     def gather(self, table: pa.Table, rows: np.ndarray, keep: bool = True) -> HostChunk | None:
         """Rows ``rows`` of ``table``, in that order, gathered into pooled buffers; ``None`` when
         the table's columns have no host views (the caller then gathers with Arrow).
-        ``keep``: cache the table's views for the next gather (the random-access table)."""
+        ``keep``: cache the table's views for the next gather (the random-access table).
+
+        A gather of at least half of a table of several chunks (a block-shuffle window read
+        as its units) first lays each output out contiguously -- a stack group row-major
+        ``[rows, k]``, a column concatenated -- with sequential copies into a temporary
+        (freed at once, never pooled), then takes it along rows: the copy Arrow's
+        ``combine_chunks`` would have made, and then one random access per row where ``k``
+        takes make ``k`` (524,288-row window, 16 float32: 0.024 s against 0.058 s).
+        Otherwise (one chunk, or a global shuffle's smaller gathers) each column is taken
+        from the table's own views; into a stack group's column through a contiguous
+        temporary (a take with a strided ``out`` is 1.5x slower)."""
         found = self._table_views(table, keep)
         if found is None:
             return None
         offsets, parts = found
+        total = int(offsets[-1])
         n = len(rows)
-        if n and (rows.min() < 0 or rows.max() >= offsets[-1]):
-            raise IndexError(f"gather rows out of range 0..{offsets[-1]}")
-        if len(parts) == 1:
-            groups = [(None, rows)]
-        else:  # rows of each chunk: (positions in the output, rows within the chunk)
-            which = np.searchsorted(offsets, rows, side="right") - 1
-            order = np.argsort(which, kind="stable")
-            bounds = np.searchsorted(which[order], np.arange(len(parts) + 1))
-            groups = [(order[bounds[c]:bounds[c + 1]], rows[order[bounds[c]:bounds[c + 1]]] - offsets[c])
-                      for c in range(len(parts))]
+        if n and (rows.min() < 0 or rows.max() >= total):
+            raise IndexError(f"gather rows out of range 0..{total}")
         _, spec = self._layout(table.schema)
         stacked = spec.stacked if spec is not None else frozenset()
         first = spec.first if spec is not None else {}
+        dense = len(parts) > 1 and 2 * n >= total
+        groups = None if dense else _chunk_groups(offsets, rows, len(parts))
         columns = {}
         for name in table.schema.names:
             g = first.get(name)
             if g is not None:
                 out_name, cols = spec.groups[g]
                 buf = self.pool.take((n, len(cols)), spec.dtypes[g])
-                for j, c in enumerate(cols):
-                    _take_into(buf[:, j], [p[c] for p in parts], groups)
+                if dense:
+                    whole = np.empty((total, len(cols)), spec.dtypes[g])  # freed at once: never pooled
+                    for c, p in enumerate(parts):
+                        lo, hi = offsets[c], offsets[c + 1]
+                        for j, col in enumerate(cols):
+                            whole[lo:hi, j] = p[col]
+                    np.take(whole, rows, axis=0, out=buf, mode="clip")  # rows checked above
+                    del whole
+                else:
+                    for j, c in enumerate(cols):
+                        _take_into(buf[:, j], [p[c] for p in parts], groups)
                 columns[out_name] = buf
             elif name not in stacked:
                 sample = parts[0][name]
                 buf = self.pool.take((n, *sample.shape[1:]), sample.dtype)
-                _take_into(buf, [p[name] for p in parts], groups)
+                if dense:
+                    whole = np.empty((total, *sample.shape[1:]), sample.dtype)
+                    np.concatenate([p[name] for p in parts], out=whole)
+                    np.take(whole, rows, axis=0, out=buf, mode="clip")
+                    del whole
+                else:
+                    _take_into(buf, [p[name] for p in parts], groups)
                 columns[name] = buf
         return HostChunk(self._finish(columns), n, table.nbytes / max(1, table.num_rows))
+
+
+def _chunk_groups(offsets: np.ndarray, rows: np.ndarray, chunks: int) -> list:
+    """(positions in the output, rows within the chunk) of each chunk (``None`` positions:
+    one chunk, all rows in order)."""
+    if chunks == 1:
+        return [(None, rows)]
+    which = np.searchsorted(offsets, rows, side="right") - 1
+    if chunks <= 1 << 16:  # numpy radix-sorts 16-bit keys: O(n) where int64 keys take timsort
+        which = which.astype(np.uint16)
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(chunks + 1))
+    return [(order[bounds[c]:bounds[c + 1]], rows[order[bounds[c]:bounds[c + 1]]] - offsets[c])
+            for c in range(chunks)]
 
 
 def _take_into(out: np.ndarray, views: list[np.ndarray], groups) -> None:
     """``out[i] = concat(views)[row i]`` per group of (output positions, rows of one view)."""
     for (pos, local), view in zip(groups, views):
         if pos is None:
-            if view.dtype == out.dtype:
+            if view.dtype == out.dtype and out.flags.c_contiguous:
                 np.take(view, local, axis=0, out=out, mode="clip")  # rows checked by the caller
-            else:
+            else:  # a column of a stack group: take contiguously, then one strided copy
                 out[...] = np.take(view, local, axis=0, mode="clip")
         elif len(pos):
             out[pos] = np.take(view, local, axis=0, mode="clip")

@@ -172,7 +172,8 @@ class Loader:
         reuse = all(not isinstance(n, Map) or bool(n.name) for n in walk(self._plan))
         if kind is ShuffleKind.GLOBAL or needs_table:
             src = materialize(self._plan, self._dataset.options, memory_budget=budget,
-                              cache_dir=self._cache_dir, reuse=reuse)
+                              cache_dir=self._cache_dir, reuse=reuse,
+                              stack=opts.stack if opts.output != "arrow" and opts.transform is None else None)
         else:
             src = ScanRowSource(self._plan, self._dataset.options, self._cache_dir, self.max_readers)
         return kind, src

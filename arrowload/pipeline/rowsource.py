@@ -9,6 +9,10 @@ Two kinds, one interface (``counts``, ``read_unit``, and for tables ``gather``):
 - :class:`TableRowSource` holds the selected rows in memory or in a memory-mapped Arrow
   IPC cache (``formats/ra_cache``) and gathers any rows: what global shuffle needs.
 
+Building the table (``materialize``): a plan over one scan is built at decode speed by
+``rabuild`` (units read side by side, copied into preallocated buffers, ``stack=`` groups
+held row-major); other plans (SQL, limits) stream through ``execute.iter_batches``.
+
 Memory: the cache is written streaming from the scan, in record batches of a bounded
 number of bytes (``budget.cache_chunk_rows``), never holding the selection; it is read
 memory-mapped, so its pages are file-backed (the kernel drops and re-reads them), not
@@ -24,8 +28,9 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,9 +41,10 @@ from ..options import Options
 from ..optimize import optimize
 from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
-from ..plan.nodes import Map, Plan, Project, Scan, scans, transform_up, walk
+from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, transform_up, walk
 from ..scan import execute
 from ..scan.units import UnitReader
+from . import rabuild
 from .budget import cache_chunk_rows
 from .documents import (FORMAT_VERSION, RA_FORMAT, SELECTION_FORMAT, load_json, read_ra_manifest,
                         read_selection_index)
@@ -224,16 +230,24 @@ class TableRowSource:
     shuffle, not how much is read at once (the loader reads slices and gathers sized in
     bytes, see ``budget.read_rows``). ``gather`` takes arbitrary rows in the order given:
     one copy, into a fresh contiguous batch.
+
+    ``table`` may hold ``stack=`` groups as fixed-size-list columns (fields with
+    ``rabuild.STACK_KEY`` metadata, see ``rabuild``): ``chunks.ChunkConverter.gather``
+    takes from them directly; ``read_unit`` and ``gather`` give the plan's own columns
+    (``schema``) back.
     """
 
     kind = "table"
 
     def __init__(self, table: pa.Table, unit_rows: int = UNIT_ROWS, where: str = "memory",
-                 snapshot: str = "") -> None:
+                 snapshot: str = "", schema: pa.Schema | None = None) -> None:
         self.table = table
         self.unit_rows = unit_rows
         self.where = where
         self.snapshot = snapshot
+        self.schema = schema if schema is not None else table.schema
+        self._stacked = {f.name: rabuild.stacked_members(f) for f in table.schema
+                         if rabuild.stacked_members(f) is not None}
         n = table.num_rows
         self.counts = tuple(min(unit_rows, n - s) for s in range(0, n, unit_rows))
         self.units = tuple(range(len(self.counts)))
@@ -253,12 +267,34 @@ class TableRowSource:
         return max(1, int(self.row_bytes * self.counts[i]))
 
     def read_unit(self, i: int) -> pa.Table:
-        return self.table.slice(i * self.unit_rows, self.counts[i])
+        return self._columns(self.table.slice(i * self.unit_rows, self.counts[i]))
+
+    def _columns(self, table: pa.Table) -> pa.Table:
+        """``table`` (rows of ``self.table``) with stacked groups split into the plan's columns
+        (one copy of the group; the table-wide paths take from the stacked form)."""
+        if not self._stacked:
+            return table
+        have = {}
+        for name, members in self._stacked.items():
+            col = table.column(name)
+            k = len(members)
+            if col.num_chunks == 1:
+                arr = col.chunk(0)
+            elif col.num_chunks == 0:
+                arr = pa.array([], col.type)
+            else:
+                arr = pa.concat_arrays(col.chunks)
+            values = arr.values.slice(arr.offset * k, len(arr) * k).to_numpy(zero_copy_only=True)
+            values = values.reshape(len(arr), k)
+            for j, m in enumerate(members):
+                have[m] = pa.array(np.ascontiguousarray(values[:, j]), self.schema.field(m).type)
+        arrays = [have[f.name] if f.name in have else table.column(f.name) for f in self.schema]
+        return pa.Table.from_arrays(arrays, schema=self.schema)
 
     def gather(self, rows: np.ndarray) -> pa.Table:
-        """Rows ``rows`` (source-order numbers) in that order."""
+        """Rows ``rows`` (source-order numbers) in that order, in the plan's columns."""
         if self._single:
-            return self.table.take(pa.array(rows, pa.int64()))
+            return self._columns(self.table.take(pa.array(rows, pa.int64())))
         # Chunked (memory-mapped cache): take within each chunk, then restore the order.
         which = np.searchsorted(self._chunk_offsets, rows, side="right") - 1
         order = np.argsort(which, kind="stable")
@@ -274,7 +310,7 @@ class TableRowSource:
         grouped = pa.Table.from_batches(pieces, schema=self.table.schema).combine_chunks()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
-        return grouped.take(pa.array(inverse, pa.int64()))
+        return self._columns(grouped.take(pa.array(inverse, pa.int64())))
 
     # -- one task of the pipeline (order.tasks) ----------------------------------------
     def read(self, task, order, conv=None, *, cache=None, map_units=None) -> tuple[list, float]:
@@ -298,10 +334,16 @@ class TableRowSource:
 
 
 def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: str | None,
-                reuse: bool) -> TableRowSource:
+                reuse: bool, stack: Mapping[str, Any] | None = None) -> TableRowSource:
     """Run ``plan`` once into a random-access table: in memory while it fits
     ``memory_budget`` bytes, else into an Arrow IPC cache file under ``cache_dir`` (reused
-    by later loaders while the snapshot and plan are unchanged when ``reuse``)."""
+    by later loaders while the snapshot and plan are unchanged when ``reuse``).
+
+    A plan over one scan (no SQL, no limit) is built in memory by ``rabuild`` (units read
+    in parallel straight into preallocated buffers); ``stack`` (the loader's ``stack=``,
+    passed where its batches are gathered into host arrays) holds those groups row-major.
+    Other plans, and selections that do not fit, stream through ``execute.iter_batches``
+    (the cache file always holds the plan's own columns)."""
     found = scans(plan)
     snapshot = _digest(*(s.source.fingerprint() for s in found)) if found else ""
     what = plan_key(plan)
@@ -311,7 +353,18 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
         cached = _open_cache(base, snapshot, what)
         if cached is not None:
             return cached
-    if _surely_spills(found, memory_budget):
+    if _one_scan(plan) and not _surely_spills(found, memory_budget):
+        threads = rabuild.cores()
+        units = ScanRowSource(plan, options, cache_dir, threads)
+        table = rabuild.build(units.read_unit, units.counts, plan.schema, stack=stack,
+                              memory_budget=memory_budget, threads=threads)
+        if table is not None:
+            return TableRowSource(table, where="memory", snapshot=snapshot, schema=plan.schema)
+        if base is None:
+            raise _over_budget(memory_budget)
+        # over the budget: stream it to the disk cache below (read again, never held)
+        options = _streaming(options, local=all(s.source.is_local for s in found))
+    elif _surely_spills(found, memory_budget):
         options = _streaming(options, local=all(s.source.is_local for s in found))
     held: list[pa.RecordBatch] = []
     size = 0
@@ -326,10 +379,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
                 size += batch.nbytes
                 if size > memory_budget:
                     if base is None:
-                        raise MemoryBudgetError(
-                            f"the selection needs more than memory_budget={memory_budget} bytes "
-                            "for random access and no cache_dir is set; pass cache_dir= or raise "
-                            "memory_budget")
+                        raise _over_budget(memory_budget)
                     os.makedirs(os.path.dirname(base), exist_ok=True)
                     fd, tmp_path = tempfile.mkstemp(dir=os.path.dirname(base), prefix=".tmp-ra-",
                                                     suffix=".arrow")
@@ -357,6 +407,19 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
             writer.close()
         if tmp_path is not None and os.path.exists(tmp_path):
             os.remove(tmp_path)
+
+
+def _over_budget(memory_budget: int) -> MemoryBudgetError:
+    return MemoryBudgetError(f"the selection needs more than memory_budget={memory_budget} bytes for "
+                             "random access and no cache_dir is set; pass cache_dir= or raise memory_budget")
+
+
+def _one_scan(plan: Plan) -> bool:
+    """Whether ``plan`` reads one scan unit by unit with exact counts (``ScanRowSource``):
+    no SQL, no limit; the rest (maps, projections, filters) runs per unit."""
+    found = scans(plan)
+    return len(found) == 1 and not any(
+        isinstance(n, (Limit, SqlQuery)) or (isinstance(n, Scan) and n.limit is not None) for n in walk(plan))
 
 
 def _surely_spills(found: Sequence[Scan], memory_budget: int) -> bool:

@@ -1,9 +1,13 @@
-"""The loader state (``formats/loader_state/v1``): writing it, and reading it back field by
-field.
+"""The loader state (``formats/loader_state/v2``; ``v1`` still read): writing it, and reading
+it back field by field.
 
 A state is positions only (epoch, rows of this rank's epoch already yielded, batches
 yielded) plus the identity of what it was taken on (data snapshot, plan fingerprint,
-seed, shuffle, world). Reading checks every field: its presence, its type (integers are
+seed, shuffle, world) and the version of the order arithmetic it was taken under
+(``order``; version 1 documents predate the field and mean order version 1). A state
+whose shuffle kind's order changed since (``order.ORDER_SINCE``) is refused mid-epoch: it
+would resume into other rows; at the start or the end of its epoch nothing is at stake
+and it loads. Reading checks every field: its presence, its type (integers are
 ints, never bools), its range (``0 <= position <=`` this rank's rows, on a batch boundary
 or at the end; ``epoch >= 0``; ``batches`` = ``position / batch_size`` rounded up), and
 the identity against the loader's, saying in words what differs. Anything else raises
@@ -20,22 +24,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import StateMismatchError
-from ..order import KINDS
+from ..order import KINDS, ORDER_SINCE, ORDER_VERSION
 
 STATE_FORMAT = "arrowload.loader_state"
-STATE_VERSION = 1
+STATE_VERSION = 2
+#: versions ``read_state`` accepts (1: no ``order`` field, order version 1)
+READABLE = (1, 2)
 
 #: identity fields: a state loads only into a loader whose values are the same
 IDENTITY = ("snapshot", "plan", "seed", "shuffle", "window", "world_size", "rank", "batch_size",
             "drop_last", "num_rows")
 #: position fields
 POSITION = ("epoch", "position", "batches")
-FIELDS = ("format", "version") + IDENTITY + POSITION
+FIELDS = ("format", "version") + IDENTITY + ("order",) + POSITION
+_FIELDS_BY_VERSION = {1: tuple(f for f in FIELDS if f != "order"), 2: FIELDS}
 
 _INT, _STR, _BOOL = "an integer", "a string", "true or false"
 _TYPES = {"snapshot": _STR, "plan": _STR, "seed": _INT, "shuffle": _STR, "window": _INT,
           "world_size": _INT, "rank": _INT, "batch_size": _INT, "drop_last": _BOOL,
-          "num_rows": _INT, "epoch": _INT, "position": _INT, "batches": _INT}
+          "num_rows": _INT, "order": _INT, "epoch": _INT, "position": _INT, "batches": _INT}
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,9 @@ def batches_for(position: int, batch_size: int) -> int:
 
 
 def make_state(identity: Mapping[str, Any], at: Position) -> dict:
-    """The JSON-serializable state document."""
+    """The JSON-serializable state document (this version, under this order version)."""
     return {"format": STATE_FORMAT, "version": STATE_VERSION, **{k: identity[k] for k in IDENTITY},
-            "epoch": at.epoch, "position": at.position, "batches": at.batches}
+            "order": ORDER_VERSION, "epoch": at.epoch, "position": at.position, "batches": at.batches}
 
 
 def read_state(state: Any, identity: Mapping[str, Any], rank_rows: int) -> Position:
@@ -68,20 +75,23 @@ def read_state(state: Any, identity: Mapping[str, Any], rank_rows: int) -> Posit
         raise StateMismatchError(f"format: {state.get('format')!r} is not an arrowload loader state "
                                  f"(format {STATE_FORMAT!r} expected); pass what Loader.state_dict() returned")
     version = state.get("version")
-    if type(version) is not int or version != STATE_VERSION:
+    if type(version) is not int or version not in READABLE:
         raise StateMismatchError(f"version: loader state version {version!r} is not supported (this "
-                                 f"arrowload reads version {STATE_VERSION}); resume with the arrowload "
-                                 "that wrote it, or start the epoch afresh")
-    unknown = sorted(str(k) for k in state if k not in FIELDS)
+                                 f"arrowload reads versions {', '.join(map(str, READABLE))}); resume with "
+                                 "the arrowload that wrote it, or start the epoch afresh")
+    fields = _FIELDS_BY_VERSION[version]
+    unknown = sorted(str(k) for k in state if k not in fields)
     if unknown:
         raise StateMismatchError(f"unknown field(s) {', '.join(map(repr, unknown))} in the loader state "
-                                 f"(version {STATE_VERSION} has {', '.join(FIELDS)}); the state was edited "
+                                 f"(version {version} has {', '.join(fields)}); the state was edited "
                                  "or written by another program")
-    missing = [k for k in FIELDS if k not in state]
+    missing = [k for k in fields if k not in state]
     if missing:
         raise StateMismatchError(f"field(s) {', '.join(map(repr, missing))} missing from the loader state; "
                                  "pass the whole dict Loader.state_dict() returned")
     for key, kind in _TYPES.items():
+        if key not in fields:
+            continue
         value = state[key]
         ok = (type(value) is int if kind == _INT else
               type(value) is str if kind == _STR else type(value) is bool)
@@ -111,7 +121,26 @@ def read_state(state: Any, identity: Mapping[str, Any], rank_rows: int) -> Posit
         raise StateMismatchError(f"batches: {batches} does not match position {position} (that is "
                                  f"{batches_for(position, bsize)} batches of {bsize} rows, the last "
                                  "rounded up); the state was damaged or edited")
+    _check_order(state.get("order", 1), state["shuffle"], epoch, position, rank_rows)
     return Position(epoch, position, batches)
+
+
+def _check_order(order: int, kind: str, epoch: int, position: int, rank_rows: int) -> None:
+    """The state's order version against this arrowload's: newer is refused; older is
+    refused mid-epoch where ``kind``'s order changed since (the rest of the epoch would be
+    other rows than the ones the state left)."""
+    if order < 1:
+        raise StateMismatchError(f"order: {order} is not an order version (versions count from 1); the "
+                                 "state was damaged or edited")
+    if order > ORDER_VERSION:
+        raise StateMismatchError(f"order: the state was taken under order version {order}, newer than this "
+                                 f"arrowload's ({ORDER_VERSION}); resume with the arrowload that wrote it")
+    if order < ORDER_SINCE[kind] and 0 < position < rank_rows:
+        raise StateMismatchError(
+            f"order: the state was taken under order version {order}, and the {kind!r} shuffle's order "
+            f"changed in version {ORDER_SINCE[kind]} (rows inside each window come in another order), so "
+            f"resuming at position {position} would not yield the rows the state left; start epoch "
+            f"{epoch} afresh (set_epoch({epoch}) without the state), or resume with the arrowload that wrote it")
 
 
 def _difference(key: str, theirs: Any, mine: Any) -> str:
