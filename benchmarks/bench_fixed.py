@@ -34,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
+from benchlib import bench_env  # noqa: E402
 
 _CLOCK = """
 import gc, json, resource, sys, time
@@ -107,7 +109,7 @@ print(json.dumps({"cpu": c1 - c0, "wall": w1 - w0}))
 
 
 def run(code: str, lake: str, root: Path | None) -> dict:
-    env = dict(os.environ)
+    env = bench_env()
     if root is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     # from a neutral folder: ``python -c`` puts the working directory first on sys.path
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
                                       "pr.enable()\nc0, w0 = _now()").replace(
             "c1, w1 = _now()", "c1, w1 = _now()\npr.disable()\n"
             "pstats.Stats(pr, stream=sys.stderr).sort_stats('cumulative').print_stats(25)")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        env = bench_env(PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
         out = subprocess.run([sys.executable, "-c", f"LAKE = {lake!r}\n" + code], capture_output=True,
                              text=True, env=env, cwd=tempfile.gettempdir())
         print(out.stderr)

@@ -47,6 +47,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "peers"))
+from benchlib import bench_env  # noqa: E402
 
 FEATURES = [f"f{i}" for i in range(16)]
 BATCH = 4096
@@ -197,8 +199,7 @@ def _maxrss() -> int:
 # -- the harness ----------------------------------------------------------------------------
 
 def spawn(spec: dict, timeout: float) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
+    env = bench_env(PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p))
     p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(spec)],
                        capture_output=True, text=True, timeout=timeout, env=env)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT)]

@@ -47,7 +47,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "peers"))
 
-from benchlib import FILTER_COLUMNS, PEERS, RESULT_PREFIX, WORKLOADS, Peer, Workload, id_bound  # noqa: E402
+from benchlib import FILTER_COLUMNS, PEERS, RESULT_PREFIX, WORKLOADS, Peer, Workload, bench_env, id_bound  # noqa: E402
 from bench_scan import DATA, ensure_lake, load  # noqa: E402
 
 OUT = HERE / "out"
@@ -234,7 +234,8 @@ class ForkServer:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, str(HERE / "peers" / "benchlib.py"), "--serve"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     env=bench_env())
         first = json.loads(self.proc.stdout.readline())
         assert first.get("ready"), first
 
@@ -288,7 +289,7 @@ class Spawner:
     def run(self, spec: dict, timeout: float) -> dict:
         cmd = [sys.executable, str(HERE / "peers" / f"{spec['module']}.py"), json.dumps(spec)]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+                             start_new_session=True, env=bench_env())
         try:
             out, err = p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
