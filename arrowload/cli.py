@@ -429,7 +429,7 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"  filter   {args.filter}")
     print(f"  reads    {kept.reads_line()}")
     print(f"  loader   batch_size={args.batch_size}, shuffle={loader.shuffle_kind}, output={args.output}, "
-          f"io_threads={args.io_threads}; built in {build:.3f}s (counting the selection"
+          f"io_threads={'auto' if args.io_threads is None else args.io_threads}; built in {build:.3f}s (counting the selection"
           f"{', random-access table' if loader.source_kind != 'scan' else ''})")
     print()
     header = f"  {'one epoch':<26}{'rows':>12}{'seconds':>10}{'rows/s':>14}{'MB/s':>10}"
@@ -611,8 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
     bench.add_argument("--output", choices=("numpy", "arrow", "torch", "jax"), default="numpy",
                        help="batch type (default numpy)")
-    bench.add_argument("--io-threads", type=_positive_int, default=4, metavar="N",
-                       help="reader threads (default 4)")
+    bench.add_argument("--io-threads", type=_positive_int, default=None, metavar="N",
+                       help="at most N reader threads (default: automatic, at most one per core)")
     bench.add_argument("--fill-null", type=float, metavar="VALUE",
                        help="fill nulls in numeric columns with VALUE (default: a null is an error)")
     bench.add_argument("--no-baseline", action="store_true", help="skip the raw pyarrow scan")

@@ -292,7 +292,7 @@ class Loader:
     def state_dict(self) -> dict:
         """Small JSON-serializable state: where this rank is in which epoch, plus what it was
         taken on (snapshot and plan fingerprints, seed, shuffle, world). No pickles. See
-        ``formats/loader_state/v1/spec.md``."""
+        ``formats/loader_state/v2/spec.md``."""
         return make_state(self._identity(), Position(self.epoch, self._position, self._batches_done))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
