@@ -246,11 +246,11 @@ class Dataset:
         """The first ``n`` rows, reading as little as possible (one row group for a plain
         selection).
 
-        On a freshly opened Parquet / Arrow IPC folder (``al.dataset(path).head(n)``, no
-        footer read yet) footers are read in file order and no further than the file that
-        completes ``n`` rows: the result then has the columns and types of the files read,
-        as pyarrow's and polars' scans take them from the first file (``schema`` unifies
-        every file; they agree wherever the shards do)."""
+        Of a plain Parquet / Arrow IPC folder (``al.dataset(path).head(n)``) footers are read
+        in file order and no further than the file that completes ``n`` rows: the result has
+        the columns and types of the files read, as pyarrow's and polars' scans take them
+        from the first file (``schema`` unifies every file; they agree wherever the shards
+        do), whether or not other footers were read before."""
         limit = Limit(self._plan, n)  # checks n
         plan = self._plan
         bare = isinstance(plan, Scan) and plan.columns is None and plan.predicate is None and \

@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
+import pyarrow.parquet as pq
 import pytest
 
 import arrowload as al
@@ -143,6 +144,21 @@ def test_head_of_a_folder_reads_footers_in_file_order_and_stops(tmp_path):
     fs.reset()
     assert ds.head(5).equals(plain(root).head(5))
     assert set(fs.stats.opens) == {paths[0]}
+
+
+def test_head_has_the_same_columns_whether_or_not_the_schema_was_read_first(tmp_path):
+    """Shards that differ: ``head(n)`` takes the columns of the files that hold its rows
+    (as pyarrow's scan takes the first file's), and that answer does not depend on whether
+    ``schema`` (which unifies every file) was asked before. Truth: pyarrow on those files."""
+    pq.write_table(pa.table({"a": [1, 2, 3]}), tmp_path / "p0.parquet")
+    pq.write_table(pa.table({"a": [4], "b": ["x"]}), tmp_path / "p1.parquet")
+    fresh_head = al.dataset(str(tmp_path)).head(2)
+    seen = al.dataset(str(tmp_path))
+    assert seen.schema.names == ["a", "b"]
+    assert seen.head(2).equals(fresh_head)
+    assert fresh_head.equals(pq.read_table(tmp_path / "p0.parquet").slice(0, 2))
+    both = seen.head(4)  # needs both files: their unified columns
+    assert both.schema.names == ["a", "b"] and both.column("b").to_pylist() == [None, None, None, "x"]
 
 def test_head_of_selection_reads_only_selected_columns(lake):
     root, facts = lake

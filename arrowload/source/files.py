@@ -346,9 +346,11 @@ class FileSource(PicklableLock, Source):
         """The first files, in path order, whose footers say they hold at least ``rows``
         rows, as a source of their own (same filesystem, format, partition columns and
         options); footers are read one by one in file order and no further than needed.
-        None where that would not read less: the footers are all known already, the
-        format's footers hold no row count (CSV, JSON), or ``rows`` needs every file."""
-        if self._facts is not None or self.kind not in ("parquet", "ipc"):
+        None where the format's footers hold no row count (CSV, JSON) or ``rows`` needs
+        every file. The answer does not depend on what was read before (footers already
+        known are reused): ``head(n)`` has the same columns whether or not ``schema`` was
+        asked first."""
+        if self.kind not in ("parquet", "ipc"):
             return None
         covered, k = 0, 0
         while k < len(self.entries) and (covered < rows or k == 0):
