@@ -46,7 +46,7 @@ from ..plan.nodes import Filter, Map, Plan, Project, Scan, scans
 from ..plan.rowselect import filter_rows
 from ..source import FileSource
 from ..source.retry import retry
-from . import execute
+from . import execute, memory
 from .choose import Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
 
@@ -124,10 +124,12 @@ class UnitReader:
 
     ``decoders``: the names that may read (default: every eligible one, or the names in
     ``$ARROWLOAD_DECODER``, comma-separated, to pin one for a benchmark). ``decoder``: the
-    name chosen so far (None while the candidates are being measured).
+    name chosen so far (None while the candidates are being measured). ``cache_dir``: where
+    the measurements are remembered across processes (``memory.py``; None: measured afresh).
     """
 
-    def __init__(self, plan: Plan, options: Options, *, decoders: Sequence[str] | None = None) -> None:
+    def __init__(self, plan: Plan, options: Options, *, decoders: Sequence[str] | None = None,
+                 cache_dir: str | None = None) -> None:
         found = scans(plan)
         if len(found) != 1:
             raise InternalError(f"a unit reader needs a plan over one scan, got {len(found)} (a bug: please report it)")
@@ -148,6 +150,7 @@ class UnitReader:
         self._bad: set[tuple[str, int]] = set()  # (decoder, file) that failed where dataset read
         self._decided: frozenset[int] | None = None
         self._sizes: tuple[int, ...] | None = None
+        self._cache_dir = cache_dir
         self._compile_decoders(decoders)
 
     # -- compile ---------------------------------------------------------------
@@ -242,6 +245,34 @@ class UnitReader:
                 self._polars_later = True
         self._chooser = Chooser(names, exclusive=("polars",))
         self._gate = Gate()
+        self._memory_key = None
+        if self._cache_dir and pinned is None and len(names) + self._polars_later > 1:
+            self._situation = self._situation_of(eligible)
+            self._memory_key = memory.situation_key(self._situation)
+            got = memory.load(self._cache_dir, self._memory_key)
+            if got is not None:
+                self._chooser.remember(got.costs, got.measured)
+
+    def _situation_of(self, eligible: dict[str, bool]) -> dict:
+        """What the decoders' measured costs depend on (``memory.py``): the machine, the
+        decoder set, the columns read and the filter's shape -- never its literals."""
+        schema = self.scan.source.schema
+        typed = {f.name: str(f.type) for f in schema}
+        return {"machine": memory.machine(),
+                "decoders": [n for n in ORDER if eligible[n]],
+                "columns": [[n, typed.get(n, "?")] for n in self._all],
+                "filter": None if self._pred is None else {
+                    "columns": [[n, typed.get(n, "?")] for n in self._pred_cols],
+                    "late": self._late,
+                    "polars_prefilter": sorted(self._polars.polars_columns) if self._polars is not None else None,
+                    "polars_rest": self._polars is not None and self._polars_rest is not None}}
+
+    def _remember(self) -> None:
+        """Write the measured costs back (after a measurement, with a choice standing)."""
+        c = self._chooser
+        costs, chosen = c.costs(), c.chosen
+        if chosen is not None and chosen in costs:
+            memory.save(self._cache_dir, self._memory_key, self._situation, chosen, costs, c.measured)
 
     def _unit_bytes(self) -> tuple[int, ...]:
         """Compressed bytes of the columns read, per unit (rows where footers do not say)."""
@@ -365,7 +396,8 @@ class UnitReader:
             return out
         finally:
             size = self._unit_bytes()[i]
-            self._chooser.done(picked, cpu, size)
+            if self._chooser.done(picked, cpu, size) and self._memory_key is not None:
+                self._remember()
             if self._polars_later:
                 self._count_read(size)
 
