@@ -2,7 +2,8 @@
 ``arrowload/scan/memory.py``): the golden documents go through the reader, invalid ones
 are refused with typed errors, what a unit reader writes validates, a later reader in the
 same situation chooses at once (without the trials) and still reads exactly pyarrow's
-rows, and a damaged or foreign document is ignored and rewritten."""
+rows, and a damaged or foreign document is ignored and rewritten. Also: while one reader
+thread imports polars, the others read with another decoder, with the same rows."""
 
 from __future__ import annotations
 
@@ -105,7 +106,6 @@ def _read_all(reader):
 
 
 def test_a_reader_remembers_and_a_later_one_chooses_at_once(lake, tmp_path):
-    pytest.importorskip("polars")
     import polars  # noqa: F401 - imported: polars is a candidate from the first read
     cache = str(tmp_path / "cache")
     plan = al.dataset(lake).filter("k = 3").select("x", "y").optimized_plan()
@@ -134,7 +134,6 @@ def test_a_reader_remembers_and_a_later_one_chooses_at_once(lake, tmp_path):
 
 @pytest.mark.parametrize("damage", ["not json{", '{"format": "arrowload.decoder_choice", "version": 9}', "[]"])
 def test_a_damaged_document_is_ignored_and_rewritten(lake, tmp_path, damage):
-    pytest.importorskip("polars")
     import polars  # noqa: F401
     cache = str(tmp_path / "cache")
     plan = al.dataset(lake).filter("k = 3").select("x", "y").optimized_plan()
@@ -153,10 +152,32 @@ def test_a_damaged_document_is_ignored_and_rewritten(lake, tmp_path, damage):
 
 
 def test_a_loader_remembers_in_its_cache_dir(lake, tmp_path):
-    pytest.importorskip("polars")
     import polars  # noqa: F401
     cache = str(tmp_path / "cache")
     ds = al.dataset(lake).filter("k = 3").select("x", "y")
     rows = [sum(len(b["x"]) for b in ds.loader(500, cache_dir=cache)) for _ in range(2)]
     assert rows == [_truth(lake).num_rows] * 2
     assert glob.glob(os.path.join(cache, "decoders-*.json"))
+
+
+def test_threads_read_on_while_one_imports_polars(lake):
+    """A fresh process, polars not imported, several threads reading with polars pinned
+    beside pyarrow: every unit's rows are pyarrow's, and polars did get imported."""
+    from test_real_files import run_isolated
+    out = run_isolated(f"""
+        import json, sys
+        from concurrent.futures import ThreadPoolExecutor
+        import pyarrow as pa
+        import arrowload as al
+        from arrowload.scan.units import UnitReader
+        assert "polars" not in sys.modules
+        plan = al.dataset({lake!r}).filter("k = 3").select("x", "y").optimized_plan()
+        reader = UnitReader(plan, al.Options(), decoders=["pyarrow", "polars"])
+        with ThreadPoolExecutor(4) as pool:
+            parts = list(pool.map(reader.read, range(reader.num_units)))
+        t = pa.concat_tables(parts)
+        print(json.dumps({{"x": t["x"].to_pylist(), "y": t["y"].to_pylist(),
+                          "polars": "polars" in sys.modules}}))
+    """)
+    truth = _truth(lake)
+    assert out == {"x": truth["x"].to_pylist(), "y": truth["y"].to_pylist(), "polars": True}

@@ -151,6 +151,7 @@ class UnitReader:
         self._decided: frozenset[int] | None = None
         self._sizes: tuple[int, ...] | None = None
         self._cache_dir = cache_dir
+        self._polars_importer: int | None = None  # the thread importing polars (_polars_ready)
         self._compile_decoders(decoders)
 
     # -- compile ---------------------------------------------------------------
@@ -365,6 +366,20 @@ class UnitReader:
         name, measure = self._chooser.pick()
         return self._read_with(name, measure, i, fn, counting)
 
+    def _polars_ready(self) -> bool:
+        """Whether this thread may read with polars now: polars is imported, or this thread
+        is the one importing it. While one thread imports polars (about 0.15 s, holding the
+        GIL), the others read their units with another decoder instead of waiting on the
+        import lock; the rows are the same whichever decoder reads."""
+        mod = sys.modules.get("polars")
+        if mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            return True
+        me = threading.get_ident()
+        with self._lock:
+            if self._polars_importer is None:
+                self._polars_importer = me
+            return self._polars_importer == me
+
     def _count_read(self, size: int) -> None:
         with self._lock:
             self._read_bytes += size
@@ -377,9 +392,10 @@ class UnitReader:
         unit = self.units[i]
         picked, cpu = name, None
         try:
-            if not self._usable(name, unit, self._columns_for(name, counting)):
-                name, measure = next((n for n in self.candidates
-                                      if self._usable(n, unit, self._columns_for(n, counting))), "dataset"), False
+            if not self._usable(name, unit, self._columns_for(name, counting)) or \
+                    (name == "polars" and not self._polars_ready()):
+                name, measure = next((n for n in self.candidates if n != picked and
+                                      self._usable(n, unit, self._columns_for(n, counting))), "dataset"), False
             with self._gate.enter(alone=measure):
                 m = Measure() if measure else None
                 if name == "dataset":
