@@ -123,6 +123,9 @@ def test_a_reader_remembers_and_a_later_one_chooses_at_once(lake, tmp_path):
 
     second = UnitReader(plan, al.Options(), cache_dir=cache)
     assert second.decoder == doc["chosen"]  # chosen before any read
+    described = second.describe()
+    assert described["started_from_remembered"] and described["remembered"] == docs[0]
+    assert not first.describe()["started_from_remembered"]
     assert _read_all(second).equals(_truth(lake))
     second.close()
     # another filter shape (other columns) is another situation

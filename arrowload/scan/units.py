@@ -247,12 +247,14 @@ class UnitReader:
         self._chooser = Chooser(names, exclusive=("polars",))
         self._gate = Gate()
         self._memory_key = None
+        self._started_remembered = False
         if self._cache_dir and pinned is None and len(names) + self._polars_later > 1:
             self._situation = self._situation_of(eligible)
             self._memory_key = memory.situation_key(self._situation)
             got = memory.load(self._cache_dir, self._memory_key)
             if got is not None:
                 self._chooser.remember(got.costs, got.measured)
+                self._started_remembered = True
 
     def _situation_of(self, eligible: dict[str, bool]) -> dict:
         """What the decoders' measured costs depend on (``memory.py``): the machine, the
@@ -297,7 +299,11 @@ class UnitReader:
                 "cpu_per_byte": self._chooser.costs(), "late_materialization": self._late,
                 "polars_prefilter": str(self._polars) if self._polars is not None and "polars" in self.candidates
                 else None,
-                "units_read": self.reads}
+                "units_read": self.reads,
+                # where the measurements were remembered across processes (None: not kept)
+                "remembered": memory.path_for(self._cache_dir, self._memory_key)
+                if self._memory_key is not None else None,
+                "started_from_remembered": self._started_remembered}
 
     def close(self) -> None:
         """Close the files the fast decoders hold open (a later read opens them again)."""
