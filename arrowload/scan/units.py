@@ -398,10 +398,16 @@ class UnitReader:
         unit = self.units[i]
         picked, cpu = name, None
         try:
-            if not self._usable(name, unit, self._columns_for(name, counting)) or \
-                    (name == "polars" and not self._polars_ready()):
+            if not self._usable(name, unit, self._columns_for(name, counting)):
                 name, measure = next((n for n in self.candidates if n != picked and
                                       self._usable(n, unit, self._columns_for(n, counting))), "dataset"), False
+            elif name == "polars" and not self._polars_ready():
+                # another thread imports polars: read with another fast decoder meanwhile
+                # (none: wait for the import, as a decoder pinned alone does)
+                other = next((n for n in self.candidates if n not in (picked, "dataset") and
+                              self._usable(n, unit, self._columns_for(n, counting))), None)
+                if other is not None:
+                    name, measure = other, False
             with self._gate.enter(alone=measure):
                 m = Measure() if measure else None
                 if name == "dataset":
