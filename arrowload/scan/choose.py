@@ -6,7 +6,9 @@ of the columns read, from the footer, else rows: the same measure whatever the d
 The cheapest median wins; every ``recheck``-th unit after that is read and measured by
 each candidate in turn, so a choice that stops being cheapest is undone.
 Which decoder reads a unit never changes its rows (the decoders return identical tables),
-only the CPU they cost.
+only the CPU they cost. Measurements remembered from earlier processes (``memory.py``,
+``Chooser.remember``) replace a candidate's warm-up and trials; the periodic re-measurement
+goes on from them (never on a candidate's first read in the process, which pays its imports).
 
 CPU is the reading thread's own (``time.thread_time``) plus, for polars, the CPU its
 thread pool spent meanwhile (Linux: ``/proc/self/task/*/schedstat``); a polars measurement
