@@ -48,7 +48,9 @@ class Chooser:
 
     >>> c = Chooser(["a", "b"], warmup=0, trials=1)
     >>> name, measure = c.pick(); c.done(name, 2.0, 1)
+    False
     >>> name, measure = c.pick(); c.done(name, 1.0, 1)
+    True
     >>> c.pick()[0], c.chosen
     ('b', 'b')
     """
