@@ -109,7 +109,7 @@ class ScanRowSource:
         self.cache_dir = cache_dir
         self.io_threads = io_threads
         # the plan compiled once: every unit read (and counting, below) goes through it
-        self.reader = UnitReader(plan, options)
+        self.reader = UnitReader(plan, options, cache_dir=cache_dir)
         self.compiles = 1
         self._est: tuple[int, ...] | None = None
         self.counts = self._counts()
@@ -147,7 +147,7 @@ class ScanRowSource:
         """Rows of each unit after the plan, reading only what the count plan needs (the
         filters' columns; footers where checked statistics decide): one reader compiled for
         the count plan over this source's units, one ``count`` per unit."""
-        counter = UnitReader(restrict(count_plan, self.units), self.options)
+        counter = UnitReader(restrict(count_plan, self.units), self.options, cache_dir=self.cache_dir)
         self.compiles += 1
         desc, n = "counting the selected rows", len(self.units)
         try:

@@ -6,7 +6,9 @@ of the columns read, from the footer, else rows: the same measure whatever the d
 The cheapest median wins; every ``recheck``-th unit after that is read and measured by
 each candidate in turn, so a choice that stops being cheapest is undone.
 Which decoder reads a unit never changes its rows (the decoders return identical tables),
-only the CPU they cost.
+only the CPU they cost. Measurements remembered from earlier processes (``memory.py``,
+``Chooser.remember``) replace a candidate's warm-up and trials; the periodic re-measurement
+goes on from them (never on a candidate's first read in the process, which pays its imports).
 
 CPU is the reading thread's own (``time.thread_time``) plus, for polars, the CPU its
 thread pool spent meanwhile (Linux: ``/proc/self/task/*/schedstat``); a polars measurement
@@ -46,7 +48,9 @@ class Chooser:
 
     >>> c = Chooser(["a", "b"], warmup=0, trials=1)
     >>> name, measure = c.pick(); c.done(name, 2.0, 1)
+    False
     >>> name, measure = c.pick(); c.done(name, 1.0, 1)
+    True
     >>> c.pick()[0], c.chosen
     ('b', 'b')
     """
@@ -60,6 +64,9 @@ class Chooser:
         self._exclusive = frozenset(exclusive)
         self._lock = threading.Lock()
         self._started = {n: 0 for n in self.names}   # reads handed out (warm-up included)
+        self._handed = {n: 0 for n in self.names}    # reads handed out in this process
+        self._measured = 0                           # measurements recorded (remembered ones too)
+        self._remembered: dict[str, float] = {}      # costs from earlier processes (remember())
         self._busy = {n: 0 for n in self.names}      # reads in flight
         self._costs: dict[str, list[float]] = {n: [] for n in self.names}
         self._failed: set[str] = set()
@@ -72,6 +79,7 @@ class Chooser:
         with self._lock:
             name, measure = self._pick()
             self._busy[name] += 1
+            self._handed[name] += 1
             return name, measure
 
     def _live(self) -> list[str]:
@@ -87,9 +95,7 @@ class Chooser:
         if self.chosen is None:
             # each candidate in turn until every one has its warm-up and its trials
             # (a void measurement is tried again, up to 3x the trials)
-            short = [n for n in live if self._started[n] < self._warmup + self._trials or
-                     (len(self._costs[n]) < self._trials and
-                      self._started[n] < self._warmup + 3 * self._trials)]
+            short = [n for n in live if self._short(n)]
             if short:
                 ready = [n for n in short if self._free(n)]
                 if not ready:  # an exclusive candidate is being measured: read with another
@@ -103,7 +109,9 @@ class Chooser:
         if self._recheck and self._picks % self._recheck == 0:
             n = live[self._next_other % len(live)]  # each candidate in turn, the chosen too
             self._next_other += 1
-            return n, self._free(n)
+            # a candidate's first reads in this process pay its imports and opened files:
+            # measured only once warm (a remembered candidate skipped its warm-up)
+            return n, self._free(n) and self._handed[n] >= self._warmup
         return self.chosen, False
 
     def _decide(self, live: list[str]) -> str:
@@ -114,17 +122,45 @@ class Chooser:
             self.chosen = min(measured, key=lambda n: (statistics.median(self._costs[n]), live.index(n)))
         return self.chosen
 
-    def done(self, name: str, cpu_s: float | None, size: int) -> None:
-        """A read by ``name`` ended; measured, it cost ``cpu_s`` for ``size`` bytes (or rows)."""
+    def done(self, name: str, cpu_s: float | None, size: int) -> bool:
+        """A read by ``name`` ended; measured, it cost ``cpu_s`` for ``size`` bytes (or rows).
+        True when this measurement counted and a choice stands (worth remembering)."""
         with self._lock:
             self._busy[name] -= 1
             if cpu_s is None or size <= 0:
-                return
+                return False
             costs = self._costs[name]
             costs.append(cpu_s / size)
             del costs[:-KEEP]
-            if self.chosen is not None:
-                self._decide(self._live())
+            self._measured += 1
+            live = self._live()
+            if self.chosen is not None or not any(self._short(n) for n in live):
+                self._decide(live)
+            return self.chosen is not None
+
+    def _short(self, n: str) -> bool:
+        return self._started[n] < self._warmup + self._trials or \
+            (len(self._costs[n]) < self._trials and self._started[n] < self._warmup + 3 * self._trials)
+
+    def remember(self, costs: dict[str, float], measured: int = 1) -> None:
+        """Start from measurements remembered from earlier processes (``memory.py``): a
+        candidate with one needs no warm-up or trials; the cheapest is chosen once every
+        live candidate has one, and the periodic re-measurement goes on from there."""
+        with self._lock:
+            for n, c in costs.items():
+                if n in self._costs and not self._costs[n] and c >= 0:
+                    self._costs[n].append(float(c))
+                    self._started[n] = max(self._started[n], self._warmup + 3 * self._trials)
+            self._remembered.update(costs)
+            self._measured = max(self._measured, measured)
+            live = self._live()
+            if len(live) > 1 and not any(self._short(n) for n in live):
+                self._decide(live)
+
+    @property
+    def measured(self) -> int:
+        """Measurements behind the costs (remembered ones included)."""
+        return self._measured
 
     def add(self, name: str) -> None:
         """A new candidate, measured (the others keep their measurements) before the
@@ -133,9 +169,16 @@ class Chooser:
             if name in self.names:
                 return
             self.names += (name,)
-            self._started[name] = self._busy[name] = 0
+            self._started[name] = self._busy[name] = self._handed[name] = 0
             self._costs[name] = []
+            remembered = self._remembered.get(name)
+            if remembered is not None:  # measured in an earlier process: no trials
+                self._costs[name].append(float(remembered))
+                self._started[name] = self._warmup + 3 * self._trials
             self.chosen = None
+            live = self._live()
+            if not any(self._short(n) for n in live):
+                self._decide(live)
 
     def fail(self, name: str) -> None:
         """``name`` failed where another decoder read the unit: never pick it again."""

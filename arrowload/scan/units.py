@@ -46,7 +46,7 @@ from ..plan.nodes import Filter, Map, Plan, Project, Scan, scans
 from ..plan.rowselect import filter_rows
 from ..source import FileSource
 from ..source.retry import retry
-from . import execute
+from . import execute, memory
 from .choose import Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
 
@@ -124,10 +124,12 @@ class UnitReader:
 
     ``decoders``: the names that may read (default: every eligible one, or the names in
     ``$ARROWLOAD_DECODER``, comma-separated, to pin one for a benchmark). ``decoder``: the
-    name chosen so far (None while the candidates are being measured).
+    name chosen so far (None while the candidates are being measured). ``cache_dir``: where
+    the measurements are remembered across processes (``memory.py``; None: measured afresh).
     """
 
-    def __init__(self, plan: Plan, options: Options, *, decoders: Sequence[str] | None = None) -> None:
+    def __init__(self, plan: Plan, options: Options, *, decoders: Sequence[str] | None = None,
+                 cache_dir: str | None = None) -> None:
         found = scans(plan)
         if len(found) != 1:
             raise InternalError(f"a unit reader needs a plan over one scan, got {len(found)} (a bug: please report it)")
@@ -148,6 +150,8 @@ class UnitReader:
         self._bad: set[tuple[str, int]] = set()  # (decoder, file) that failed where dataset read
         self._decided: frozenset[int] | None = None
         self._sizes: tuple[int, ...] | None = None
+        self._cache_dir = cache_dir
+        self._polars_importer: int | None = None  # the thread importing polars (_polars_ready)
         self._compile_decoders(decoders)
 
     # -- compile ---------------------------------------------------------------
@@ -242,6 +246,36 @@ class UnitReader:
                 self._polars_later = True
         self._chooser = Chooser(names, exclusive=("polars",))
         self._gate = Gate()
+        self._memory_key = None
+        self._started_remembered = False
+        if self._cache_dir and pinned is None and len(names) + self._polars_later > 1:
+            self._situation = self._situation_of(eligible)
+            self._memory_key = memory.situation_key(self._situation)
+            got = memory.load(self._cache_dir, self._memory_key)
+            if got is not None:
+                self._chooser.remember(got.costs, got.measured)
+                self._started_remembered = True
+
+    def _situation_of(self, eligible: dict[str, bool]) -> dict:
+        """What the decoders' measured costs depend on (``memory.py``): the machine, the
+        decoder set, the columns read and the filter's shape -- never its literals."""
+        schema = self.scan.source.schema
+        typed = {f.name: str(f.type) for f in schema}
+        return {"machine": memory.machine(),
+                "decoders": [n for n in ORDER if eligible[n]],
+                "columns": [[n, typed.get(n, "?")] for n in self._all],
+                "filter": None if self._pred is None else {
+                    "columns": [[n, typed.get(n, "?")] for n in self._pred_cols],
+                    "late": self._late,
+                    "polars_prefilter": sorted(self._polars.polars_columns) if self._polars is not None else None,
+                    "polars_rest": self._polars is not None and self._polars_rest is not None}}
+
+    def _remember(self) -> None:
+        """Write the measured costs back (after a measurement, with a choice standing)."""
+        c = self._chooser
+        costs, chosen = c.costs(), c.chosen
+        if chosen is not None and chosen in costs:
+            memory.save(self._cache_dir, self._memory_key, self._situation, chosen, costs, c.measured)
 
     def _unit_bytes(self) -> tuple[int, ...]:
         """Compressed bytes of the columns read, per unit (rows where footers do not say)."""
@@ -265,7 +299,11 @@ class UnitReader:
                 "cpu_per_byte": self._chooser.costs(), "late_materialization": self._late,
                 "polars_prefilter": str(self._polars) if self._polars is not None and "polars" in self.candidates
                 else None,
-                "units_read": self.reads}
+                "units_read": self.reads,
+                # where the measurements were remembered across processes (None: not kept)
+                "remembered": memory.path_for(self._cache_dir, self._memory_key)
+                if self._memory_key is not None else None,
+                "started_from_remembered": self._started_remembered}
 
     def close(self) -> None:
         """Close the files the fast decoders hold open (a later read opens them again)."""
@@ -334,6 +372,20 @@ class UnitReader:
         name, measure = self._chooser.pick()
         return self._read_with(name, measure, i, fn, counting)
 
+    def _polars_ready(self) -> bool:
+        """Whether this thread may read with polars now: polars is imported, or this thread
+        is the one importing it. While one thread imports polars (about 0.15 s, holding the
+        GIL), the others read their units with another decoder instead of waiting on the
+        import lock; the rows are the same whichever decoder reads."""
+        mod = sys.modules.get("polars")
+        if mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False):
+            return True
+        me = threading.get_ident()
+        with self._lock:
+            if self._polars_importer is None:
+                self._polars_importer = me
+            return self._polars_importer == me
+
     def _count_read(self, size: int) -> None:
         with self._lock:
             self._read_bytes += size
@@ -347,8 +399,15 @@ class UnitReader:
         picked, cpu = name, None
         try:
             if not self._usable(name, unit, self._columns_for(name, counting)):
-                name, measure = next((n for n in self.candidates
-                                      if self._usable(n, unit, self._columns_for(n, counting))), "dataset"), False
+                name, measure = next((n for n in self.candidates if n != picked and
+                                      self._usable(n, unit, self._columns_for(n, counting))), "dataset"), False
+            elif name == "polars" and not self._polars_ready():
+                # another thread imports polars: read with another fast decoder meanwhile
+                # (none: wait for the import, as a decoder pinned alone does)
+                other = next((n for n in self.candidates if n not in (picked, "dataset") and
+                              self._usable(n, unit, self._columns_for(n, counting))), None)
+                if other is not None:
+                    name, measure = other, False
             with self._gate.enter(alone=measure):
                 m = Measure() if measure else None
                 if name == "dataset":
@@ -365,7 +424,8 @@ class UnitReader:
             return out
         finally:
             size = self._unit_bytes()[i]
-            self._chooser.done(picked, cpu, size)
+            if self._chooser.done(picked, cpu, size) and self._memory_key is not None:
+                self._remember()
             if self._polars_later:
                 self._count_read(size)
 

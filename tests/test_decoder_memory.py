@@ -1,0 +1,186 @@
+"""Decoder measurements remembered in the cache dir (``formats/decoder_choice/v1``,
+``arrowload/scan/memory.py``): the golden documents go through the reader, invalid ones
+are refused with typed errors, what a unit reader writes validates, a later reader in the
+same situation chooses at once (without the trials) and still reads exactly pyarrow's
+rows, and a damaged or foreign document is ignored and rewritten. Also: while one reader
+thread imports polars, the others read with another decoder, with the same rows."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import jsonschema
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+from arrowload.errors import ArrowloadError, CorruptFileError, UnsupportedError
+from arrowload.scan import memory
+from arrowload.scan.choose import Chooser
+from arrowload.scan.units import UnitReader
+
+FORMAT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "formats", "decoder_choice", "v1")
+
+
+def _schema_validator():
+    with open(os.path.join(FORMAT_DIR, "schema.json")) as f:
+        return jsonschema.Draft202012Validator(json.load(f))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FORMAT_DIR, "examples", "*.json"))),
+                         ids=os.path.basename)
+def test_golden_documents_are_read(path):
+    with open(path) as f:
+        doc = json.load(f)
+    got = memory.read_decoder_choice(doc, path)
+    assert got.chosen in got.costs and got.costs == {k: float(v) for k, v in doc["costs"].items()}
+    assert got.key == doc["key"] and got.measured == doc["measured"]
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FORMAT_DIR, "invalid", "*.json"))),
+                         ids=os.path.basename)
+def test_invalid_documents_are_refused_with_typed_errors(path):
+    with open(path) as f:
+        doc = json.load(f)
+    with pytest.raises((CorruptFileError, UnsupportedError)) as info:
+        memory.read_decoder_choice(doc, path)
+    assert isinstance(info.value, ArrowloadError) and path in str(info.value)
+
+
+def test_a_chosen_decoder_must_be_one_measured():
+    doc = {"format": memory.FORMAT, "version": 1, "key": "k", "situation": {}, "chosen": "duckdb",
+           "costs": {"pyarrow": 1e-9}, "measured": 2}
+    with pytest.raises(CorruptFileError, match="chosen"):
+        memory.read_decoder_choice(doc, "d.json")
+
+
+def test_chooser_starts_from_remembered_costs_and_keeps_measuring():
+    c = Chooser(["a", "b"], warmup=1, trials=2, recheck=4)
+    c.remember({"a": 3.0, "b": 1.0}, measured=6)
+    assert c.chosen == "b"  # no warm-up, no trials
+    costs = {"a": 0.1, "b": 1.0}  # the machine changed: "a" is cheaper now
+    picks = []
+    for _ in range(64):
+        name, measure = c.pick()
+        picks.append((name, measure))
+        c.done(name, costs[name] if measure else None, 1)
+    # a candidate's first read in the process (its warm-up) is never measured
+    assert picks[[n for n, _ in picks].index("a")] == ("a", False)
+    assert c.chosen == "a" and c.measured > 6
+
+
+def test_a_candidate_added_later_uses_its_remembered_cost():
+    c = Chooser(["a"], warmup=1, trials=2)
+    c.remember({"a": 2.0, "b": 1.0})
+    assert c.pick() == ("a", False)
+    c.done("a", None, 1)
+    c.add("b")
+    assert c.chosen == "b"
+
+
+@pytest.fixture
+def lake(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 24_000
+    path = str(tmp_path / "lake")
+    os.makedirs(path)
+    for i in range(2):
+        pq.write_table(pa.table({"k": rng.integers(0, 5, n), "x": rng.random(n), "y": rng.random(n)}),
+                       os.path.join(path, f"part-{i}.parquet"), row_group_size=1000)
+    return path
+
+
+def _truth(lake):
+    t = pa.concat_tables(pq.read_table(p) for p in sorted(glob.glob(os.path.join(lake, "*.parquet"))))
+    return t.filter(pc.equal(t["k"], 3)).select(["x", "y"])
+
+
+def _read_all(reader):
+    return pa.concat_tables(reader.read(i) for i in range(reader.num_units))
+
+
+def test_a_reader_remembers_and_a_later_one_chooses_at_once(lake, tmp_path):
+    import polars  # noqa: F401 - imported: polars is a candidate from the first read
+    cache = str(tmp_path / "cache")
+    plan = al.dataset(lake).filter("k = 3").select("x", "y").optimized_plan()
+    first = UnitReader(plan, al.Options(), cache_dir=cache)
+    assert first.decoder is None and len(first.candidates) > 1
+    assert _read_all(first).equals(_truth(lake))
+    docs = glob.glob(os.path.join(cache, "decoders-*.json"))
+    assert len(docs) == 1
+    with open(docs[0]) as f:
+        doc = json.load(f)
+    _schema_validator().validate(doc)
+    assert doc["key"] == memory.situation_key(doc["situation"]) and doc["chosen"] in first.candidates
+    assert doc["situation"]["filter"]["columns"] == [["k", "int64"]]
+    first.close()
+
+    second = UnitReader(plan, al.Options(), cache_dir=cache)
+    assert second.decoder == doc["chosen"]  # chosen before any read
+    described = second.describe()
+    assert described["started_from_remembered"] and described["remembered"] == docs[0]
+    assert not first.describe()["started_from_remembered"]
+    assert _read_all(second).equals(_truth(lake))
+    second.close()
+    # another filter shape (other columns) is another situation
+    other = UnitReader(al.dataset(lake).filter("x < 0.5").select("y").optimized_plan(), al.Options(),
+                       cache_dir=cache)
+    assert other.decoder is None
+    other.close()
+
+
+@pytest.mark.parametrize("damage", ["not json{", '{"format": "arrowload.decoder_choice", "version": 9}', "[]"])
+def test_a_damaged_document_is_ignored_and_rewritten(lake, tmp_path, damage):
+    import polars  # noqa: F401
+    cache = str(tmp_path / "cache")
+    plan = al.dataset(lake).filter("k = 3").select("x", "y").optimized_plan()
+    reader = UnitReader(plan, al.Options(), cache_dir=cache)
+    key = reader._memory_key
+    reader.close()
+    os.makedirs(cache, exist_ok=True)
+    with open(memory.path_for(cache, key), "w") as f:
+        f.write(damage)
+    reader = UnitReader(plan, al.Options(), cache_dir=cache)
+    assert reader.decoder is None  # nothing trusted: measured again
+    assert _read_all(reader).equals(_truth(lake))
+    reader.close()
+    with open(memory.path_for(cache, key)) as f:
+        _schema_validator().validate(json.load(f))
+
+
+def test_a_loader_remembers_in_its_cache_dir(lake, tmp_path):
+    import polars  # noqa: F401
+    cache = str(tmp_path / "cache")
+    ds = al.dataset(lake).filter("k = 3").select("x", "y")
+    rows = [sum(len(b["x"]) for b in ds.loader(500, cache_dir=cache)) for _ in range(2)]
+    assert rows == [_truth(lake).num_rows] * 2
+    assert glob.glob(os.path.join(cache, "decoders-*.json"))
+
+
+def test_threads_read_on_while_one_imports_polars(lake):
+    """A fresh process, polars not imported, several threads reading with polars pinned
+    beside pyarrow: every unit's rows are pyarrow's, and polars did get imported."""
+    from test_real_files import run_isolated
+    out = run_isolated(f"""
+        import json, sys
+        from concurrent.futures import ThreadPoolExecutor
+        import pyarrow as pa
+        import arrowload as al
+        from arrowload.scan.units import UnitReader
+        assert "polars" not in sys.modules
+        plan = al.dataset({lake!r}).filter("k = 3").select("x", "y").optimized_plan()
+        reader = UnitReader(plan, al.Options(), decoders=["pyarrow", "polars"])
+        with ThreadPoolExecutor(4) as pool:
+            parts = list(pool.map(reader.read, range(reader.num_units)))
+        t = pa.concat_tables(parts)
+        print(json.dumps({{"x": t["x"].to_pylist(), "y": t["y"].to_pylist(),
+                          "polars": "polars" in sys.modules}}))
+    """)
+    truth = _truth(lake)
+    assert out == {"x": truth["x"].to_pylist(), "y": truth["y"].to_pylist(), "polars": True}
