@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowload.order import EpochOrder, ShuffleKind, SourceShape, Task, TaskKind, plan_tasks
-from arrowload.order.tasks import MAX_READ_ROWS, READ_SHARE, read_rows
+from arrowload.order.tasks import MAX_READ_ROWS, READ_SHARE, WINDOW_COPIES, read_rows
 
 counts_st = st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=12).map(tuple)
 kinds = st.sampled_from(list(ShuffleKind))
@@ -71,10 +71,14 @@ def test_tasks_cover_the_ranges_exactly_in_order(counts, kind, seed, window, tab
             assert t.kind is (TaskKind.UNIT if kind is ShuffleKind.NONE else TaskKind.GATHER)
             assert t.rows <= step
             assert t.est_bytes == max(1, int(t.rows * row_bytes))
-        elif kind is ShuffleKind.BLOCK:  # one window each, its units' estimates
+        elif kind is ShuffleKind.BLOCK:  # one window each: its units' estimates once (and the
+            # largest unit, being placed) for a whole window, twice (laid out, gathered) for part of one
             assert t.kind is TaskKind.WINDOW
-            assert t.hi <= order.window_offsets[t.window + 1] - order.window_offsets[t.window]
-            assert t.est_bytes == sum(unit_bytes[int(u)] for u in order.windows[t.window])
+            size = order.window_offsets[t.window + 1] - order.window_offsets[t.window]
+            assert t.hi <= size
+            units = [unit_bytes[int(u)] for u in order.windows[t.window]]
+            whole = t.lo == 0 and t.hi == size
+            assert t.est_bytes == (sum(units) + max(units) if whole else WINDOW_COPIES * sum(units))
         else:  # source order over a scan: within one unit, its share of the unit's estimate
             assert t.kind is TaskKind.UNIT
             assert 0 <= t.lo < t.hi <= counts[t.unit]
@@ -112,7 +116,9 @@ def test_source_shape_checks_its_estimates():
 GOLDEN = {  # counts (3, 0, 5, 2, 4), seed 7, epoch 1, window 2, positions [1, 13), batch 2;
     # (kind, est_bytes, lo, hi, unit or window). Block windows: units (3, 2), (1, 4), (0).
     ("none", False): [("unit", 6, 1, 3, 0), ("unit", 50, 0, 5, 2), ("unit", 20, 0, 2, 3), ("unit", 30, 0, 3, 4)],
-    ("block", False): [("window", 70, 1, 7, 0), ("window", 40, 0, 4, 1), ("window", 10, 0, 2, 2)],
+    ("block", False): [("window", 140, 1, 7, 0), ("window", 80, 0, 4, 1), ("window", 20, 0, 2, 2)],
+    # (windows: part of the first, 2x its units' 70; whole second, 40 + its largest unit 40;
+    # part of the third, 2x 10)
     ("global", True): [("gather", 8, 1, 5, -1), ("gather", 8, 5, 9, -1), ("gather", 8, 9, 13, -1)],
     ("block", True): [("gather", 8, 1, 5, -1), ("gather", 8, 5, 9, -1), ("gather", 8, 9, 13, -1)],
     ("none", True): [("unit", 4, 1, 3, 0), ("unit", 8, 0, 4, 2), ("unit", 2, 4, 5, 2), ("unit", 4, 0, 2, 3),
@@ -131,3 +137,22 @@ def test_tasks_golden(key):
     got = [(t.kind.value, t.est_bytes, t.lo, t.hi, t.unit if t.kind is TaskKind.UNIT else t.window)
            for t in plan_tasks(order, [(1, 13)], shape, 2, 32)]
     assert got == GOLDEN[key]
+
+
+def test_tasks_carry_the_bytes_they_read():
+    """``read_bytes`` (compressed bytes from storage, for stats) is each unit task's share of
+    its unit's figure and a window's sum; a table reads none."""
+    counts = (3, 0, 5, 2, 4)
+    unit_bytes, read = (10, 0, 50, 20, 40), (1, 0, 5, 2, 4)
+    for kind in ("none", "block"):
+        order = EpochOrder(counts, kind, seed=7, epoch=1, window=2)
+        tasks = list(plan_tasks(order, [(0, 14)], SourceShape(counts, unit_bytes=unit_bytes, read_bytes=read), 2, 32))
+        if kind == "none":
+            assert [t.read_bytes for t in tasks] == [read[t.unit] * t.rows // counts[t.unit] for t in tasks]
+        else:
+            assert [t.read_bytes for t in tasks] == [sum(read[int(u)] for u in order.windows[t.window]) for t in tasks]
+        assert sum(t.read_bytes for t in tasks) == sum(read)
+    with pytest.raises(ValueError, match="read_bytes"):
+        SourceShape(counts, unit_bytes=unit_bytes, read_bytes=(1,))
+    table = list(plan_tasks(EpochOrder(counts, "global"), [(0, 14)], SourceShape(counts, table=True, row_bytes=2.0), 2, 32))
+    assert all(t.read_bytes == 0 for t in table)

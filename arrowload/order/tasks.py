@@ -9,8 +9,11 @@ touched, so the task sequence is property-tested like the order itself.
 The rules (what each task reads, and how big it may be):
 
 - a **scan** is read per unit (a row group) in source order, and per window of units for
-  a block shuffle -- the smallest reads it allows; a task's ``est_bytes`` is its share of
-  its units' footer-known estimate;
+  a block shuffle -- the smallest reads it allows; a unit task's ``est_bytes`` is its share
+  of its unit's footer-known estimate (``unit_bytes``: the bytes it holds decoded); a task
+  over a whole window holds its rows once (each unit scattered to its places as it is read)
+  plus the unit being placed, a task over part of one twice (``WINDOW_COPIES``: laid out
+  for the gather, and gathered);
 - a **random-access table** is read in pieces sized in bytes (:func:`read_rows`: a whole
   number of batches within ``prefetch / READ_SHARE``, at most ``MAX_READ_ROWS`` rows, at
   least one batch): slices of its units in source order, gathers of ``order.rows`` for
@@ -33,6 +36,11 @@ from .sequence import EpochOrder, ShuffleKind
 #: Most rows one gather (or one slice of the random-access table) takes: past this a
 #: read gains nothing (its fixed costs are already amortized); narrow rows reach it.
 MAX_READ_ROWS = 65_536
+#: Copies of its rows a task over part of a block-shuffle window holds at its peak: its
+#: units laid out for the gather (each unit's decoded table dropped once copied in) and the
+#: gathered output. A task over a whole window scatters each unit to its places as it is
+#: read: its rows once, plus the largest unit (being placed).
+WINDOW_COPIES = 2
 #: A gather may use this share of the prefetch budget, so that several reads overlap
 #: with the batches already queued (reader threads read side by side).
 READ_SHARE = 4
@@ -62,7 +70,9 @@ class TaskKind(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Task:
-    """One read. ``rows`` rows, ``est_bytes`` bytes held once read (what the budget counts).
+    """One read. ``rows`` rows, ``est_bytes`` bytes it holds at its peak (what the budget
+    counts), ``read_bytes`` the compressed bytes it reads from storage (0 where unknown or
+    nothing is read: gathers of a random-access table).
 
     ``unit`` / ``window`` name what is read (-1 where it does not apply); ``lo`` / ``hi``
     are rows within the unit (``UNIT``), positions within the window (``WINDOW``) or epoch
@@ -75,6 +85,7 @@ class Task:
     lo: int = 0
     hi: int = 0
     window: int = -1
+    read_bytes: int = 0
 
     def positions(self, order: EpochOrder) -> tuple[int, int]:
         """The epoch positions ``[start, stop)`` this task covers."""
@@ -92,17 +103,22 @@ class SourceShape:
     """What the tasks need to know of a row source, as plain numbers.
 
     ``table``: a random-access table (slices and gathers sized by ``row_bytes``) rather
-    than a scan (units and windows sized by ``unit_bytes``, one estimate per unit)."""
+    than a scan (units and windows sized by ``unit_bytes``: the bytes each unit holds
+    decoded). ``read_bytes``: each unit's compressed bytes read (optional; for stats)."""
 
     counts: tuple[int, ...]
     table: bool = False
     unit_bytes: Sequence[int] = ()
     row_bytes: float = 0.0
+    read_bytes: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         if not self.table and len(self.unit_bytes) != len(self.counts):
             raise ValueError(f"a scan needs one byte estimate per unit: {len(self.unit_bytes)} "
                              f"estimates for {len(self.counts)} units")
+        if self.read_bytes and len(self.read_bytes) != len(self.counts):
+            raise ValueError(f"read_bytes needs one figure per unit: {len(self.read_bytes)} for "
+                             f"{len(self.counts)} units")
 
 
 def plan_tasks(order: EpochOrder, ranges: Sequence[tuple[int, int]], shape: SourceShape,
@@ -114,6 +130,7 @@ def plan_tasks(order: EpochOrder, ranges: Sequence[tuple[int, int]], shape: Sour
                          "is read in units (source order) or windows (block shuffle)")
     step = read_rows(prefetch, shape.row_bytes, batch_size) if table else 0
     row_bytes = shape.row_bytes
+    read = shape.read_bytes or (0,) * len(shape.counts)
     for a, b in ranges:
         if order.kind == ShuffleKind.NONE:
             for u, lo, hi in order.unit_pieces(a, b):
@@ -123,17 +140,22 @@ def plan_tasks(order: EpochOrder, ranges: Sequence[tuple[int, int]], shape: Sour
                         yield Task(TaskKind.UNIT, q - p, max(1, int((q - p) * row_bytes)), unit=u, lo=p, hi=q)
                     continue
                 est = shape.unit_bytes[u] * (hi - lo) // max(1, shape.counts[u])
-                yield Task(TaskKind.UNIT, hi - lo, est, unit=u, lo=lo, hi=hi)
+                yield Task(TaskKind.UNIT, hi - lo, est, unit=u, lo=lo, hi=hi,
+                           read_bytes=read[u] * (hi - lo) // max(1, shape.counts[u]))
         elif order.kind == ShuffleKind.BLOCK and not table:
             # one task per window: splitting it into gathers shared through the task
             # cache was measured slower (they wait on the window's read)
             for w, lo, hi in order.window_pieces(a, b):
-                est = sum(shape.unit_bytes[int(u)] for u in order.windows[w])
-                yield Task(TaskKind.WINDOW, hi - lo, est, window=w, lo=lo, hi=hi)
+                units = [int(u) for u in order.windows[w]]
+                size = sum(shape.unit_bytes[u] for u in units)
+                whole = lo == 0 and hi == int(order.window_offsets[w + 1] - order.window_offsets[w])
+                est = size + max(shape.unit_bytes[u] for u in units) if whole else WINDOW_COPIES * size
+                yield Task(TaskKind.WINDOW, hi - lo, est, window=w, lo=lo, hi=hi,
+                           read_bytes=sum(read[u] for u in units))
         else:
             for p in range(a, b, step):
                 q = min(b, p + step)
                 yield Task(TaskKind.GATHER, q - p, max(1, int((q - p) * row_bytes)), lo=p, hi=q)
 
 
-__all__ = ["MAX_READ_ROWS", "READ_SHARE", "SourceShape", "Task", "TaskKind", "plan_tasks", "read_rows"]
+__all__ = ["MAX_READ_ROWS", "READ_SHARE", "WINDOW_COPIES", "SourceShape", "Task", "TaskKind", "plan_tasks", "read_rows"]

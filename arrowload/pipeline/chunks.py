@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -170,6 +171,17 @@ class ChunkConverter(PicklableLock):
         return HostChunk(self._finish(columns), n, sum(c.nbytes for c in chunks) / n)
 
     # -- gathers ------------------------------------------------------------------------
+    def window(self, schema: pa.Schema, rows: int, positions: np.ndarray | None = None) -> "WindowLayout | None":
+        """A :class:`WindowLayout` for ``rows`` rows of ``schema`` (a block-shuffle window
+        of a scan; ``positions``: each row's place in the output, to scatter), or ``None``
+        when its columns have no host arrays (strings ...) or must convert per batch
+        (padded lists): the caller then gathers with Arrow."""
+        whole, _ = self._layout(schema)
+        if not whole or not all(array_valued(f.type) and not (_varlist(f.type) and self.opts.pads(f.name))
+                                for f in schema):
+            return None
+        return WindowLayout(self, schema, rows, positions)
+
     def _table_views(self, table: pa.Table, keep: bool):
         """(chunk start offsets, host views of each chunk's columns) of ``table``, or ``None``
         when a column has no array form (strings ...) or does not convert (nulls)."""
@@ -252,6 +264,130 @@ class ChunkConverter(PicklableLock):
                     _take_into(buf, [p[name] for p in parts], groups)
                 columns[name] = buf
         return HostChunk(self._finish(columns), n, table.nbytes / max(1, table.num_rows))
+
+
+class WindowLayout:
+    """The rows of a block-shuffle window, placed as its units are read (thread-safe ``put``).
+
+    Each unit of the window is copied into pooled buffers as soon as it is read (``put``, on
+    the reader thread that read it; the unit's Arrow table is then dropped): a ``stack=``
+    group as ``[rows, k]`` rows, every other column as is. Two ways, made by
+    :meth:`ChunkConverter.window`:
+
+    - ``positions`` given (a task covering its whole window): each unit's rows go straight
+      to their places in the output (``positions[row]``: the inverse of the window's
+      permutation), a stack group laid out row-major per unit first (a small temporary)
+      and scattered one row at a time; ``result()`` is the window, shuffled. The window
+      holds its rows once.
+    - no ``positions`` (part of a window, a read shared between tasks): the units are laid
+      out in window order and ``gather(local)`` takes any positions along rows; the window
+      then holds its rows twice at most (laid out, gathered: ``order.tasks.WINDOW_COPIES``).
+
+    Measured on one 524,288-row window of 16 float32 + an int8 label (CPU seconds): scatter
+    0.022; lay out 0.009 + take 0.021; concatenating the units into one chunk and taking
+    each column (through a temporary per stacked column, the previous way) 0.047-0.052."""
+
+    def __init__(self, conv: "ChunkConverter", schema: pa.Schema, rows: int,
+                 positions: np.ndarray | None = None) -> None:
+        self.conv = conv
+        self.schema = schema
+        self.rows = rows
+        self.positions = positions
+        self.seconds = 0.0  # time spent placing rows (the reads' convert time), see take_seconds
+        self.failed = False  # a unit did not convert (nulls): the caller gathers with Arrow
+        self._lock = threading.Lock()
+        self._buffers: dict | None = None  # output name -> (buffer, stacked columns or None)
+        self._row_bytes = 0.0
+
+    def _allocate(self, host: dict) -> dict:
+        _, spec = self.conv._layout(self.schema)
+        first = spec.first if spec is not None else {}
+        stacked = spec.stacked if spec is not None else frozenset()
+        buffers = {}
+        for name in self.schema.names:
+            g = first.get(name)
+            if g is not None:
+                out_name, cols = spec.groups[g]
+                buffers[out_name] = (self.conv.pool.take((self.rows, len(cols)), spec.dtypes[g]), cols)
+            elif name not in stacked:
+                v = host[name]
+                buffers[name] = (self.conv.pool.take((self.rows, *v.shape[1:]), v.dtype), None)
+        return buffers
+
+    def put(self, offset: int, table: pa.Table) -> None:
+        """Place ``table`` (a unit's rows: window rows ``offset ..``)."""
+        if self.failed or not table.num_rows:
+            return
+        t0 = time.perf_counter()
+        try:
+            host = to_host(table, self.conv.opts)
+        except ConversionError:
+            self.failed = True
+            return
+        with self._lock:
+            if self._buffers is None:
+                self._buffers = self._allocate(host)
+                self._row_bytes = table.nbytes / table.num_rows
+            buffers = self._buffers
+        m = table.num_rows
+        stop = offset + m
+        pos = None if self.positions is None else self.positions[offset:stop]
+        for name, (buf, cols) in buffers.items():
+            if cols is None:
+                v = host[name]
+                if v.shape[1:] != buf.shape[1:]:  # lists of another length in this unit
+                    self.failed = True
+                    return
+                if pos is None:
+                    buf[offset:stop] = v
+                else:
+                    _scatter_rows(buf, pos, np.ascontiguousarray(v, dtype=buf.dtype))
+            elif pos is None:
+                for j, c in enumerate(cols):
+                    buf[offset:stop, j] = host[c]
+            else:
+                rows = self.conv.pool.take((m, len(cols)), buf.dtype)  # the unit row-major
+                for j, c in enumerate(cols):
+                    rows[:, j] = host[c]
+                _scatter_rows(buf, pos, rows)
+                del rows
+        with self._lock:
+            self.seconds += time.perf_counter() - t0
+
+    def result(self) -> HostChunk:
+        """The whole window in its shuffled order (``positions`` given, every unit put)."""
+        columns = {name: buf for name, (buf, _) in (self._buffers or {}).items()}
+        return HostChunk(self.conv._finish(columns), self.rows, self._row_bytes)
+
+    def gather(self, local: np.ndarray) -> HostChunk:
+        """Rows ``local`` (indices into the window's rows) in that order, in pooled buffers."""
+        n = len(local)
+        if n and (local.min() < 0 or local.max() >= self.rows):
+            raise IndexError(f"gather rows out of range 0..{self.rows}")
+        columns = {}
+        for name, (buf, _) in (self._buffers or {}).items():
+            out = self.conv.pool.take((n, *buf.shape[1:]), buf.dtype)
+            np.take(buf, local, axis=0, out=out, mode="clip")  # rows checked above
+            columns[name] = out
+        return HostChunk(self.conv._finish(columns), n, self._row_bytes)
+
+    def take_seconds(self) -> float:
+        """The seconds spent placing rows, once (the first task reading the window reports them)."""
+        with self._lock:
+            secs, self.seconds = self.seconds, 0.0
+        return secs
+
+
+def _scatter_rows(out: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> None:
+    """``out[pos] = rows`` along the first axis, each row moved as one opaque item
+    (numpy's fancy assignment of ``[n, k]`` rows is about 2x slower)."""
+    width = out.dtype.itemsize * int(np.prod(out.shape[1:], dtype=np.int64))
+    if out.ndim == 1 or not out.flags.c_contiguous or not rows.flags.c_contiguous or width == 0:
+        out[pos] = rows
+        return
+    item = np.dtype((np.void, width))
+    np.put(out.reshape(len(out), -1).view(item).reshape(-1), pos,
+           rows.reshape(len(rows), -1).view(item).reshape(-1))
 
 
 def _chunk_groups(offsets: np.ndarray, rows: np.ndarray, chunks: int) -> list:

@@ -222,7 +222,8 @@ class Loader:
             if isinstance(src, TableRowSource):
                 self._shape = SourceShape(counts, table=True, row_bytes=src.row_bytes)
             else:
-                self._shape = SourceShape(counts, unit_bytes=tuple(src.est_bytes(u) for u in range(len(counts))))
+                self._shape = SourceShape(counts, unit_bytes=tuple(src.est_bytes(u) for u in range(len(counts))),
+                                          read_bytes=tuple(src.read_bytes(u) for u in range(len(counts))))
         return self._shape
 
     def _stages(self, order: EpochOrder, ranges: list[tuple[int, int]]) -> Stages:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InternalError
-from ..order.tasks import Task, TaskKind
+from ..order.tasks import Task
 from .budget import ByteBudget
 from .options import usable_cores
 from .stats import LoaderStats
@@ -418,7 +418,7 @@ class Pipeline:
             self.stats.read_s += secs - convert_s
             self.stats.convert_s += convert_s
             self.stats.units_read += 1
-            self.stats.bytes_read += task.est_bytes // 3 if task.kind != TaskKind.GATHER else 0
+            self.stats.bytes_read += task.read_bytes
             t0 = time.perf_counter()
             added = 0
             for b in items:
