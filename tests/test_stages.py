@@ -109,6 +109,43 @@ def test_readers_map_runs_each_item_once_in_order(target):
         readers.close()
 
 
+def test_readers_map_helps_the_older_task_first():
+    """A thread whose own task is further on runs the older task's queued sub-reads before
+    its own (a block-shuffle window is read by every reader): every sub-read of the first
+    task starts before any of the second's, whichever thread runs it."""
+    readers = Readers(bound=2, target=2)
+    started: list[str] = []
+    lock = threading.Lock()
+    first_running = threading.Event()
+    second_running = threading.Event()
+
+    def sub(name):
+        with lock:
+            started.append(name)
+        if name == "a0":
+            first_running.set()
+            time.sleep(0.02)  # a0 holds its thread while the other queues its own sub-reads
+        return name
+
+    def first():  # both tasks run before either maps
+        second_running.wait(5)
+        return readers.map(sub, [f"a{i}" for i in range(4)])
+
+    def second():
+        second_running.set()
+        first_running.wait(5)
+        return readers.map(sub, [f"b{i}" for i in range(4)])
+
+    try:
+        fa = readers.submit(first)
+        fb = readers.submit(second)
+        assert fa.result() == [f"a{i}" for i in range(4)] and fb.result() == [f"b{i}" for i in range(4)]
+        assert sorted(started) == sorted([f"a{i}" for i in range(4)] + [f"b{i}" for i in range(4)])
+        assert [n[0] for n in started] == ["a"] * 4 + ["b"] * 4, started
+    finally:
+        readers.close()
+
+
 def test_readers_hand_errors_to_the_waiter_and_cancel_on_close():
     readers = Readers(bound=2, target=1)
     gate = threading.Event()

@@ -12,7 +12,9 @@ that orders batches. Instead, the reader thread that made a read converts it who
   random-access table (made once per table) into a buffer from the pool, a stacked column
   into its column of the ``[rows, k]`` buffer. No Arrow ``take``, no second copy. A
   ``stack=`` group the table already holds row-major (``rabuild``: a fixed-size-list
-  column named for the group) is one ``np.take`` along rows.
+  column named for the group) is one ``np.take`` along rows;
+- a block-shuffle window of a scan is placed unit by unit as its units are read
+  (:class:`WindowLayout`): scattered to its shuffled positions, or laid out and gathered.
 
 A batch is then a set of views ``arr[lo:hi]`` of one chunk; a batch that straddles two
 chunks is concatenated into a pooled buffer (the one planned copy).
@@ -212,8 +214,7 @@ class ChunkConverter(PicklableLock):
         the table's columns have no host views (the caller then gathers with Arrow).
         ``keep``: cache the table's views for the next gather (the random-access table).
 
-        A gather of at least half of a table of several chunks (a block-shuffle window read
-        as its units) first lays each output out contiguously -- a stack group row-major
+        A gather of at least half of a table of several chunks first lays each output out contiguously -- a stack group row-major
         ``[rows, k]``, a column concatenated -- with sequential copies into a temporary
         (freed at once, never pooled), then takes it along rows: the copy Arrow's
         ``combine_chunks`` would have made, and then one random access per row where ``k``

@@ -170,7 +170,8 @@ class ScanRowSource:
         lists, dictionaries), 64 bytes a row where the footer has no sizes. (3x the
         compressed bytes of every column overstated incompressible float features 3.6x.)"""
         if self._est is None:
-            fields = [self.source.schema.field(c) for c in self.scan.read_columns]
+            read = set(self.scan.read_columns)  # by name: a duplicated name counts each column
+            fields = [f for f in self.source.schema if f.name in read]
             self._est = tuple(_decoded_bytes(u, fields, c) for u, c in zip(self.scan.selected_units(), self.counts))
         return self._est[i]
 
@@ -204,9 +205,12 @@ class ScanRowSource:
         host chunks converted here, on the reader thread, by ``conv`` (a
         ``chunks.ChunkConverter``), or Arrow batches without it -- and the seconds spent
         converting. A ``UNIT`` task is rows of one unit; a ``WINDOW`` task (block shuffle)
-        reads its window's units (side by side through ``map_units(fn, units)`` when given)
-        and gathers its positions. ``cache(key, load)`` shares a unit or window read
-        between tasks (DataLoader workers cut units between batches)."""
+        reads its window's units (side by side through ``map_units(fn, units)`` when given),
+        each placed by the thread that read it (``chunks.WindowLayout``): scattered straight
+        to its output positions when the task covers the whole window, else laid out in
+        window order (shared through ``cache``) and its positions gathered; columns without
+        host arrays (or no ``conv``) take with Arrow. ``cache(key, load)`` shares a unit or
+        window read between tasks (DataLoader workers cut units between batches)."""
         cache = cache or _load
         if task.kind == TaskKind.UNIT:
             table = cache(("unit", task.unit), lambda: self.read_unit(task.unit))

@@ -132,6 +132,9 @@ class Readers:
         self._numbers = itertools.count()
         self._cond = threading.Condition()
         self._queue: deque = deque()
+        self._subs = 0  # sub-reads (``map``) at the front of the queue, by their task's number
+        self._seq = itertools.count()  # tasks numbered as submitted: older first among sub-reads
+        self._local = threading.local()  # the number of the task a reader thread runs
         self._threads: set[threading.Thread] = set()
         self._waiting: dict[threading.Thread, float] = {}
         self._idle_acc = 0.0
@@ -160,37 +163,56 @@ class Readers:
                 fut.cancel()
                 fut.set_running_or_notify_cancel()
                 return fut
-            if first:
-                self._queue.appendleft((fut, fn, args))
+            if first:  # ahead of whole tasks, behind the sub-reads of running ones
+                self._queue.insert(self._subs, (fut, fn, args, -1))
             else:
-                self._queue.append((fut, fn, args))
+                self._queue.append((fut, fn, args, next(self._seq)))
             self._spawn()
             self._cond.notify()
         return fut
 
     def map(self, fn: Callable, items: Sequence) -> list:
         """``[fn(x) for x in items]``, side by side on free reader slots; called from a
-        running task, which runs the items no other reader has started itself."""
+        running task. Sub-reads queue ahead of whole tasks but behind the sub-reads queued
+        before them (older tasks' first), and the calling thread runs queued sub-reads in
+        that order until all of its own have started, then waits for them: threads whose
+        own task is further on help finish the older one first (a block-shuffle window's
+        units are read by every reader, so its batches come sooner). Sub-reads never wait
+        on anything, so no thread waits on one that is not running."""
         items = list(items)
         if len(items) <= 1 or self.bound <= 1:
             return [fn(x) for x in items]
-        # sub-reads go to the front of the queue, in order, for readers with a free slot;
-        # this thread runs the first, then takes back from the end whatever nobody started
-        futures = {i: self.submit(fn, items[i], first=True) for i in range(len(items) - 1, 0, -1)}
-        results = {0: fn(items[0])}
-        for i in range(len(items) - 1, 0, -1):
-            if self._take_back(futures[i]):
-                results[i] = fn(items[i])
-        return [results[i] if i in results else futures[i].result() for i in range(len(items))]
-
-    def _take_back(self, fut: Future) -> bool:
-        """Remove ``fut``'s work from the queue if no thread took it yet."""
+        futures = [Future() for _ in items]
         with self._cond:
-            for i, entry in enumerate(self._queue):
-                if entry[0] is fut:
-                    del self._queue[i]
-                    return True
-        return fut.cancelled()  # cancelled by close(): run it on the caller
+            if self._closed:
+                for fut in futures:
+                    fut.cancel()
+            else:
+                seq = getattr(self._local, "seq", -1)
+                at = self._subs  # behind the sub-reads of older (or the same) tasks
+                while at and self._queue[at - 1][3] > seq:
+                    at -= 1
+                for fut, x in zip(futures, items):
+                    self._queue.insert(at, (fut, fn, (x,), seq))
+                    self._subs += 1
+                    at += 1
+                self._spawn()
+                self._cond.notify_all()
+        while not all(f.done() or f.running() for f in futures):
+            with self._cond:
+                if not self._subs:
+                    break
+                fut, f, args, _ = self._queue.popleft()
+                self._subs -= 1
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(f(*args))
+                except BaseException as exc:  # noqa: BLE001 - re-raised by whoever waits on it
+                    fut.set_exception(exc)
+            del fut, f, args
+        # every one was taken by a thread (it runs to the end) or cancelled by close(): those
+        # run on the caller
+        return [fn(x) if fut.cancelled() else fut.result() for fut, x in zip(futures, items)]
 
     def take_idle(self, now: float | None = None) -> float:
         """Seconds the threads spent waiting for work since the last call."""
@@ -205,8 +227,9 @@ class Readers:
     def close(self) -> None:
         with self._cond:
             self._closed = True
+            self._subs = 0
             while self._queue:
-                fut, _, _ = self._queue.popleft()
+                fut = self._queue.popleft()[0]
                 fut.cancel()
                 fut.set_running_or_notify_cancel()
             self._cond.notify_all()
@@ -242,7 +265,10 @@ class Readers:
                     self._waiting.setdefault(me, time.perf_counter())
                     cond.wait()
                 self._end_wait(me)
-                fut, fn, args = self._queue.popleft()
+                fut, fn, args, seq = self._queue.popleft()
+                if self._subs:
+                    self._subs -= 1
+                self._local.seq = seq
                 self.busy += 1
                 self.peak = max(self.peak, self.busy)
             cpu = 0.0
