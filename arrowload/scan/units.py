@@ -80,6 +80,16 @@ def _trues(mask: pa.ChunkedArray) -> int:
     return int(pc.sum(mask).as_py() or 0)
 
 
+def _import_polars() -> None:
+    """Import polars off the reading threads (``UnitReader._polars_ready``); a broken polars
+    install only leaves it out of the candidates' reads (its decoder then fails and the
+    dataset scanner reads, as for any decoder failure)."""
+    try:
+        import polars  # noqa: F401
+    except Exception:  # noqa: BLE001 - see above
+        pass
+
+
 def _is_polars_panic(exc: BaseException) -> bool:
     return type(exc).__name__ == "PanicException"
 
@@ -151,7 +161,7 @@ class UnitReader:
         self._decided: frozenset[int] | None = None
         self._sizes: tuple[int, ...] | None = None
         self._cache_dir = cache_dir
-        self._polars_importer: int | None = None  # the thread importing polars (_polars_ready)
+        self._polars_importer: threading.Thread | None = None  # imports polars (_polars_ready)
         self._compile_decoders(decoders)
 
     # -- compile ---------------------------------------------------------------
@@ -373,18 +383,19 @@ class UnitReader:
         return self._read_with(name, measure, i, fn, counting)
 
     def _polars_ready(self) -> bool:
-        """Whether this thread may read with polars now: polars is imported, or this thread
-        is the one importing it. While one thread imports polars (about 0.15 s, holding the
-        GIL), the others read their units with another decoder instead of waiting on the
-        import lock; the rows are the same whichever decoder reads."""
+        """Whether polars may read now: it is imported. The first time it is wanted, the
+        import (about 0.15-0.2 s, holding the GIL) starts on a thread of its own, and reads
+        go on with another decoder until it is done, so no unit (the first batch's
+        included) waits for it; the rows are the same whichever decoder reads."""
         mod = sys.modules.get("polars")
         if mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False):
             return True
-        me = threading.get_ident()
         with self._lock:
             if self._polars_importer is None:
-                self._polars_importer = me
-            return self._polars_importer == me
+                self._polars_importer = threading.Thread(target=_import_polars, daemon=True,
+                                                         name="arrowload-import-polars")
+                self._polars_importer.start()
+        return False
 
     def _count_read(self, size: int) -> None:
         with self._lock:
@@ -408,6 +419,8 @@ class UnitReader:
                               self._usable(n, unit, self._columns_for(n, counting))), None)
                 if other is not None:
                     name, measure = other, False
+                else:
+                    self._polars_importer.join()
             with self._gate.enter(alone=measure):
                 m = Measure() if measure else None
                 if name == "dataset":
