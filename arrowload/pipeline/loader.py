@@ -373,6 +373,9 @@ class Loader:
         """Stop every thread this loader started. Idempotent."""
         for it in list(self._active):
             it.close()
+        close = getattr(self._source, "close", None)
+        if close is not None:  # the files a scan's decoders hold open
+            close()
         self._closed = True
 
     def __enter__(self) -> Loader:

@@ -146,7 +146,9 @@ class _Group:
             return
         if arr.null_count:
             with self._lock:
-                mask = self.valid.setdefault(j, np.ones(self.rows, dtype=bool))
+                mask = self.valid.get(j)
+                if mask is None:  # allocated once per column, not per chunk with nulls
+                    mask = self.valid[j] = np.ones(self.rows, dtype=bool)
             mask[at:at + n] = arr.is_valid().to_numpy(zero_copy_only=False)
         self.values[at:at + n, j] = _raw_view(arr, self.dtype)
 

@@ -390,8 +390,11 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     if _one_scan(plan) and not _surely_spills(found, memory_budget):
         threads = rabuild.cores()
         units = ScanRowSource(plan, options, cache_dir, threads)
-        table = rabuild.build(units.read_unit, units.counts, plan.schema, stack=stack,
-                              memory_budget=memory_budget, threads=threads)
+        try:
+            table = rabuild.build(units.read_unit, units.counts, plan.schema, stack=stack,
+                                  memory_budget=memory_budget, threads=threads)
+        finally:
+            units.close()  # the files its decoders hold open
         if table is not None:
             return TableRowSource(table, where="memory", snapshot=snapshot, schema=plan.schema)
         if base is None:

@@ -437,6 +437,8 @@ class Pipeline:
                 break
             fut, task = inflight.popleft()
             while not wait((fut,), timeout=TUNE_SPAN_S).done:
+                if self.stop.is_set():  # closed: never wait out a read in flight
+                    return
                 self._add_reader(task)
             items, secs, convert_s = fut.result()
             del fut

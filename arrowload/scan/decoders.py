@@ -178,8 +178,13 @@ class _OpenFiles:
         handle = src.filesystem.open_input_file(src.entries[file].path)
         # local files: each column chunk read on the calling thread (its CPU clock then sees
         # the reading too, as polars' does); object storage: pre-buffered, one request per range
-        return pq.ParquetFile(handle, metadata=src.file_metadata(file), pre_buffer=scan.pre_buffer and not self.local,
-                              page_checksum_verification=scan.page_checksums)
+        try:
+            return pq.ParquetFile(handle, metadata=src.file_metadata(file),
+                                  pre_buffer=scan.pre_buffer and not self.local,
+                                  page_checksum_verification=scan.page_checksums)
+        except BaseException:
+            handle.close()
+            raise
 
     @contextmanager
     def use(self, file: int):

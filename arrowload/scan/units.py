@@ -159,6 +159,7 @@ class UnitReader:
         self._compile_scan(scan)
         self._bad: set[tuple[str, int]] = set()  # (decoder, file) that failed where dataset read
         self._decided: frozenset[int] | None = None
+        self._decide_lock = threading.Lock()
         self._sizes: tuple[int, ...] | None = None
         self._cache_dir = cache_dir
         self._polars_importer: threading.Thread | None = None  # imports polars (_polars_ready)
@@ -349,7 +350,14 @@ class UnitReader:
 
     def _statistics_decided(self) -> frozenset[int]:
         """Positions of the units every row of which the (checked) statistics prove kept,
-        counted from footers as ``execute.count_rows`` does; found once."""
+        counted from footers as ``execute.count_rows`` does; found once (counting threads
+        wait for the first to find them)."""
+        if self._decided is not None:
+            return self._decided
+        with self._decide_lock:
+            return self._find_decided()
+
+    def _find_decided(self) -> frozenset[int]:
         if self._decided is None:
             decided: frozenset[int] = frozenset()
             scan = self.scan
