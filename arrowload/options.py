@@ -8,6 +8,15 @@ from dataclasses import dataclass, field
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), at least 1."""
+    import os
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _check_fields(obj, lowest: dict[str, int | float] = {}) -> None:  # noqa: B006 - read only
     """Each field of an options object has its annotated type (``bool``, ``int`` not a
     bool, ``float`` or an int, optionally None) and is at least ``lowest[name]``."""

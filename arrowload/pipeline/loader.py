@@ -28,7 +28,7 @@ from ..convert.batches import BatchOutput, concat_arrow
 from ..errors import InvalidArgumentError, LoaderClosedError
 from ..order import EpochOrder, ShuffleKind, SourceShape, num_batches, plan_tasks, rank_range
 from ..plan.fingerprint import plan_fingerprint
-from ..plan.nodes import Limit, Map, Scan, SqlQuery, scans, walk
+from ..plan.nodes import Map, scans, walk
 from ..scan.execute import as_record_batch
 from . import arguments as _arguments
 from . import preflight
@@ -36,7 +36,7 @@ from .chunks import ChunkConverter
 from .collate import BufferPool
 from .device import TorchDeviceStage, jax_place, wants_cuda
 from .options import LoaderOptions, reader_bound
-from .rowsource import ScanRowSource, TableRowSource, default_cache_dir, materialize
+from .rowsource import ScanRowSource, TableRowSource, _one_scan, default_cache_dir, materialize
 from .stages import EpochIterator, Settings, Stages
 from .state import Position, batches_for, make_state, read_state
 from .stats import LoaderStats
@@ -156,8 +156,7 @@ class Loader:
 
     # -- random-access layer -------------------------------------------------
     def _needs_table(self) -> bool:
-        return any(isinstance(n, (Limit, SqlQuery)) or (isinstance(n, Scan) and n.limit is not None)
-                   for n in walk(self._plan)) or len(scans(self._plan)) != 1
+        return not _one_scan(self._plan)
 
     def _build_source(self) -> tuple[ShuffleKind, ScanRowSource | TableRowSource]:
         opts = self.options

@@ -18,12 +18,12 @@ positional argument or from ``options``; one of them must give it.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ArgumentTypeError
+from ..options import usable_cores
 from . import arguments as _arguments
 
 
@@ -122,14 +122,6 @@ class LoaderOptions:
     def auto_shuffle(self) -> bool:
         """``shuffle=True`` / ``"auto"``: the loader picks the kind its source allows."""
         return self.shuffle == "auto"
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def reader_bound(io_threads: int | None) -> int:

@@ -27,7 +27,6 @@ units being read (one per thread) plus, at the end, one variable-width column's 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,20 +38,13 @@ import pyarrow as pa
 
 from .. import progress as _progress
 from ..errors import ArrowloadError
+from ..options import usable_cores
 from .collate import resolve_stack
 
 #: field metadata of a stacked column: JSON list of the columns it holds, in order
 STACK_KEY = b"arrowload.stack"
 
 _RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def _fixed_leaf(t: pa.DataType) -> bool:
@@ -329,7 +321,7 @@ def build(read_unit, counts: Sequence[int], schema: pa.Schema, *, stack: Mapping
                 raise _OverBudget
         return counts[i]
 
-    workers = max(1, min(len(counts), threads or cores()))
+    workers = max(1, min(len(counts), threads or usable_cores()))
     desc = "building the random-access table"
     try:
         if workers == 1:

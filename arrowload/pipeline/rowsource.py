@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from .. import progress as _progress
 from ..errors import ArrowloadError, InternalError, MemoryBudgetError, SnapshotChangedError
-from ..options import Options
+from ..options import Options, usable_cores
 from ..optimize import optimize
 from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
@@ -388,7 +388,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
         if cached is not None:
             return cached
     if _one_scan(plan) and not _surely_spills(found, memory_budget):
-        threads = rabuild.cores()
+        threads = usable_cores()
         units = ScanRowSource(plan, options, cache_dir, threads)
         try:
             table = rabuild.build(units.read_unit, units.counts, plan.schema, stack=stack,

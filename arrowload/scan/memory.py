@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CorruptFileError, UnsupportedError
+from ..options import usable_cores
 
 FORMAT = "arrowload.decoder_choice"
 VERSION = 1
@@ -75,10 +76,7 @@ def machine() -> dict:
     """What a measurement depends on of the machine and the installed decoders."""
     global _machine
     if _machine is None:
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cores = os.cpu_count() or 1
+        cores = usable_cores()
         import pyarrow as pa
         _machine = {"arch": platform.machine(), "node": platform.node(), "cores": cores,
                     "python": platform.python_version(), "pyarrow": pa.__version__,

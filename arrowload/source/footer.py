@@ -188,11 +188,6 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise FooterDecodeError("varint too long")
 
 
-def _zigzag(buf: bytes, pos: int) -> tuple[int, int]:
-    n, pos = _varint(buf, pos)
-    return (n >> 1) ^ -(n & 1), pos
-
-
 _STOP = -1
 
 
