@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CorruptFileError, UnsupportedError
+from ..errors import CorruptFileError
+from ..jsondoc import check_header
 
 SELECTION_FORMAT = "arrowload.selection_index"
 RA_FORMAT = "arrowload.ra_cache"
@@ -76,21 +77,7 @@ def read_ra_manifest(doc: Any, where: str) -> RaManifest:
 
 
 def _header(doc: Any, where: str, fmt: str, fields: tuple[str, ...]) -> None:
-    if not isinstance(doc, dict):
-        raise CorruptFileError(f"{where}: a {fmt} document is a JSON object, got {type(doc).__name__}", where)
-    if doc.get("format") != fmt:
-        raise CorruptFileError(f"{where}: format is {doc.get('format')!r}, not {fmt!r}", where)
-    if type(doc.get("version")) is not int or doc["version"] != FORMAT_VERSION:
-        raise UnsupportedError(f"{where}: {fmt} version {doc.get('version')!r} is not supported (this "
-                               f"arrowload reads version {FORMAT_VERSION}); the cache is rebuilt")
-    known = ("format", "version") + fields
-    extra = sorted(str(k) for k in doc if k not in known)
-    missing = [k for k in fields if k not in doc]
-    if extra or missing:
-        what = "; ".join(filter(None, [f"unknown field(s) {', '.join(extra)}" if extra else "",
-                                       f"missing field(s) {', '.join(missing)}" if missing else ""]))
-        raise CorruptFileError(f"{where}: {what} (a {fmt} v{FORMAT_VERSION} document has "
-                               f"{', '.join(known)})", where)
+    check_header(doc, where, fmt, FORMAT_VERSION, fields, "the cache is rebuilt")
 
 
 def _string(doc: dict, key: str, where: str, nonempty: bool = False) -> str:

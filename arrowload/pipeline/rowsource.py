@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import tempfile
 import time
@@ -37,6 +36,7 @@ import pyarrow as pa
 
 from .. import progress as _progress
 from ..errors import ArrowloadError, InternalError, MemoryBudgetError, SnapshotChangedError
+from ..jsondoc import write_atomic
 from ..options import Options, usable_cores
 from ..optimize import optimize
 from ..order.tasks import TaskKind
@@ -79,14 +79,6 @@ def _digest(*parts: str) -> str:
         h.update(p.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
-
-
-def _atomic_write_json(path: str, obj: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
 
 
 class ScanRowSource:
@@ -138,7 +130,7 @@ class ScanRowSource:
                 pass  # a damaged or foreign cache is rebuilt, never trusted
         counts = self._count_units(count_plan)
         if path:
-            _atomic_write_json(path, {"format": SELECTION_FORMAT, "version": FORMAT_VERSION,
+            write_atomic(path, {"format": SELECTION_FORMAT, "version": FORMAT_VERSION,
                                       "snapshot": self.snapshot, "plan": what,
                                       "units": list(self.units), "counts": list(counts)})
         return counts
@@ -432,7 +424,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
         writer.close()
         os.replace(tmp_path, base + ".arrow")
         tmp_path = None
-        _atomic_write_json(base + ".json", {"format": RA_FORMAT, "version": FORMAT_VERSION,
+        write_atomic(base + ".json", {"format": RA_FORMAT, "version": FORMAT_VERSION,
                                             "snapshot": snapshot, "plan": what,
                                             "num_rows": writer.rows, "chunk_rows": writer.chunk_rows,
                                             "schema": schema.to_string(), "reusable": reuse})

@@ -28,11 +28,11 @@ import json
 import os
 import platform
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CorruptFileError, UnsupportedError
+from ..jsondoc import check_header, write_atomic
 from ..options import usable_cores
 
 FORMAT = "arrowload.decoder_choice"
@@ -97,19 +97,7 @@ def path_for(cache_dir: str, key: str) -> str:
 def read_decoder_choice(doc: Any, where: str) -> DecoderChoice:
     """A parsed document checked field by field: ``UnsupportedError`` for another version,
     ``CorruptFileError`` naming the file and the field for anything else out of the spec."""
-    if not isinstance(doc, dict):
-        raise CorruptFileError(f"{where}: a {FORMAT} document is a JSON object, got {type(doc).__name__}", where)
-    if doc.get("format") != FORMAT:
-        raise CorruptFileError(f"{where}: format is {doc.get('format')!r}, not {FORMAT!r}", where)
-    if type(doc.get("version")) is not int or doc["version"] != VERSION:
-        raise UnsupportedError(f"{where}: {FORMAT} version {doc.get('version')!r} is not supported (this "
-                               f"arrowload reads version {VERSION}); the decoders are measured again")
-    extra = sorted(str(k) for k in doc if k not in ("format", "version") + _FIELDS)
-    missing = [k for k in _FIELDS if k not in doc]
-    if extra or missing:
-        raise CorruptFileError(f"{where}: unknown field(s) {extra} / missing field(s) {missing} (a {FORMAT} "
-                               f"v{VERSION} document has format, version, {', '.join(_FIELDS)}); delete it "
-                               "and the decoders are measured again", where)
+    check_header(doc, where, FORMAT, VERSION, _FIELDS, "the decoders are measured again")
     key, situation, chosen, costs, measured = (doc[k] for k in _FIELDS)
     if type(key) is not str or not key:
         raise CorruptFileError(f"{where}: key is {key!r}, not a non-empty string", where)
@@ -151,17 +139,6 @@ def save(cache_dir: str | None, key: str, situation: dict, chosen: str, costs: d
     doc = {"format": FORMAT, "version": VERSION, "key": key, "situation": situation, "chosen": chosen,
            "costs": {k: float(v) for k, v in sorted(costs.items())}, "measured": int(measured)}
     try:
-        os.makedirs(cache_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".tmp-decoders-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f)
-            os.replace(tmp, path_for(cache_dir, key))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_atomic(path_for(cache_dir, key), doc)
     except OSError:
         pass
