@@ -819,3 +819,19 @@ def test_close_releases_every_file_the_loader_opened(tmp_path, shuffle):
     next(it)
     loader.close()
     assert _open_files_under(os.path.realpath(root)) == []
+
+
+@pytest.mark.parametrize("shuffle", [False, "block", "global"])
+def test_an_ended_or_closed_epoch_iterator_is_exhausted_like_a_generator(shuffle):
+    ds = al.dataset(pa.table({"a": list(range(50))}))
+    with ds.loader(8, shuffle=shuffle) as loader:
+        it = iter(loader)
+        assert sum(len(b["a"]) for b in it) == 50
+        for _ in range(2):  # next() after the end: StopIteration again, never an error
+            with pytest.raises(StopIteration):
+                next(it)
+        it = iter(loader)
+        next(it)
+        it.close()
+        with pytest.raises(StopIteration):
+            next(it)

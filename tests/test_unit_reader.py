@@ -387,6 +387,16 @@ def test_chooser_measures_each_candidate_then_keeps_the_cheapest():
     assert c.chosen == "a"
 
 
+@pytest.mark.parametrize("other, want", [(0.95, "a"), (0.91, "a"), (0.89, "b"), (1.2, "a")])
+def test_chooser_leaves_the_first_candidate_only_for_one_cheaper_by_the_margin(other, want):
+    # costs within MARGIN (10%) of the first candidate's are run-to-run spread: the first stays
+    c = Chooser(["a", "b"], warmup=0, trials=1)
+    for _ in range(2):
+        name, measure = c.pick()
+        c.done(name, {"a": 1.0, "b": other}[name] if measure else None, 1)
+    assert c.chosen == want
+
+
 def test_chooser_measures_an_exclusive_candidate_alone_and_drops_failures():
     c = Chooser(["p", "x"], warmup=0, trials=1, exclusive=["x"])
     picks = [c.pick() for _ in range(3)]

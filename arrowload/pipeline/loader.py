@@ -143,6 +143,7 @@ class Loader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._stats = LoaderStats()
+        self._decoded0: dict[str, int] = {}  # units each decoder had read when this iteration began
         self._shape: SourceShape | None = None
         self._pool = BufferPool(max_bytes=max(options.prefetch, 64 << 20))
         # reads are converted whole on the reader threads unless batches must stay Arrow
@@ -243,6 +244,7 @@ class Loader:
                            on_batch=self._advance if track else None)
         if track:
             self._stats = it.stats
+            self._decoded0 = self._decoded_by()
         self._active.add(it)
         return it
 
@@ -310,7 +312,12 @@ class Loader:
     # -- introspection -------------------------------------------------------------
     def stats(self) -> LoaderStats:
         """Counters of the current (or last) iteration."""
-        return dataclasses.replace(self._stats)
+        now, base = self._decoded_by(), self._decoded0
+        return dataclasses.replace(self._stats, decoders={k: v - base.get(k, 0) for k, v in now.items()})
+
+    def _decoded_by(self) -> dict[str, int]:
+        reader = getattr(self._source, "reader", None)
+        return dict(getattr(reader, "decoded_by", {}))
 
     def explain(self) -> str:
         return self._dataset.explain() + "\n\n" + self._describe()

@@ -212,7 +212,8 @@ class ScanRowSource:
 
         units = [int(u) for u in order.windows[task.window]]
         size = sum(self.counts[u] for u in units)
-        if conv is not None and task.lo == 0 and task.hi == size:
+        whole = task.lo == 0 and task.hi == size
+        if conv is not None and whole:
             # the whole window: each unit's rows scattered to their places as it is read
             perm = order.window_permutation(task.window)
             positions = np.empty(size, dtype=np.int64)
@@ -220,8 +221,10 @@ class ScanRowSource:
             layout = self._place(units, conv, map_units, positions)
             if layout is not None:
                 return [layout.result()], layout.take_seconds()
+            # a unit did not convert: the same window would fail to lay out again, so it is
+            # read once more, with Arrow, below (which raises, or converts what fill_null fixed)
         local = np.asarray(order.window_local(task.window, task.lo, task.hi), dtype=np.int64)
-        if conv is not None:  # part of a window (a rank's ends, a resume, shared reads): lay out, gather
+        if conv is not None and not whole:  # part of a window (a rank's ends, a resume, shared reads)
             layout = cache(("window", task.window), lambda: self._place(units, conv, map_units))
             if layout is not None:
                 t0 = time.perf_counter()

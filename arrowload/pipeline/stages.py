@@ -156,17 +156,14 @@ class Readers:
             self._spawn()
             self._cond.notify_all()
 
-    def submit(self, fn: Callable, *args: Any, first: bool = False) -> Future:
+    def submit(self, fn: Callable, *args: Any) -> Future:
         fut: Future = Future()
         with self._cond:
             if self._closed:
                 fut.cancel()
                 fut.set_running_or_notify_cancel()
                 return fut
-            if first:  # ahead of whole tasks, behind the sub-reads of running ones
-                self._queue.insert(self._subs, (fut, fn, args, -1))
-            else:
-                self._queue.append((fut, fn, args, next(self._seq)))
+            self._queue.append((fut, fn, args, next(self._seq)))
             self._spawn()
             self._cond.notify()
         return fut
@@ -503,6 +500,8 @@ class Pipeline:
 
     # consumer ------------------------------------------------------------------
     def next(self):
+        if self.stop.is_set():  # ended, failed or closed: exhausted, as a generator is
+            raise StopIteration
         t0 = time.perf_counter()
         mark = time.thread_time()
         if self._consumer_mark is not None:  # the consumer's own work since the last batch

@@ -10,7 +10,7 @@ loader).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -30,7 +30,8 @@ class LoaderStats:
     OpenMP pools of the training step, where it has them. When ``cpu_s`` is close to
     ``cores * wall_s`` the cores are saturated, and every CPU second outside the consumer
     (``loader_share``) is one the training step competed for. Settings chosen for the run:
-    ``readers`` (reader threads the autotuner settled on), ``readers_peak`` (most busy at
+    ``decoders`` (units each decoder read: ``pyarrow``,
+    ``polars``, ``dataset``; see ``scan/decoders.py``), ``readers`` (reader threads the autotuner settled on), ``readers_peak`` (most busy at
     once), ``readers_max`` (the bound: ``io_threads``, or the cores), ``prefetch`` (the byte
     budget).
     """
@@ -56,6 +57,7 @@ class LoaderStats:
     loader_cpu_s: float = 0.0
     native_cpu_s: float = 0.0
     consumer_cpu_s: float = 0.0
+    decoders: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -83,7 +85,7 @@ class LoaderStats:
             return ""
         text = (f"CPU {self.cpu_s:.3f}s in the process ({self.cores_busy:.1f} of {self.cores} cores busy): "
                 f"loader threads {self.loader_cpu_s:.3f}s, native pools {self.native_cpu_s:.3f}s "
-                f"(pyarrow decoding), consumer {self.consumer_cpu_s:.3f}s")
+                f"(decoding), consumer {self.consumer_cpu_s:.3f}s")
         if self.cpu_saturated:
             text += (f"; the cores are saturated and {self.loader_share:.0%} of the CPU went outside the "
                      "consumer's thread: the loader competes with the training step even where the consumer "
@@ -95,12 +97,18 @@ class LoaderStats:
                 f"(peak {self.readers_peak} busy, at most {self.readers_max}), "
                 f"prefetch {self.prefetch / 2**20:.0f} MiB")
 
+    def _decoders_text(self) -> str:
+        used = {k: v for k, v in self.decoders.items() if v}
+        if not used:
+            return ""
+        return " (decoded by " + ", ".join(f"{k} {v}" for k, v in sorted(used.items(), key=lambda kv: -kv[1])) + ")"
+
     def __str__(self) -> str:
         rate = self.rows / self.wall_s if self.wall_s else 0.0
         text = (f"{self.rows} rows in {self.batches} batches, {self.wall_s:.3f}s wall "
                 f"({rate:,.0f} rows/s); read {self.read_s:.3f}s, transform {self.transform_s:.3f}s, "
                 f"collate {self.collate_s:.3f}s, convert {self.convert_s:.3f}s, consumer waited "
-                f"{self.wait_s:.3f}s; {self.units_read} units, ~{self.bytes_read / 2**20:.1f} MiB read, "
+                f"{self.wait_s:.3f}s; {self.units_read} units{self._decoders_text()}, ~{self.bytes_read / 2**20:.1f} MiB read, "
                 f"{self.bytes_decoded / 2**20:.1f} MiB decoded, peak prefetch "
                 f"{self.peak_prefetch_bytes / 2**20:.1f} MiB")
         if self.readers_max:

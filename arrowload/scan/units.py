@@ -149,6 +149,7 @@ class UnitReader:
         self.units = scan.selected_units()
         self.num_units = len(self.units)
         self.reads = 0
+        self.decoded_by: dict[str, int] = {}  # units read (or counted) by each decoder, all epochs
         self._lock = threading.Lock()
         try:
             execute._refuse_ambiguous(scan)
@@ -442,6 +443,8 @@ class UnitReader:
                         return self._on_dataset(unit, fn, failed=name)
                 if m is not None and name == picked:
                     cpu = m.done()
+            with self._lock:
+                self.decoded_by[name] = self.decoded_by.get(name, 0) + 1
             return out
         finally:
             size = self._unit_bytes()[i]
