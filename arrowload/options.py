@@ -8,6 +8,16 @@ from dataclasses import dataclass, field
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 
+def default_cache_dir() -> str:
+    """``$ARROWLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/arrowload``, else ``~/.cache/arrowload``."""
+    import os
+    env = os.environ.get("ARROWLOAD_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "arrowload")
+
+
 def usable_cores() -> int:
     """Cores this process may run on (its CPU affinity), at least 1."""
     import os

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 
 import duckdb
@@ -55,6 +56,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from arrowload.datagen import write_lake
+
+# The user cache dir (loader caches, remembered footer checks and decoder choices) is the
+# test session's own, never ~/.cache; every test gets an empty one (``_own_cache_dir``).
+os.environ["ARROWLOAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="arrowload-tests-cache-")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 ROWS = 20_000
 SHARDS = 4

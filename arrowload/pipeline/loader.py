@@ -26,17 +26,19 @@ from typing import Any
 
 from ..convert.batches import BatchOutput, concat_arrow
 from ..errors import InvalidArgumentError, LoaderClosedError
+from ..options import default_cache_dir
 from ..order import EpochOrder, ShuffleKind, SourceShape, num_batches, plan_tasks, rank_range
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, scans, walk
 from ..scan.execute import as_record_batch
+from ..source.footer import keep_checks, recall_checks
 from . import arguments as _arguments
 from . import preflight
 from .chunks import ChunkConverter
 from .collate import BufferPool
 from .device import TorchDeviceStage, jax_place, wants_cuda
 from .options import LoaderOptions, reader_bound
-from .rowsource import ScanRowSource, TableRowSource, _one_scan, default_cache_dir, materialize
+from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize
 from .stages import EpochIterator, Settings, Stages
 from .state import Position, batches_for, make_state, read_state
 from .stats import LoaderStats
@@ -120,6 +122,7 @@ class Loader:
             from ..convert import _backend
             _backend(self._convert)  # a bad or missing device fails here, not at the first batch
         self._cache_dir = options.cache_dir or default_cache_dir()
+        recall_checks(self._cache_dir)  # footer checks passed in earlier processes (footer.py)
         self._plan = dataset.optimized_plan()
         self._logical_key = plan_fingerprint(dataset.plan, data=False)
         #: the most reader threads: io_threads, or the cores this process may run on
@@ -130,6 +133,7 @@ class Loader:
         if checked:
             preflight.check_plan(self._plan.schema, self._plan, self._convert, options.stack)
         self.shuffle_kind, self._source = self._build_source()
+        keep_checks(self._cache_dir)
         widths = None
         if checked:
             known = preflight.check_source(self._source, self._convert)

@@ -52,15 +52,6 @@ from .documents import (FORMAT_VERSION, RA_FORMAT, SELECTION_FORMAT, load_json, 
 UNIT_ROWS = 65_536
 
 
-def default_cache_dir() -> str:
-    """``$ARROWLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/arrowload``, else ``~/.cache/arrowload``."""
-    env = os.environ.get("ARROWLOAD_CACHE_DIR")
-    if env:
-        return env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "arrowload")
-
-
 def restrict(plan: Plan, units: Sequence[int]) -> Plan:
     """The same plan reading only ``units`` of its scan."""
     return transform_up(plan, lambda n: n.replace(units=tuple(units)) if isinstance(n, Scan) else n)

@@ -16,11 +16,11 @@ import pyarrow.fs as pafs
 
 from .._pickle import PicklableLock
 from ..errors import CorruptFileError, InvalidArgumentError, PathNotFoundError, StorageRetryError
-from ..options import ScanOptions
+from ..options import ScanOptions, default_cache_dir
 from .base import Source, Unit
 from .filesystem import FileEntry, storage_error
 from .footer import (FooterCheck, check_footer, known_check, leaf_columns, read_footer_bytes,
-                     remember_check)
+                     recall_checks, remember_check)
 from .hive import discover_partitions, partition_expression
 from .identity import identity_of
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
@@ -323,6 +323,8 @@ class FileSource(PicklableLock, Source):
                 return self._facts
             n = len(self.entries)
             missing = [i for i in range(n) if i not in self._fetched]
+            if self.kind == "parquet" and self._scan.check_footers and missing:
+                recall_checks(default_cache_dir())  # passed in earlier processes: not read again
             workers = self._footer_workers(len(missing))
             if workers == 1:
                 for i in missing:

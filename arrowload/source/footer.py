@@ -456,6 +456,93 @@ _KNOWN_MAX = 16_384
 _KNOWN_LOCK = threading.Lock()
 
 
+# Checks remembered across processes (``formats/footer_checks/v1``): the file versions whose
+# footers passed, kept in the loader's cache dir, so a new process over unchanged files
+# neither reads nor decodes their footers' bytes in Python again (8 files of 8 row groups and
+# 26 columns: 0.06 s of a 0.09 s loader build). Only passing checks are kept; a file that
+# failed is checked anew (and fails again), never trusted from disk.
+CHECKS_FORMAT = "arrowload.footer_checks"
+CHECKS_VERSION = 1
+#: What passes the check (``_check_chunk`` and the decoder): bumped when that changes, so
+#: that files passed under other rules are checked again.
+CHECK_RULES = 1
+_CHECKS_FILE = "footer-checks.json"
+_RECALLED: dict[str, set] = {}  # cache file -> keys it held when read or last written
+
+
+def _checks_path(cache_dir: str) -> str:
+    import os
+    return os.path.join(cache_dir, _CHECKS_FILE)
+
+
+def read_footer_checks(doc, where: str) -> list[tuple]:
+    """The file versions a ``footer_checks`` document lists (each ``(filesystem, path,
+    size, mtime_ns, identity)``); ``CorruptFileError`` / ``UnsupportedError`` naming
+    ``where`` for anything out of the spec."""
+    from ..errors import CorruptFileError
+    from ..jsondoc import check_header
+    check_header(doc, where, CHECKS_FORMAT, CHECKS_VERSION, ("rules", "passed"),
+                 "the footers are checked again")
+    if type(doc["rules"]) is not int or doc["rules"] < 1:
+        raise CorruptFileError(f"{where}: rules must be a positive integer, got {doc['rules']!r}", where)
+    passed = doc["passed"]
+    if not isinstance(passed, list):
+        raise CorruptFileError(f"{where}: passed must be a list", where)
+    keys = []
+    for k in passed:
+        if not (isinstance(k, list) and len(k) == 5 and isinstance(k[0], str) and isinstance(k[1], str)
+                and type(k[2]) is int and k[2] >= 0 and type(k[3]) is int and (k[4] is None or isinstance(k[4], str))):
+            raise CorruptFileError(f"{where}: each passed entry is [filesystem, path, size, mtime_ns, "
+                                   f"identity or null], got {k!r}", where)
+        keys.append(tuple(k))
+    return keys
+
+
+def recall_checks(cache_dir: str | None) -> None:
+    """Make the passing checks remembered in ``cache_dir`` known to this process (once per
+    process and file). A missing, damaged, foreign or other-version document, or one
+    written under other check rules, is ignored (and rewritten by ``keep_checks``)."""
+    import json
+    if not cache_dir:
+        return
+    path = _checks_path(cache_dir)
+    if path in _RECALLED:
+        return
+    keys: list[tuple] = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        keys = read_footer_checks(doc, path) if doc.get("rules") == CHECK_RULES else []
+    except Exception:  # noqa: BLE001 - nothing remembered is never fatal: checked anew
+        keys = []
+    with _KNOWN_LOCK:
+        for key in keys:
+            if key not in _KNOWN:
+                _KNOWN[key] = FooterCheck(key[1])
+        _RECALLED[path] = set(keys)
+
+
+def keep_checks(cache_dir: str | None) -> None:
+    """Write the passing checks this process knows to ``cache_dir`` when there are new ones
+    (the most recent ``_KNOWN_MAX``); failures to write are ignored (a cache)."""
+    from ..jsondoc import write_atomic
+    if not cache_dir:
+        return
+    path = _checks_path(cache_dir)
+    with _KNOWN_LOCK:
+        passed = [k for k, c in _KNOWN.items() if c.ok and len(k) == 5]
+        before = _RECALLED.get(path, set())
+        if not passed or before.issuperset(passed):
+            return
+        _RECALLED[path] = set(passed)
+    doc = {"format": CHECKS_FORMAT, "version": CHECKS_VERSION, "rules": CHECK_RULES,
+           "passed": [list(k) for k in passed]}
+    try:
+        write_atomic(path, doc)
+    except OSError:
+        pass
+
+
 def known_check(key: tuple | None) -> FooterCheck | None:
     """The check of the file version ``key`` if this process made it already."""
     if key is None:
@@ -471,6 +558,7 @@ def forget_checks() -> None:
     """Forget every remembered check (the next dataset reads and decodes footers anew)."""
     with _KNOWN_LOCK:
         _KNOWN.clear()
+        _RECALLED.clear()
 
 
 def remember_check(key: tuple | None, check: FooterCheck) -> None:

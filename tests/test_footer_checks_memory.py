@@ -1,0 +1,141 @@
+"""Footer checks remembered across processes (``formats/footer_checks/v1``): a loader writes
+the file versions whose footers passed; a later process (simulated by forgetting what this
+one knows: ``forget_checks``) reads neither those footers' bytes a second time nor decodes
+them; any change of a file, of the document or of the check's rules means checking again.
+Bytes are counted through a counting fsspec filesystem."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import jsonschema
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+from arrowload.datagen import write_lake
+from arrowload.source import footer
+from _support import CountingLocalFileSystem
+
+SCHEMA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "formats", "footer_checks", "v1", "schema.json")
+
+
+@pytest.fixture()
+def lake(tmp_path):
+    path = tmp_path / "lake"
+    write_lake(path, rows=3_000, shards=3, row_group_size=500, features=2, emb_dim=4)
+    return str(path)
+
+
+def _build(lake: str, cache: str):
+    """A fresh process's filtered loader over a counting filesystem; returns the filesystem
+    with what listing the files (their footers, and the check's reads) cost."""
+    footer.forget_checks()
+    fs = CountingLocalFileSystem()
+    ds = al.dataset(lake, filesystem=fs).filter("id < 700").select("id", "f0")
+    listing = fs.stats.snapshot()
+    with ds.loader(64, cache_dir=cache) as loader:
+        rows = sum(len(b["id"]) for b in loader)
+    assert rows == 700
+    fs.listing = listing
+    return fs
+
+
+def _footer_bytes(fs) -> int:
+    return fs.listing["bytes"]
+
+
+def _doc(cache: str) -> dict:
+    with open(os.path.join(cache, "footer-checks.json")) as f:
+        return json.load(f)
+
+
+def test_a_loader_remembers_the_files_that_passed(lake, tmp_path):
+    cache = str(tmp_path / "cache")
+    _build(lake, cache)
+    doc = _doc(cache)
+    with open(SCHEMA) as f:
+        jsonschema.validate(doc, json.load(f))
+    assert doc["rules"] == footer.CHECK_RULES
+    files = sorted(glob.glob(os.path.join(lake, "*.parquet")))
+    by_path = {os.path.basename(k[1]): k for k in doc["passed"]}
+    assert sorted(by_path) == [os.path.basename(p) for p in files]
+    for p in files:
+        st = os.stat(p)
+        k = by_path[os.path.basename(p)]
+        # (fsspec reports local modification times as float seconds: to the microsecond)
+        assert (k[2], k[4]) == (st.st_size, f"ino={st.st_ino}") and abs(k[3] - st.st_mtime_ns) < 1000
+
+
+def test_a_later_process_reads_no_footer_twice(lake, tmp_path, monkeypatch):
+    cold_cache, warm_cache = str(tmp_path / "cold"), str(tmp_path / "warm")
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", warm_cache)  # where the dataset looks (before any loader)
+    _build(lake, warm_cache)
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", cold_cache)
+    cold = _build(lake, cold_cache)  # nothing remembered: every footer's bytes read for the check
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", warm_cache)
+    warm = _build(lake, warm_cache)
+    sizes = {p: os.path.getsize(p) for p in glob.glob(os.path.join(lake, "*.parquet"))}
+    footer_len = {p: pq.ParquetFile(p).metadata.serialized_size for p in sizes}
+    # each file's footer is read by pyarrow once either way; the check's own read is gone
+    saved = _footer_bytes(cold) - _footer_bytes(warm)
+    assert saved >= sum(footer_len.values())
+    assert warm.listing["reads"] < cold.listing["reads"]
+
+
+def test_a_changed_file_is_checked_again(lake, tmp_path, monkeypatch):
+    cache = str(tmp_path / "cache")
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", cache)
+    _build(lake, cache)
+    first = sorted(glob.glob(os.path.join(lake, "*.parquet")))[0]
+    table = pq.read_table(first)
+    pq.write_table(table, first + ".tmp", row_group_size=500, compression="zstd")
+    os.replace(first + ".tmp", first)  # a new version: other inode and mtime
+    fs = _build(lake, cache)
+    warm = _build(lake, cache)
+    meta = pq.ParquetFile(first).metadata.serialized_size
+    # the new version's footer read twice (pyarrow's parse, the check), the others once
+    assert _footer_bytes(fs) - _footer_bytes(warm) >= meta
+    st = os.stat(first)
+    keys = [k for k in _doc(cache)["passed"] if k[1].endswith(os.path.basename(first))]
+    assert any(k[4] == f"ino={st.st_ino}" and abs(k[3] - st.st_mtime_ns) < 1000 for k in keys)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "rules", "version", "entry"])
+def test_a_damaged_or_foreign_document_is_ignored_and_rewritten(lake, tmp_path, monkeypatch, damage):
+    cache = str(tmp_path / "cache")
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", cache)
+    _build(lake, cache)
+    path = os.path.join(cache, "footer-checks.json")
+    good = _doc(cache)
+    bad = {"garbage": "{not json", "rules": json.dumps(dict(good, rules=footer.CHECK_RULES + 1)),
+           "version": json.dumps(dict(good, version=2)),
+           "entry": json.dumps(dict(good, passed=[k[:4] for k in good["passed"]]))}[damage]
+    with open(path, "w") as f:
+        f.write(bad)
+    damaged = _build(lake, cache)
+    warm = _build(lake, cache)  # rewritten by the build before
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", str(tmp_path / "other"))
+    cold = _build(lake, str(tmp_path / "other"))
+    # nothing trusted: the footers are read for the check as with nothing remembered ...
+    assert _footer_bytes(damaged) == _footer_bytes(cold) > _footer_bytes(warm)
+    # ... and the document is whole again
+    assert sorted(map(tuple, _doc(cache)["passed"])) == sorted(map(tuple, good["passed"]))
+
+
+def test_golden_documents_through_the_reader():
+    root = os.path.join(os.path.dirname(SCHEMA))
+    for path in sorted(glob.glob(os.path.join(root, "examples", "*.json"))):
+        with open(path) as f:
+            doc = json.load(f)
+        keys = footer.read_footer_checks(doc, path)
+        assert keys == [tuple(k) for k in doc["passed"]]
+    for path in sorted(glob.glob(os.path.join(root, "invalid", "*.json"))):
+        with open(path) as f:
+            doc = json.load(f)
+        with pytest.raises((al.CorruptFileError, al.UnsupportedError)) as info:
+            footer.read_footer_checks(doc, path)
+        assert path in str(info.value)
