@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 from .errors import ArgumentTypeError, InvalidArgumentError
+
+
+def default_cache_dir() -> str:
+    """``$ARROWLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/arrowload``, else ``~/.cache/arrowload``:
+    where the loader's caches and ``Dataset.cache()``'s entries go when no place is given."""
+    env = os.environ.get("ARROWLOAD_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "arrowload")
 
 
 def usable_cores() -> int:

@@ -37,7 +37,7 @@ import pyarrow as pa
 from .. import progress as _progress
 from ..errors import ArrowloadError, InternalError, MemoryBudgetError, SnapshotChangedError
 from ..jsondoc import write_atomic
-from ..options import Options, usable_cores
+from ..options import Options, default_cache_dir, usable_cores  # noqa: F401 - re-exported
 from ..optimize import optimize
 from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
@@ -50,15 +50,6 @@ from .documents import (FORMAT_VERSION, RA_FORMAT, SELECTION_FORMAT, load_json, 
                         read_selection_index)
 
 UNIT_ROWS = 65_536
-
-
-def default_cache_dir() -> str:
-    """``$ARROWLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/arrowload``, else ``~/.cache/arrowload``."""
-    env = os.environ.get("ARROWLOAD_CACHE_DIR")
-    if env:
-        return env
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "arrowload")
 
 
 def restrict(plan: Plan, units: Sequence[int]) -> Plan:
