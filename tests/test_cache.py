@@ -12,10 +12,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -531,7 +529,7 @@ def test_cli_ls_and_clear(lake, tmp_path, capsys, monkeypatch):
     assert "removed 0" in capsys.readouterr().out and len(al.cache_entries(root)) == 2
     first = sorted(keys)[0]
     assert cli.main(["cache", "clear", root, first[:8]]) == 0
-    assert f"removed 1 plan cache entry" in capsys.readouterr().out
+    assert "removed 1 plan cache entry" in capsys.readouterr().out
     assert [e.key for e in al.cache_entries(root)] == [k for k in keys if k != first]
     assert cli.main(["cache", "clear", root, "abcdef"]) == 2
     assert "no plan cache entry 'abcdef'" in capsys.readouterr().err

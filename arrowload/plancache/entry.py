@@ -22,7 +22,6 @@ import os
 import time
 from datetime import datetime, timezone
 
-import pyarrow as pa
 
 from ..errors import ArrowloadError, CacheLockTimeoutError, UncacheablePlanError
 from ..options import Options
