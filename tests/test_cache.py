@@ -155,6 +155,24 @@ def test_sql_aggregate_and_join_equal_duckdb(lake, tmp_path):
     assert {e.state for e in al.cache_entries(root)} == {"committed"} and len(al.cache_entries(root)) == 2
 
 
+def test_sql_over_a_cached_dataset_and_a_cache_of_it(lake, tmp_path):
+    """Binding SQL over a cached dataset writes nothing (it needs the schema only); a cache
+    of that query keys on the inner entry's key, and the first use writes both."""
+    root = str(tmp_path / "cache")
+    fn = Counted(str(tmp_path / "calls"))
+    inner = al.dataset(lake).map(fn, name="scaled-v1").cache(root)
+    outer = al.sql("SELECT count(*) AS n, sum(f0x2) AS s FROM t WHERE id < 100", t=inner).cache(root)
+    assert fn.calls() == 0 and not os.path.exists(os.path.join(root, "plans"))
+    got = outer.to_arrow().to_pylist()
+    want = expected_map(lake).slice(0, 100)
+    assert got[0]["n"] == 100 and got[0]["s"] == pytest.approx(pc.sum(want.column("f0x2")).as_py())
+    assert sorted(e.rows for e in al.cache_entries(root)) == [1, ROWS]
+    ran = fn.calls()
+    again = al.sql("SELECT count(*) AS n, sum(f0x2) AS s FROM t WHERE id < 100",
+                   t=al.dataset(lake).map(fn, name="scaled-v1").cache(root)).cache(root)
+    assert again.to_arrow().to_pylist() == got and fn.calls() == ran
+
+
 # -- the key -----------------------------------------------------------------------------
 
 def test_unnamed_map_is_refused_and_key_names_it(lake, tmp_path):
