@@ -6,9 +6,9 @@ write-once protocol and ``formats/plan_cache/v1`` for the commit document."""
 from __future__ import annotations
 
 from .catalog import CacheEntry, cache_entries, clear_cache
-from .entry import CacheMissError, Entry, check_cacheable, snapshot_key
+from .entry import CacheMissError, Entry, check_cacheable
 from .source import CachedSource, peeking
 from .store import Store
 
 __all__ = ["CacheEntry", "CacheMissError", "CachedSource", "Entry", "Store", "cache_entries", "check_cacheable",
-           "clear_cache", "peeking", "snapshot_key"]
+           "clear_cache", "peeking"]

@@ -60,15 +60,15 @@ def check_cacheable(plan: Plan, key: str | None) -> None:
             "ds.cache(key='v1')")
 
 
-def snapshot_key(plan: Plan) -> str:
+def _snapshot_key(plan: Plan) -> str:
     """The snapshot of every source under ``plan``, as one digest.
 
     Today: each file source's ``fingerprint()`` (canonical paths, sizes, modification times
     and what else the filesystem names a version by: the loader's and states' snapshot),
     a full digest of in-memory data (its fingerprint samples only the first and last
     slices: too weak for a cache that outlives the process), and the key of a cached
-    dataset (no need to write it to know what it holds). One function, to switch to
-    ``Source.snapshot()`` when sources get one."""
+    dataset (no need to write it to know what it holds). The one place to switch to
+    ``Source.snapshot()`` / ``Dataset.snapshot_id`` when sources get them."""
     h = hashlib.sha256(b"snapshot\n")
     for s in scans(plan):
         src = s.source
@@ -82,8 +82,6 @@ def snapshot_key(plan: Plan) -> str:
         h.update(part.encode() + b"\n")
     return h.hexdigest()[:32]
 
-
-_snapshot_key = snapshot_key  # the name the brief fixes for the switch point
 
 
 def _memory_digest(src: MemorySource) -> str:
@@ -112,7 +110,7 @@ class Entry:
         self.data_format, self.name = data_format, name
         self.wait_timeout, self.stale_after = wait_timeout, stale_after
         self.plan_key = plan_fingerprint(plan, data=False)
-        self.snapshot = snapshot_key(plan)
+        self.snapshot = _snapshot_key(plan)
         doc = f"{KEY_FORMAT}\nplan={self.plan_key}\nsnapshot={self.snapshot}\nformat={data_format}\n" \
               f"name={name if name is not None else ''}"
         self.key = hashlib.sha256(doc.encode()).hexdigest()[:32]
