@@ -10,6 +10,7 @@ from .api import Dataset, dataset, sql
 from .errors import (
     AmbiguousColumnError,
     ArgumentTypeError,
+    CacheLockTimeoutError,
     ArrowloadError,
     ColumnNotFoundError,
     ConversionError,
@@ -34,10 +35,12 @@ from .errors import (
     StorageEndpointError,
     StorageRetryError,
     TableNotFoundError,
+    UncacheablePlanError,
     UnsupportedError,
 )
 from .options import OptimizerOptions, Options, ScanOptions
 from .pipeline.options import LoaderOptions
+from .plancache import CacheEntry, cache_entries, clear_cache
 from .progress import progress_enabled, set_progress
 from .scan.splits import Split
 
@@ -47,6 +50,8 @@ __all__ = sorted([
     "AmbiguousColumnError",
     "ArgumentTypeError",
     "ArrowloadError",
+    "CacheEntry",
+    "CacheLockTimeoutError",
     "ColumnNotFoundError",
     "ConversionError",
     "CorruptFileError",
@@ -76,7 +81,10 @@ __all__ = sorted([
     "StorageEndpointError",
     "StorageRetryError",
     "TableNotFoundError",
+    "UncacheablePlanError",
     "UnsupportedError",
+    "cache_entries",
+    "clear_cache",
     "dataset",
     "progress_enabled",
     "set_progress",

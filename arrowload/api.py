@@ -4,6 +4,7 @@ until a result is asked for (``count``, ``head``, ``to_arrow`` ...)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -133,6 +134,52 @@ class Dataset:
         ``external_access``: as in :func:`sql`."""
         return sql(query, external_access=external_access, self=self, **tables)
 
+    def cache(self, uri: str | None = None, *, format: str = "parquet", key: str | None = None,
+              storage_options: dict | None = None, wait_timeout: float = 3600.0) -> "Dataset":
+        """This selection's output, written once and read back from then on: a Dataset whose
+        source is the cached files. Lazy: the entry is written (or found) the first time
+        rows, a count or a loader are asked for, never by ``cache()``, ``schema`` or
+        ``explain()`` (which says "cache hit" or "cache miss").
+
+        Entries are keyed by the plan's fingerprint (``formats/plan_fingerprint/v1``) and the
+        snapshot of every source under it: a changed source (a file added, rewritten) gives
+        another key, a miss, and a new entry; the old one stays until cleared
+        (``al.clear_cache`` / ``arrowload cache clear``). A ``map()`` needs a ``name`` (its
+        version: arrowload cannot fingerprint code), or pass ``key`` to name the version of
+        the whole plan; otherwise ``UncacheablePlanError``.
+
+        ``uri``: a local folder or an object-store URI (``s3://bucket/prefix``, resolved as
+        ``al.dataset`` resolves URIs, with ``storage_options``); default the user cache dir
+        (``$ARROWLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/arrowload``, else
+        ``~/.cache/arrowload``). Entries go under ``<uri>/plans/<key>/``. ``format``:
+        ``"parquet"`` or ``"ipc"`` (Arrow IPC files: every Arrow type, memory-mappable).
+
+        One writer per entry, on every rank and process: the first to take the entry's lock
+        runs the plan and commits; the others wait (at most ``wait_timeout`` seconds, then
+        ``CacheLockTimeoutError`` naming the lock) and read what it wrote. A writer that
+        died is detected (its process gone, or its heartbeat older than a minute) and its
+        lock taken over; files without a commit are never read.
+
+        >>> import pyarrow as pa, arrowload as al, tempfile
+        >>> ds = al.dataset(pa.table({"x": [1, 2, 3]}))
+        >>> cached = ds.map(lambda b: b, name="identity-v1").cache(tempfile.mkdtemp())
+        >>> cached.to_arrow().column("x").to_pylist()
+        [1, 2, 3]
+        """
+        from .plancache import CachedSource, Entry, Store
+        if format not in ("parquet", "ipc"):
+            raise InvalidArgumentError(f"cache(format=...) takes 'parquet' or 'ipc', got {format!r}", "format")
+        if key is not None and (not isinstance(key, str) or not key):
+            raise ArgumentTypeError(f"cache(key=...) takes a non-empty string naming the version of the "
+                                    f"plan (e.g. key='tokenize-v2'), got {key!r}", "key")
+        if isinstance(wait_timeout, bool) or not isinstance(wait_timeout, (int, float)) or wait_timeout < 0:
+            raise InvalidArgumentError(f"cache(wait_timeout=...) takes seconds >= 0, got {wait_timeout!r}",
+                                       "wait_timeout")
+        if uri is not None and not isinstance(uri, (str, os.PathLike)):
+            raise ArgumentTypeError(f"cache(uri=...) takes a folder or URI, got {type(uri).__name__}", "uri")
+        entry = Entry(self._plan, self._options, Store(uri, storage_options), format, key, float(wait_timeout))
+        return self._with(Scan(CachedSource(entry)))
+
     def loader(self, batch_size: int | None = None, *, options: LoaderOptions | None = None,
                shuffle: bool | str = DEFAULT, seed: int = DEFAULT,
                drop_last: bool = DEFAULT, rank: int | None = DEFAULT, world_size: int | None = DEFAULT,
@@ -208,11 +255,26 @@ class Dataset:
 
     def explain(self) -> str:
         """The plan before and after optimization, which rules changed it, and per scan the
-        files / row groups / columns / bytes kept vs total (from footers; no data is read)."""
+        files / row groups / columns / bytes kept vs total (from footers; no data is read).
+        A cached selection (``cache()``) says whether its entry exists ("cache hit: <uri>,
+        N rows, written <time>" / "cache miss: will write <uri>"); explaining never writes."""
+        from .plancache import CacheMissError, CachedSource, peeking
+        lines = ["== logical plan =="] + _explain.render_tree(self._plan)
+        for s in scans(self._plan):
+            if isinstance(s.source, CachedSource):
+                lines += ["", f"== plan cache {s.source.entry.key[:12]} ==", "  " + s.source.status(),
+                          "  cached plan:"] + ["    " + t for t in _explain.render_tree(s.source.entry.plan)]
+        with peeking():
+            try:
+                return "\n".join(lines + self._explain_optimized())
+            except CacheMissError:
+                return "\n".join(lines + ["", "== optimized plan ==",
+                                          "  (planned over the cached files once they are written)"])
+
+    def _explain_optimized(self) -> list[str]:
         steps = optimize_steps(self._plan, self._options.optimizer)
         final = steps[-1][1] if steps else self._plan
-        lines = ["== logical plan =="] + _explain.render_tree(self._plan)
-        lines += ["", "== optimized plan =="] + _explain.render_tree(final)
+        lines = ["", "== optimized plan =="] + _explain.render_tree(final)
         changed = []
         prev = self._plan
         for name, after in steps:
@@ -233,7 +295,7 @@ class Dataset:
                 from .scan.duck import explain as duck_explain
                 lines += ["", "== duckdb physical plan (filters / projections pushed into each scan) =="]
                 lines.append(duck_explain(node, self._options, execute.PLAN_READER))
-        return "\n".join(lines)
+        return lines
 
     # -- results ----------------------------------------------------------
     def count(self) -> int:
@@ -302,11 +364,15 @@ class Dataset:
         """Schema, sources (files / row groups / rows / bytes), what the plan pushes into
         the scan, and the plan; from footers only, never raises."""
         from .display import dataset_text
-        return dataset_text(self)
+        from .plancache import peeking
+        with peeking():  # a display never writes a cache entry
+            return dataset_text(self)
 
     def _repr_html_(self) -> str:
         from .display import dataset_html
-        return dataset_html(self)
+        from .plancache import peeking
+        with peeking():
+            return dataset_html(self)
 
 
 def sql(query: str, *, external_access: bool = True, **tables: Any) -> Dataset:

@@ -6,6 +6,8 @@
     arrowload sql "SELECT country, count(*) FROM events GROUP BY 1" --table events=PATH
     arrowload explain PATH --columns f0,label --filter "country = 'US'"
     arrowload bench PATH --columns f0,f1,label --batch-size 1024 --shuffle block
+    arrowload cache ls [URI]                # plan cache entries (Dataset.cache())
+    arrowload cache clear [URI] [--older-than DAYS] [KEY ...]
 
 Exit status: 0 on success, 2 on a usage error or an arrowload error (one line on
 stderr, ``arrowload: error: ...``), 1 on an unexpected error (``--traceback`` shows it).
@@ -453,6 +455,75 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- cache -------------------------------------------------------------------------------
+
+def _when(t) -> str:
+    return t.astimezone().strftime("%Y-%m-%d %H:%M") if t is not None else ""
+
+
+def _cache_ls(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from arrowload.plancache import Store, cache_entries
+    options = _storage_options(args.storage_option)
+    entries = cache_entries(args.uri, storage_options=options)
+    where = Store(args.uri, options)
+    root = where.url(where.join("plans"))
+    if not entries:
+        print(f"no plan cache entries under {root}")
+        return 0
+    width = terminal_width()
+    frame = pl.DataFrame({
+        "key": [e.key[:12] for e in entries],
+        "state": [e.state for e in entries],
+        "rows": [f"{e.rows:,}" if e.rows is not None else "" for e in entries],
+        "bytes": [_fmt_bytes(e.bytes) for e in entries],
+        "written": [_when(e.written_at) for e in entries],
+        "snapshot": [(e.snapshot or "")[:8] for e in entries],
+        "plan": [(e.name + ": " if e.name else "") + (e.summary or "") for e in entries],
+    })
+    text, dropped = fit_table(frame, width, drop=("snapshot",), drop_late=("state",), wide=("plan",))
+    total = sum(e.bytes for e in entries)
+    count = f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+    print(_wrap(f"{count} under {root}, "
+                f"{_fmt_bytes(total)}", width, indent=""))
+    print(text)
+    if dropped:
+        print(_wrap(f"(left out to fit {width} columns: {', '.join(dropped)})", width, indent=""))
+    return 0
+
+
+def _cache_clear(args: argparse.Namespace) -> int:
+    from arrowload.plancache import cache_entries, clear_cache
+    options = _storage_options(args.storage_option)
+    before = cache_entries(args.uri, storage_options=options)
+    removed = clear_cache(args.uri, keys=args.keys or None, older_than=args.older_than,
+                          storage_options=options)
+    busy = [e for e in before if e.state == "writing" and (not args.keys or
+                                                         any(e.key.startswith(k) for k in args.keys))]
+    freed = sum(e.bytes for e in removed)
+    print(f"removed {len(removed)} plan cache entr{'y' if len(removed) == 1 else 'ies'} ({_fmt_bytes(freed)})")
+    for e in removed:
+        print(f"  {e.key[:12]}  {e.state}")
+    if busy:
+        print(f"left {len(busy)} being written: " + ", ".join(e.key[:12] for e in busy))
+    return 0
+
+
+def _looks_like_key(text: str) -> bool:
+    return bool(re.fullmatch(r"[0-9a-f]{6,32}", text)) and not os.path.exists(text)
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected days >= 0, got {value}")
+    return value
+
+
 # -- errors ------------------------------------------------------------------------------
 
 # Fixes named in Python terms -> the same fix on the command line.
@@ -618,12 +689,38 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-baseline", action="store_true", help="skip the raw pyarrow scan")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.set_defaults(func=_bench)
+
+    cache = sub.add_parser("cache", help="list or clear the plan cache (Dataset.cache())",
+                           description="Entries written by Dataset.cache(): one per plan and snapshot "
+                                       "of its sources. URI: the cache root (default: $ARROWLOAD_CACHE_DIR, "
+                                       "else $XDG_CACHE_HOME/arrowload, else ~/.cache/arrowload).")
+    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ls = actions.add_parser("ls", help="list entries: key, state, rows, bytes, written at, snapshot, plan")
+    ls.add_argument("uri", metavar="URI", nargs="?", help="cache root: a folder or s3://bucket/prefix")
+    ls.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                    help="an option of a remote URI's filesystem (repeatable)")
+    ls.set_defaults(func=_cache_ls)
+    clear = actions.add_parser("clear", help="remove entries (all, or by key, or by age)",
+                               description="Remove plan cache entries: those named by KEY (a key or its "
+                                           "first digits, as `cache ls` shows them), else all; with "
+                                           "--older-than only those written more than DAYS ago. Entries "
+                                           "being written are left alone; a crashed writer's leftovers "
+                                           "are removed by any clear.")
+    clear.add_argument("uri", metavar="URI", nargs="?",
+                       help="cache root (a folder or s3://...); a KEY alone is read as a key")
+    clear.add_argument("keys", metavar="KEY", nargs="*", help="entries to remove (default: all)")
+    clear.add_argument("--older-than", type=_days, metavar="DAYS", help="only entries written more than DAYS ago")
+    clear.add_argument("--storage-option", action="append", metavar="KEY=VALUE",
+                       help="an option of a remote URI's filesystem (repeatable)")
+    clear.set_defaults(func=_cache_clear)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors exit 2 here, with the usage line
+    if getattr(args, "action", None) == "clear" and args.uri is not None and _looks_like_key(args.uri):
+        args.keys, args.uri = [args.uri, *args.keys], None  # `cache clear KEY`: the default root
     try:
         return args.func(args)
     except _UsageError as exc:

@@ -228,3 +228,15 @@ class QueryError(ArrowloadError, RuntimeError):
 class InternalError(ArrowloadError, RuntimeError):
     """An invariant arrowload relies on did not hold: a bug in arrowload, not in the
     caller's data or arguments. Please report it with the traceback."""
+
+
+class UncacheablePlanError(ArrowloadError, ValueError):
+    """``Dataset.cache()`` was asked to cache a plan whose identity arrowload cannot compute
+    (a ``map()`` without a ``name``: a function's code cannot be fingerprinted); the message
+    says how to name it (``map(fn, name="fn-v1")`` or ``cache(key="v1")``)."""
+
+
+class CacheLockTimeoutError(_PathMessage, ArrowloadError, TimeoutError):
+    """Waiting for another writer of a plan cache entry took longer than allowed; the
+    message names the lock, its holder and how to go on (wait longer, or remove the lock
+    of a writer that is gone)."""

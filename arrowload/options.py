@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 from .errors import ArgumentTypeError, InvalidArgumentError
 
 
 def default_cache_dir() -> str:
-    """``$ARROWLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/arrowload``, else ``~/.cache/arrowload``."""
-    import os
+    """``$ARROWLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/arrowload``, else ``~/.cache/arrowload``:
+    where the loader's caches and ``Dataset.cache()``'s entries go when no place is given."""
     env = os.environ.get("ARROWLOAD_CACHE_DIR")
     if env:
         return env

@@ -54,7 +54,7 @@ def _validator_for(path: str):
 
 def test_every_format_is_complete():
     assert {os.path.basename(os.path.dirname(d)) for d in VERSION_DIRS} >= \
-        {"loader_state", "selection_index", "ra_cache"}
+        {"loader_state", "selection_index", "ra_cache", "plan_cache", "plan_cache_lock"}
     for d in VERSION_DIRS:
         name, version = os.path.basename(os.path.dirname(d)), os.path.basename(d)
         assert re.fullmatch(r"v\d+", version)
@@ -308,11 +308,13 @@ def test_v1_block_states_are_refused_mid_epoch_only():
 
 def _reader(path: str):
     from arrowload.pipeline import documents
+    from arrowload.plancache import documents as plan_cache
     name = os.path.basename(os.path.dirname(os.path.dirname(os.path.dirname(path))))
-    return {"selection_index": documents.read_selection_index, "ra_cache": documents.read_ra_manifest}[name]
+    return {"selection_index": documents.read_selection_index, "ra_cache": documents.read_ra_manifest,
+            "plan_cache": plan_cache.read_commit, "plan_cache_lock": plan_cache.read_lock}[name]
 
 
-CACHE_DOCS = [p for name in ("selection_index", "ra_cache")
+CACHE_DOCS = [p for name in ("selection_index", "ra_cache", "plan_cache", "plan_cache_lock")
               for p in sorted(glob.glob(os.path.join(ROOT, name, "v1", "*", "*.json")))]
 
 
@@ -321,6 +323,9 @@ def test_cache_documents_through_their_readers(path):
     doc = _load(path)
     if os.path.basename(os.path.dirname(path)) == "examples":
         value = _reader(path)(doc, path)
+        if hasattr(value, "to_doc"):  # plan cache documents: read, then written, give the same document
+            assert value.to_doc() == doc
+            return
         assert {k: getattr(value, k) for k in doc if k not in ("format", "version")} == \
             {k: tuple(v) if isinstance(v, list) else v for k, v in doc.items() if k not in ("format", "version")}
     else:
@@ -330,6 +335,25 @@ def test_cache_documents_through_their_readers(path):
     bad_version = _reader(path)
     with pytest.raises(al.UnsupportedError, match="version 2"):
         bad_version(dict(doc, version=2), path)
+
+
+def test_plan_cache_documents_written_validate(lake, tmp_path):
+    """The commit and the writer's lock, as the code writes them, validate; the lock is read
+    while the entry is written (from inside the map)."""
+    root = str(tmp_path / "cache")
+    locks = []
+
+    def peek(batch):
+        if batch.num_rows and not locks:
+            locks.extend(_load(p) for p in glob.glob(os.path.join(root, "plans", "*", "writer.lock")))
+        return batch
+
+    al.dataset(lake).map(peek, name="peek-v1").cache(root).count()
+    [commit] = glob.glob(os.path.join(root, "plans", "*", "commit.json"))
+    validator("plan_cache").validate(_load(commit))
+    assert len(locks) == 1
+    validator("plan_cache_lock").validate(locks[0])
+    assert locks[0]["key"] == _load(commit)["key"] == os.path.basename(os.path.dirname(commit))
 
 
 # the fingerprint ignores SQL spelling (keyword / unquoted-name case, spaces, redundant

@@ -37,7 +37,7 @@ import pyarrow as pa
 from .. import progress as _progress
 from ..errors import ArrowloadError, InternalError, MemoryBudgetError, SnapshotChangedError
 from ..jsondoc import write_atomic
-from ..options import Options, usable_cores
+from ..options import Options, default_cache_dir, usable_cores  # noqa: F401 - re-exported
 from ..optimize import optimize
 from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint

@@ -218,8 +218,16 @@ def _scalar_query(node: SqlQuery, query: str, options: Options, reader: PlanRead
 
 def result_schema(node: Query, reader: PlanReader) -> pa.Schema:
     """The schema of ``node``'s result, as DuckDB binds it (no row is read); binding
-    errors (unknown columns, types) raise here, at the call that wrote the query."""
-    con = _connect(node, Options(), reader)
+    errors (unknown columns, types) raise here, at the call that wrote the query. Each
+    table is bound as an empty table of its schema: binding needs types only, so no source
+    is opened (no footer fetched, no cached dataset written) before the query runs."""
+    con = connect(node.external_access)
+    try:
+        for name, child in zip(node.names, node.tables):
+            con.register(name, child.schema.empty_table())
+    except BaseException:
+        con.close()
+        raise
     try:
         schema = con.sql(f"SELECT * FROM ({node.query}) AS q LIMIT 0").to_arrow_table().schema
         # the subquery renamed repeated names (``user_id_1``); the stream keeps DuckDB's own
