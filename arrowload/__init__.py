@@ -6,7 +6,7 @@
 """
 
 from . import sql as _sql_package  # noqa: F401 - load before `sql` below shadows the name
-from .api import Dataset, dataset, sql
+from .api import Dataset, dataset, delta, sql
 from .errors import (
     AmbiguousColumnError,
     ArgumentTypeError,
@@ -35,6 +35,7 @@ from .errors import (
     StorageRetryError,
     TableNotFoundError,
     UnsupportedError,
+    UnsupportedTableFeatureError,
 )
 from .options import OptimizerOptions, Options, ScanOptions
 from .pipeline.options import LoaderOptions
@@ -77,7 +78,9 @@ __all__ = sorted([
     "StorageRetryError",
     "TableNotFoundError",
     "UnsupportedError",
+    "UnsupportedTableFeatureError",
     "dataset",
+    "delta",
     "progress_enabled",
     "set_progress",
     "sql",

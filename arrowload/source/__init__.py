@@ -8,13 +8,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from ..errors import ArgumentTypeError, InvalidArgumentError
+import pyarrow.fs as pafs
+
+from ..errors import ArgumentTypeError, InvalidArgumentError, LakeTableError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
 from .filesystem import (_GLOB_CHARS, FileEntry, check_path, file_entry, filesystem_for,
                          list_files, protocol_of, to_pyarrow_fs)
-from .lake import refuse_lake_table
+from .lake import detect_lake_table, refuse_lake_table
 from .memory import MemorySource
 
 __all__ = ["FileSource", "MemorySource", "Source", "Unit", "open_source"]
@@ -80,6 +82,18 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         pafs, _ = filesystem_for(paths[0], storage_options)
         list_fs, _ = filesystem_for(paths[0], storage_options, listing=True)
         stripped = [filesystem_for(p, storage_options)[1] for p in paths]
+    if len(paths) == 1 and not (_GLOB_CHARS & set(stripped[0])):
+        table = _delta_root(list_fs, stripped[0], scan_options)
+        if table is not None:
+            # a Delta table's own folder: read through its log (al.delta), latest version
+            if filesystem is not None or format not in (None, "parquet") or partitioning is not None:
+                raise LakeTableError(
+                    f"{paths[0]!r} is a Delta Lake table folder: open it with al.delta({paths[0]!r}, "
+                    "storage_options=...) or al.dataset() without filesystem= / format= / "
+                    "partitioning= (the table's log says where its files are and how they are typed)",
+                    path=paths[0], table_format="delta", table_root=table)
+            from .delta import open_delta
+            return open_delta(paths[0], storage_options=storage_options, scan_options=scan_options)
     entries: dict[str, FileEntry] = {}
     bases = []
     for p, url in zip(stripped, paths):
@@ -100,6 +114,19 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
     base = bases[0] if len(set(bases)) == 1 else os.path.commonpath(bases)
     display = paths[0] if len(paths) == 1 else f"{len(paths)} paths ({paths[0]}, ...)"
     return FileSource(pafs, all_entries, fmt, base, display, partitioning, scan_options)
+
+
+def _delta_root(fs, path: str, scan_options: ScanOptions) -> str | None:
+    """``path`` when it is a Delta table's root folder (it holds ``_delta_log/``), else None
+    (a folder inside a table is refused later, with the other lake-table checks)."""
+    try:
+        info = fs.get_file_info(f"{path.rstrip('/')}/_delta_log")
+    except OSError:
+        return None
+    if info.type != pafs.FileType.Directory:
+        return None
+    found = detect_lake_table(fs, path, retries=scan_options.retries, backoff=scan_options.retry_backoff_s)
+    return path if found is not None and found[0] == "delta" else None
 
 
 def _path_list(source: Any) -> list:
