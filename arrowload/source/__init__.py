@@ -16,7 +16,7 @@ from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
 from .filesystem import (_GLOB_CHARS, FileEntry, check_path, file_entry, filesystem_for,
                          list_files, protocol_of, to_pyarrow_fs)
-from .lake import detect_lake_table, refuse_lake_table
+from .lake import refuse_lake_table
 from .memory import MemorySource
 
 __all__ = ["FileSource", "MemorySource", "Source", "Unit", "open_source"]
@@ -82,24 +82,22 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         pafs, _ = filesystem_for(paths[0], storage_options)
         list_fs, _ = filesystem_for(paths[0], storage_options, listing=True)
         stripped = [filesystem_for(p, storage_options)[1] for p in paths]
-    if len(paths) == 1 and not (_GLOB_CHARS & set(stripped[0])):
-        table = _delta_root(list_fs, stripped[0], scan_options)
-        if table is not None:
-            # a Delta table's own folder: read through its log (al.delta), latest version
-            if filesystem is not None or format not in (None, "parquet") or partitioning is not None:
-                raise LakeTableError(
-                    f"{paths[0]!r} is a Delta Lake table folder: open it with al.delta({paths[0]!r}, "
-                    "storage_options=...) or al.dataset() without filesystem= / format= / "
-                    "partitioning= (the table's log says where its files are and how they are typed)",
-                    path=paths[0], table_format="delta", table_root=table)
-            from .delta import open_delta
-            return open_delta(paths[0], storage_options=storage_options, scan_options=scan_options)
     entries: dict[str, FileEntry] = {}
     bases = []
     for p, url in zip(stripped, paths):
         base, found = list_files(list_fs, p, retries=scan_options.retries,
                                  backoff=scan_options.retry_backoff_s, url=url)
         if _GLOB_CHARS & set(p) or not (len(found) == 1 and found[0].path == p):
+            if len(paths) == 1 and not (_GLOB_CHARS & set(p)) and _is_delta_root(list_fs, base):
+                # a Delta table's own folder: read through its log (al.delta), latest version
+                if filesystem is not None or format not in (None, "parquet") or partitioning is not None:
+                    raise LakeTableError(
+                        f"{url!r} is a Delta Lake table folder: open it with al.delta({url!r}, "
+                        "storage_options=...) or al.dataset() without filesystem= / format= / "
+                        "partitioning= (the table's log says where its files are and how they are typed)",
+                        path=url, table_format="delta", table_root=base)
+                from .delta import open_delta
+                return open_delta(url, storage_options=storage_options, scan_options=scan_options)
             # a folder or glob (not a file the caller named): refuse lake table folders
             refuse_lake_table(list_fs, base, url, retries=scan_options.retries,
                               backoff=scan_options.retry_backoff_s)
@@ -116,17 +114,14 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
     return FileSource(pafs, all_entries, fmt, base, display, partitioning, scan_options)
 
 
-def _delta_root(fs, path: str, scan_options: ScanOptions) -> str | None:
-    """``path`` when it is a Delta table's root folder (it holds ``_delta_log/``), else None
-    (a folder inside a table is refused later, with the other lake-table checks)."""
+def _is_delta_root(fs, folder: str) -> bool:
+    """Whether the listed ``folder`` is a Delta table's root (it holds ``_delta_log/``; a
+    folder inside a table is refused by ``refuse_lake_table``)."""
     try:
-        info = fs.get_file_info(f"{path.rstrip('/')}/_delta_log")
+        info = fs.get_file_info(f"{folder.rstrip('/')}/_delta_log")
     except OSError:
-        return None
-    if info.type != pafs.FileType.Directory:
-        return None
-    found = detect_lake_table(fs, path, retries=scan_options.retries, backoff=scan_options.retry_backoff_s)
-    return path if found is not None and found[0] == "delta" else None
+        return False
+    return info.type == pafs.FileType.Directory
 
 
 def _path_list(source: Any) -> list:
