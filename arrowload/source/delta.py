@@ -224,7 +224,8 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
             values[c] = _partition_value(raw, schema.field(c).type)
         files.append((path, sizes[i], values, deleted.get(rel)))
     return DeltaSource(fs, root, files, schema=schema, partition_columns=partition_cols, renames=renames,
-                       table={"format": "delta", "uri": uri, "version": int(table.version())},
+                       table={"format": "delta", "uri": root if isinstance(fs, pafs.LocalFileSystem) else
+                              uri.rstrip("/"), "version": int(table.version())},  # one spelling per table
                        scan_options=scan_options)
 
 
