@@ -6,7 +6,7 @@
 """
 
 from . import sql as _sql_package  # noqa: F401 - load before `sql` below shadows the name
-from .api import Dataset, dataset, sql
+from .api import Dataset, dataset, delta, sql
 from .errors import (
     AmbiguousColumnError,
     ArgumentTypeError,
@@ -37,6 +37,7 @@ from .errors import (
     TableNotFoundError,
     UncacheablePlanError,
     UnsupportedError,
+    UnsupportedTableFeatureError,
 )
 from .options import OptimizerOptions, Options, ScanOptions
 from .pipeline.options import LoaderOptions
@@ -83,9 +84,11 @@ __all__ = sorted([
     "TableNotFoundError",
     "UncacheablePlanError",
     "UnsupportedError",
+    "UnsupportedTableFeatureError",
     "cache_entries",
     "clear_cache",
     "dataset",
+    "delta",
     "progress_enabled",
     "set_progress",
     "sql",

@@ -427,3 +427,39 @@ def dataset(source: Any, *, format: str | None = None, partitioning: Any = None,
     src = open_source(source, format=format, partitioning=partitioning, filesystem=filesystem,
                       storage_options=storage_options, scan_options=options.scan)
     return Dataset(Scan(src), options)
+
+
+def delta(uri: str | Any, *, version: int | None = None, timestamp: Any = None,
+          storage_options: dict | None = None, options: Options | None = None) -> Dataset:
+    """Open a Delta Lake table at a pinned version as a lazy Dataset.
+
+    ``uri``: the table's root folder (local path or ``s3://`` / ``gs://`` / ``az://`` URI).
+    ``version``: a table version (int); ``timestamp``: a ``datetime`` (naive = UTC) or ISO
+    8601 string, the latest version committed at or before it; neither: the latest
+    version. ``storage_options``: as for :func:`dataset` (s3fs-style ``key`` / ``secret``
+    / ``endpoint_url`` serve the log reader too; upper-case ``AWS_*`` keys go to
+    ``deltalake`` only).
+
+    The version's log (read now, by ``deltalake``) says which files are live, their
+    partition values and the rows deletion vectors remove; arrowload reads those files
+    itself, with the same pruning, counts and loader as any Parquet source: deleted rows
+    never appear (``count()``, ``len(loader)`` exact), column-mapped tables read by their
+    logical names, a column added later reads as nulls in older files. A reader feature
+    arrowload cannot honour raises :class:`~arrowload.errors.UnsupportedTableFeatureError`.
+    ``explain()`` and ``repr()`` name the table and its version. ``al.dataset(uri)`` on a
+    Delta table's folder is ``al.delta(uri)``.
+
+    >>> t = al.delta("s3://bucket/events", version=12)     # doctest: +SKIP
+    >>> t.filter("day >= DATE '2024-01-01'").loader(1024, shuffle=True)  # doctest: +SKIP
+    """
+    if options is not None and not isinstance(options, Options):
+        raise ArgumentTypeError(f"al.delta(options=...) takes an al.Options, got {type(options).__name__}",
+                                "options")
+    if not isinstance(uri, (str, os.PathLike)):
+        raise ArgumentTypeError(f"al.delta() takes the table's path or URI, got {type(uri).__name__}", "uri")
+    from .source.delta import open_delta
+    from .source.filesystem import check_path
+    options = options or Options()
+    src = open_delta(check_path(os.fspath(uri)), version=version, timestamp=timestamp,
+                     storage_options=storage_options, scan_options=options.scan)
+    return Dataset(Scan(src), options)

@@ -141,11 +141,13 @@ class _Acc:
             else self.uncompressed + uncompressed
 
 
-def _leaf_index(meta) -> dict[str, list[int]]:
+def _leaf_index(meta, names=None) -> dict[str, list[int]]:
+    """Leaf column indices per top-level column, by the source's names (``names``: a
+    file's column name -> the source's, where they differ: Delta column mapping)."""
     from .source.footer import leaf_columns
     out: dict[str, list[int]] = {}
     for c, name in enumerate(leaf_columns(meta)):
-        out.setdefault(name, []).append(c)
+        out.setdefault(names.get(name, name) if names else name, []).append(c)
     return out
 
 
@@ -179,11 +181,12 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
     indexes: dict[int, dict[str, list[int]]] = {}
     types = {f.name: f.type for f in src.schema}
     footer_check = getattr(src, "footer_check", None)
+    names = {p: c for c, p in src.column_renames.items()}
     for u in units:
         meta = file_meta(u.file) if parquet else None
         check = footer_check(u.file) if meta is not None and footer_check is not None else None
         if meta is not None and u.file not in indexes:
-            indexes[u.file] = _leaf_index(meta)
+            indexes[u.file] = _leaf_index(meta, names)
         rg = meta.row_group(u.row_group) if meta is not None and u.row_group is not None else None
         for c, acc in accs.items():
             if c in part_names:
@@ -225,7 +228,9 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
                 acc.nulls = None
                 acc.no_minmax()
                 continue
-            acc.add_nulls(stats.null_count if stats.has_null_count else None)
+            # a deletion vector's rows are in the footer's counts: min / max still bound the
+            # live rows, the null count does not count them
+            acc.add_nulls(stats.null_count if stats.has_null_count and not u.deleted else None)
             acc.distinct.append(stats.distinct_count if getattr(stats, "has_distinct_count", False) else None)
             if stats.has_min_max:
                 try:
@@ -368,6 +373,9 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
                 rec["source"] += ", before filter"
             if acc.unreadable:
                 rec["source"] = f"{SOURCE_UNREADABLE}: {acc.unreadable}"
+        table_line = getattr(scan.source, "table_line", None) if scan is not None else None
+        if table_line is not None:  # a lake table: which version, files and deleted rows
+            rec["source"] += f" ({table_line(scan.selected_units())})"
         records.append(rec)
     return pl.DataFrame(records, schema={
         "column": pl.String, "type": pl.String, "rows": pl.Int64, "null_count": pl.Int64,

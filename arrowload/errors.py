@@ -182,6 +182,16 @@ class LakeTableError(ArrowloadError, ValueError):
         self.path, self.table_format, self.table_root = path, table_format, table_root
 
 
+class UnsupportedTableFeatureError(ArrowloadError, NotImplementedError):
+    """A lake table uses a reader feature arrowload cannot honour (reading its files
+    without it would return wrong rows). ``feature`` names it (a Delta protocol feature
+    name such as ``"variantType"``, or ``"minReaderVersion 4"``)."""
+
+    def __init__(self, message: str, *, feature: str | None = None) -> None:
+        super().__init__(message)
+        self.feature = feature
+
+
 class AmbiguousColumnError(ArrowloadError, KeyError):
     """A column name that several columns of a file share was selected, filtered or read.
 

@@ -1,4 +1,6 @@
-"""Lake table folders (Delta Lake, Iceberg) are refused, never read as plain Parquet.
+"""Lake table folders (Delta Lake, Iceberg) are never read as plain Parquet: a Delta
+table's root folder is read through its log (``al.delta``, tests/test_delta.py), a folder
+inside one and Iceberg folders are refused.
 
 The tables are written by the real libraries (``deltalake``; ``pyiceberg`` with a
 ``SqlCatalog`` on sqlite in a temporary folder), with overwrites and deletes, so the
@@ -62,9 +64,16 @@ def test_delta_fixture_has_dead_rows(delta_table):
     assert _folder_rows(delta_table) > 5  # what reading the folder as Parquet would return
 
 
-@pytest.mark.parametrize("where", ["table", "partition", "glob"])
+def test_delta_table_folder_reads_its_live_rows(delta_table):
+    from deltalake import DeltaTable
+    got = al.dataset(delta_table).to_arrow()
+    assert sorted(got.column("id").to_pylist()) == \
+        sorted(DeltaTable(delta_table).to_pyarrow_table().column("id").to_pylist())
+
+
+@pytest.mark.parametrize("where", ["partition", "glob"])
 def test_delta_folder_is_refused(delta_table, where):
-    path = {"table": delta_table, "partition": os.path.join(delta_table, "part=a"),
+    path = {"partition": os.path.join(delta_table, "part=a"),
             "glob": os.path.join(delta_table, "*", "*.parquet")}[where]
     with pytest.raises(al.LakeTableError) as info:
         al.dataset(path)
@@ -74,7 +83,7 @@ def test_delta_folder_is_refused(delta_table, where):
     assert os.path.samefile(err.table_root, delta_table)
     msg = str(err)
     assert "Delta Lake" in msg and "_delta_log" in msg and "deleted and overwritten rows" in msg
-    assert "al.delta()" in msg and path in msg
+    assert "al.delta(" in msg and path in msg
 
 
 def test_delta_live_files_listed_explicitly_still_read(delta_table):
@@ -113,7 +122,7 @@ def test_plain_parquet_folder_with_metadata_json_is_not_a_table(tmp_path, assert
 
 
 def test_delta_table_on_s3_is_refused(delta_table):
-    """Through a real S3 API (moto on loopback): the table folder and a partition."""
+    """Through a real S3 API (moto on loopback): a partition and a glob inside the table."""
     import s3fs
     with moto_s3_server() as url:
         s3 = s3fs.S3FileSystem(endpoint_url=url, key="testing", secret="testing",
@@ -124,6 +133,6 @@ def test_delta_table_on_s3_is_refused(delta_table):
                 rel = os.path.relpath(os.path.join(folder, name), delta_table).replace(os.sep, "/")
                 s3.put_file(os.path.join(folder, name), f"lakes/events/{rel}")
         options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
-        for uri in ("s3://lakes/events", "s3://lakes/events/part=b/"):
+        for uri in ("s3://lakes/events/part=b/", "s3://lakes/events/*/*.parquet"):
             with pytest.raises(al.LakeTableError, match="Delta Lake"):
                 al.dataset(uri, storage_options=options)

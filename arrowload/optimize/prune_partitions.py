@@ -20,7 +20,7 @@ def _prune(scan: Scan) -> Scan:
     units = scan.selected_units()
     files_before = sorted({u.file for u in units})
     expr = scan.predicate.to_arrow(src.schema, predicate=True)
-    kept_paths = {f.path for f in src.dataset(scan.units, statistics=False).get_fragments(filter=expr)}
+    kept_paths = {f.path for f in src.statistics_dataset(scan.units, statistics=False).get_fragments(filter=expr)}
     kept = tuple(u.index for u in units if u.path in kept_paths)
     files_after = len({u.file for u in units if u.path in kept_paths})
     return scan.keep_units(kept, "prune_partitions", f"files {len(files_before)} -> {files_after}")

@@ -45,11 +45,14 @@ def _plausible(stats) -> bool:
         return False
 
 
-def sound_columns(fragment, schema: pa.Schema, columns, implausible: set[str] | None = None) -> set[str]:
+def sound_columns(fragment, schema: pa.Schema, columns, implausible: set[str] | None = None, *,
+                  renamed=()) -> set[str]:
     """The columns among ``columns`` whose statistics in ``fragment`` (a Parquet file or a
     subset of its row groups) may be used to prune. Partition columns are always sound
     (their values come from folder names, not statistics). Columns left out because their
-    statistics are implausible are added to ``implausible``."""
+    statistics are implausible are added to ``implausible``. ``renamed`` columns (stored
+    under another name in the files: Delta column mapping) are never sound here: pyarrow
+    would take them for missing columns, all null."""
     out = set()
     try:
         md = fragment.metadata
@@ -60,6 +63,8 @@ def sound_columns(fragment, schema: pa.Schema, columns, implausible: set[str] | 
     except Exception:  # noqa: BLE001 - a damaged footer: prune nothing in this file
         return out
     for name in columns:
+        if name in renamed:
+            continue
         if name not in file_names:
             out.add(name)  # a partition column (or missing: pyarrow fills nulls, no stats used)
             continue
@@ -122,11 +127,11 @@ def _prune(scan: Scan) -> Scan:
     unreadable = {f for f in {u.file for u in units} if check is not None and not check(f).ok}
     keep: set[tuple[str, int]] = {(u.path, u.row_group) for u in units if u.file in unreadable}
     prunable = tuple(u.index for u in units if u.file not in unreadable)
-    dataset = src.dataset(scan.units if not unreadable else prunable)
+    dataset = src.statistics_dataset(scan.units if not unreadable else prunable)
     distrusted: dict[str, int] = {}
     for frag in (dataset.get_fragments() if prunable else ()):
         bad: set[str] = set()
-        sound = sound_columns(frag, schema, scan.predicate.columns, bad)
+        sound = sound_columns(frag, schema, scan.predicate.columns, bad, renamed=src.column_renames)
         for name in bad:
             distrusted[name] = distrusted.get(name, 0) + 1
         usable = [e for c, e in parts if c.columns <= sound and _nan_false(c, schema)]

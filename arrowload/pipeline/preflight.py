@@ -104,6 +104,8 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
     source = scan.source
     if not getattr(source, "has_statistics", False) or not hasattr(source, "file_metadata"):
         return
+    if source.column_renames:  # the footers name the files' columns, not the source's
+        return
     lists = set(unpadded_lists(schema, opts))
     # output column -> the source column it passes through unchanged (computed ones are left
     # to the per-read checks)
@@ -118,8 +120,8 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
     widths: dict[str, tuple[int, str]] = {}
     columns: dict[int, list[tuple[int, str, pa.Field]]] = {}  # per file: (index, path, output field)
     for unit in scan.selected_units():
-        if unit.row_group is None:
-            continue
+        if unit.row_group is None or unit.deleted:
+            continue  # (a deletion vector removes rows the footer still counts)
         if unit.file not in columns and hasattr(source, "refuse_unreadable"):
             # encrypted / damaged column metadata aborts pyarrow's accessors: a typed error now
             source.refuse_unreadable([unit.file])

@@ -117,6 +117,9 @@ def render_scan_stats(scan: Scan) -> list[str]:
     if s["rows"] is not None:
         lines.append(f"  rows        {s['rows']} before the filter" if scan.predicate is not None
                      else f"  rows        {s['rows']}")
+    table_line = getattr(scan.source, "table_line", None)
+    if table_line is not None:
+        lines.append(f"  table       {table_line(scan.selected_units())}")
     for rule, what in scan.notes:
         lines.append(f"  {rule:<18} {what}")
     for what in unreadable_footers(scan.source):

@@ -95,6 +95,8 @@ class _Base:
         self.schema = self.source.schema
         self._types = {f.name: f.type for f in reversed(list(self.schema))}  # a repeated name: its first
         self.partitions = frozenset(self.source.partition_schema.names)
+        # a column's name in the files where it differs (Delta column mapping)
+        self._renames = dict(getattr(self.source, "column_renames", {}))
         self._lock = threading.Lock()
         self._facts: dict[int, _FileFacts | None] = {}
         self._plans: dict[tuple[int, tuple[str, ...]], tuple | None] = {}
@@ -115,21 +117,27 @@ class _Base:
 
     def _conform(self, table: pa.Table | None, n: int, unit: Unit, columns: Sequence[str],
                  facts: _FileFacts) -> pa.Table:
-        """``columns`` of ``table`` (the file's columns read) cast to the unified types,
-        partition values and nulls for the others; ``n`` rows."""
+        """``columns`` of ``table`` (the file's columns read, by their names in the file)
+        cast to the unified types, partition values and nulls for the others; ``n`` rows,
+        all the unit's physical rows: the rows a deletion vector removes are dropped here,
+        the one place every fast decoder's read passes."""
         if not columns:
-            return empty_columns(n)
+            return empty_columns(n - unit.deleted)
         arrays = []
         for c in columns:
             t = self._types[c]
+            p = self._renames.get(c, c)
             if c in self.partitions:
                 arrays.append(_constant(unit.partition.get(c), n, t))
-            elif c in facts.types:
-                col = table.column(c)
+            elif p in facts.types:
+                col = table.column(p)
                 arrays.append(col if col.type.equals(t) else col.cast(t))
             else:
                 arrays.append(pa.nulls(n, t))
-        return pa.Table.from_arrays(arrays, names=list(columns))
+        out = pa.Table.from_arrays(arrays, names=list(columns))
+        if unit.deleted:
+            out = out.filter(self.source.keep_mask(unit, n))
+        return out
 
 
 class DatasetDecoder(_Base):
@@ -154,7 +162,7 @@ class DatasetDecoder(_Base):
         return True
 
     def read(self, unit: Unit, columns: Sequence[str], measure=None) -> pa.Table:
-        dataset = self.source.dataset((unit.index,), statistics=self._statistics)
+        dataset = self.source.dataset((unit.index,), statistics=self._statistics, columns=columns)
         return ds.Scanner.from_dataset(dataset, columns=list(columns), **self._kwargs).to_table()
 
 
@@ -234,7 +242,8 @@ class ParquetDecoder(_Base):
         key = (file, columns)
         got = self._plans.get(key)
         if got is None:
-            got = [i for c in columns if c in facts.leaves for i in facts.leaves[c]]
+            names = [self._renames.get(c, c) for c in columns]
+            got = [i for c in names if c in facts.leaves for i in facts.leaves[c]]
             self._plans[key] = got
         return got
 
@@ -246,7 +255,8 @@ class ParquetDecoder(_Base):
         if indices:
             with self._files.use(unit.file) as pf:
                 table = pf.reader.read_row_groups([unit.row_group], column_indices=indices, use_threads=False)
-        return self._conform(table, unit.num_rows if table is None else table.num_rows, unit, columns, facts)
+        n = unit.num_rows + unit.deleted if table is None else table.num_rows
+        return self._conform(table, n, unit, columns, facts)
 
     def close(self) -> None:
         self._files.close()
@@ -282,7 +292,7 @@ class PolarsDecoder(_Base):
             if u.file != last:
                 at, last = 0, u.file
             starts[u.index] = at
-            at += u.num_rows or 0
+            at += (u.num_rows or 0) + u.deleted
         self._starts = starts
         self._readable: dict[int, frozenset[str]] = {}
         self._pl = None
@@ -290,9 +300,12 @@ class PolarsDecoder(_Base):
     @staticmethod
     def eligible(scan: Scan, options: Options) -> bool:
         """Whether polars may read this scan at all: local Parquet files, no page checksums
-        asked (polars does not verify them), threads allowed (polars decodes on its pool)."""
+        asked (polars does not verify them), threads allowed (polars decodes on its pool),
+        no renamed columns or deleted rows (its prefilter would drop rows before the
+        deletion mask could apply)."""
         src = scan.source
         return (isinstance(src, FileSource) and src.kind == "parquet" and not src.in_memory_reads
+                and not src.rewrites_rows
                 and isinstance(src.filesystem, pafs.LocalFileSystem) and not options.scan.page_checksums
                 and options.scan.use_threads)
 

@@ -64,7 +64,8 @@ def arrow_source(plan: Plan, options: Options, reader: PlanReader):
     plan's batches."""
     # a pushed predicate streams: as a pyarrow dataset filter it would prune row groups by
     # statistics unsound for it (NaN left out of min/max, corrupt footers)
-    if isinstance(plan, Scan) and plan.projection is None and plan.limit is None and plan.predicate is None:
+    if isinstance(plan, Scan) and plan.projection is None and plan.limit is None and plan.predicate is None \
+            and not plan.source.rewrites_rows:  # (those read units into memory: streamed instead)
         src = plan.source
         dataset = src.dataset(plan.units)
         if plan.columns is not None:

@@ -63,7 +63,8 @@ def scanner(scan: Scan, options: Options, units=None, *, streaming: bool = False
     src = scan.source
     _refuse_ambiguous(scan)
     # a filter makes pyarrow read column chunk statistics: the source checks footers first
-    dataset = src.dataset(scan.units if units is None else units, statistics=scan.predicate is not None)
+    dataset = src.dataset(scan.units if units is None else units, statistics=scan.predicate is not None,
+                          columns=scan.read_columns)
     schema = src.schema
     columns: list[str] | dict | None
     if scan.projection is not None:
@@ -164,7 +165,7 @@ def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
     try:
         extra = {"fragment_scan_options": ds.ParquetFragmentScanOptions(page_checksum_verification=True)} \
             if scan.source.kind == "parquet" else {}
-        for _ in ds.Scanner.from_dataset(scan.source.dataset(units, statistics=False),
+        for _ in ds.Scanner.from_dataset(scan.source.dataset(units, statistics=False, columns=scan.read_columns),
                                          columns=list(scan.read_columns),
                                          batch_readahead=1, fragment_readahead=1, **extra).to_batches():
             pass
@@ -196,7 +197,8 @@ def scan_batches(scan: Scan, options: Options, *, under_limit: bool = False) -> 
     if remaining == 0:
         return
     try:
-        if (remaining is not None and scan.predicate is not None) or under_limit:
+        if (remaining is not None and scan.predicate is not None) or under_limit or scan.source.rewrites_rows:
+            # (a source that renames or deletes rows reads each unit into memory: one at a time)
             # Selective filter under a limit: read unit by unit and stop early.
             batches = (b for u in (scan.units if scan.units is not None else range(len(scan.source.units())))
                        for b in scanner(scan, options, (u,), streaming=True).to_batches())
@@ -367,7 +369,8 @@ def _decided_by_statistics(scan: Scan, dataset: ds.FileSystemDataset, expr) -> t
     if src.kind != "parquet" or any(pat.is_floating(schema.field(c).type) for c in columns):
         return None
     fragments = list(dataset.get_fragments())
-    if not all(columns <= sound_columns(frag, schema, columns) for frag in fragments):
+    renamed = src.column_renames
+    if not all(columns <= sound_columns(frag, schema, columns, renamed=renamed) for frag in fragments):
         return None
     # a row group no row of which can make the predicate false or null is all-true
     maybe_not = pc.invert(expr) | expr.is_null()
@@ -392,18 +395,18 @@ def _count_scan(scan: Scan, options: Options) -> int:
     pyarrow's ``count_rows(filter=)`` counts whole row groups its statistics call all-true,
     which is wrong where those statistics leave out NaN or are corrupt."""
     src = scan.source
-    dataset = src.dataset(scan.units)
     frag_opts = _fragment_options(src, options)
     if scan.predicate is None:
-        return dataset.count_rows(**frag_opts)
+        return src.dataset(scan.units, columns=()).count_rows(**frag_opts)
     expr = scan.predicate.to_arrow(src.schema, predicate=True)
-    decided = _decided_by_statistics(scan, dataset, expr)
+    decided = _decided_by_statistics(scan, src.statistics_dataset(scan.units), expr)
     counted = 0
+    units = scan.units
     if decided is not None:
-        counted, rest = decided
-        if not rest:
+        counted, units = decided
+        if not units:
             return counted
-        dataset = src.dataset(rest)
+    dataset = src.dataset(units, columns=tuple(scan.predicate.columns))
     kwargs = dict(columns={KEEP: expr}, use_threads=options.scan.use_threads,
                   batch_size=_batch_rows(scan, options), **frag_opts)
     # one bool column: small even whole; to_table decodes on pyarrow's threads without

@@ -213,8 +213,9 @@ class UnitReader:
         scan, options = self.scan, self.options
         src = scan.source
         # the fast decoders read Parquet files as they are: only where the source's own
-        # datasets do too (a source that maps columns or deletes rows overrides dataset())
-        parquet = isinstance(src, FileSource) and type(src).dataset is FileSource.dataset \
+        # datasets do too, or where the decoders apply its renames and deletions (_conform)
+        parquet = isinstance(src, FileSource) and (type(src).dataset is FileSource.dataset or
+                                                   getattr(src, "decoders_conform", False)) \
             and src.kind == "parquet" and not src.in_memory_reads
         pinned = decoders if decoders is not None else \
             [d.strip() for d in os.environ.get(_ENV, "").split(",") if d.strip()] or None
@@ -364,7 +365,8 @@ class UnitReader:
             scan = self.scan
             if self.options.optimizer.metadata_count and scan.source.kind == "parquet" and not self._refused:
                 try:
-                    got = execute._decided_by_statistics(scan, scan.source.dataset(scan.units), self._pred)
+                    got = execute._decided_by_statistics(scan, scan.source.statistics_dataset(scan.units),
+                                                         self._pred)
                 except Exception:  # noqa: BLE001 - each unit's own read raises what is wrong
                     got = None
                 if got is not None:

@@ -8,7 +8,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from ..errors import ArgumentTypeError, InvalidArgumentError
+import pyarrow.fs as pafs
+
+from ..errors import ArgumentTypeError, InvalidArgumentError, LakeTableError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
@@ -86,6 +88,16 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         base, found = list_files(list_fs, p, retries=scan_options.retries,
                                  backoff=scan_options.retry_backoff_s, url=url)
         if _GLOB_CHARS & set(p) or not (len(found) == 1 and found[0].path == p):
+            if len(paths) == 1 and not (_GLOB_CHARS & set(p)) and _is_delta_root(list_fs, base):
+                # a Delta table's own folder: read through its log (al.delta), latest version
+                if filesystem is not None or format not in (None, "parquet") or partitioning is not None:
+                    raise LakeTableError(
+                        f"{url!r} is a Delta Lake table folder: open it with al.delta({url!r}, "
+                        "storage_options=...) or al.dataset() without filesystem= / format= / "
+                        "partitioning= (the table's log says where its files are and how they are typed)",
+                        path=url, table_format="delta", table_root=base)
+                from .delta import open_delta
+                return open_delta(url, storage_options=storage_options, scan_options=scan_options)
             # a folder or glob (not a file the caller named): refuse lake table folders
             refuse_lake_table(list_fs, base, url, retries=scan_options.retries,
                               backoff=scan_options.retry_backoff_s)
@@ -100,6 +112,16 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
     base = bases[0] if len(set(bases)) == 1 else os.path.commonpath(bases)
     display = paths[0] if len(paths) == 1 else f"{len(paths)} paths ({paths[0]}, ...)"
     return FileSource(pafs, all_entries, fmt, base, display, partitioning, scan_options)
+
+
+def _is_delta_root(fs, folder: str) -> bool:
+    """Whether the listed ``folder`` is a Delta table's root (it holds ``_delta_log/``; a
+    folder inside a table is refused by ``refuse_lake_table``)."""
+    try:
+        info = fs.get_file_info(f"{folder.rstrip('/')}/_delta_log")
+    except OSError:
+        return False
+    return info.type == pafs.FileType.Directory
 
 
 def _path_list(source: Any) -> list:

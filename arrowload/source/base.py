@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -18,6 +19,10 @@ class Unit:
     table. ``num_rows`` is exact where the format's metadata says it (Parquet, IPC,
     memory) and None otherwise; ``column_bytes`` holds compressed bytes per top-level
     column from the footer (None where the format has no such metadata).
+
+    ``deleted``: rows of the unit a table's deletion vector removes (Delta Lake). They are
+    not in ``num_rows``, which counts the rows a read returns; the unit's physical rows
+    (what its footer says, what a decoder slices by) are ``num_rows + deleted``.
     """
 
     index: int
@@ -27,6 +32,7 @@ class Unit:
     num_rows: int | None
     column_bytes: Mapping[str, int] | None = None
     partition: Mapping[str, object] = field(default_factory=dict)
+    deleted: int = 0
 
     def bytes_for(self, columns: Sequence[str] | None) -> int | None:
         if self.column_bytes is None or not getattr(self.column_bytes, "known", True):
@@ -43,6 +49,14 @@ class Source:
     footer facts are fetched lazily, once, and cached (thread-safe)."""
 
     kind: str = ""
+    # a lake table's identity ({"format", "uri", "version"}), None for plain files
+    table: Mapping[str, object] | None = None
+    # logical column -> its name in the files, where they differ (Delta column mapping)
+    column_renames: Mapping[str, str] = MappingProxyType({})
+    # True when reads rename columns or drop deleted rows: ``dataset()`` then reads the
+    # units it is given into memory, and streaming scans go unit by unit
+    rewrites_rows: bool = False
+    has_deletions: bool = False
 
     @property
     def display(self) -> str:  # pragma: no cover - abstract
@@ -59,10 +73,18 @@ class Source:
     def units(self) -> tuple[Unit, ...]:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.Dataset:  # pragma: no cover
+    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True,
+                columns: Sequence[str] | None = None) -> ds.Dataset:  # pragma: no cover
         """A pyarrow dataset reading exactly ``units`` (all when None), in order.
-        ``statistics=False``: the caller neither filters nor prunes with it (a plain read)."""
+        ``statistics=False``: the caller neither filters nor prunes with it (a plain read).
+        ``columns``: the only columns the caller reads (a hint; None: any)."""
         raise NotImplementedError
+
+    def statistics_dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.Dataset:
+        """A dataset whose fragments carry the units' footers and partition guarantees, for
+        pruning and statistics-decided counts; reading it need not give the rows (a source
+        that renames columns or deletes rows reads them through ``dataset()``)."""
+        return self.dataset(units, statistics=statistics)
 
     @property
     def has_statistics(self) -> bool:

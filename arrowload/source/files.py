@@ -115,9 +115,10 @@ class _ColumnSizes(PicklableLock):
     ``check()`` says whether the footer's column chunks are safe to read (see footer.py):
     where they are not, sizes are unknown."""
 
-    def __init__(self, meta, check) -> None:
+    def __init__(self, meta, check, names: Mapping[str, str] | None = None) -> None:
         self._meta = meta
         self._check = check
+        self._names = names  # a column's name in the file -> its name in the source
         self._lock = threading.Lock()
         self._table: list[dict[str, int]] | None = None
         self._known: bool | None = None
@@ -134,6 +135,8 @@ class _ColumnSizes(PicklableLock):
                 if self._table is None:
                     meta = self._meta
                     names = leaf_columns(meta)
+                    if self._names:
+                        names = [self._names.get(n, n) for n in names]
                     rows = []
                     for rg in range(meta.num_row_groups):
                         sizes: dict[str, int] = {}
@@ -218,6 +221,7 @@ class FileSource(PicklableLock, Source):
         self._footers: dict[int, bytes | None] = {}
         self._fetched: dict[int, tuple] = {}  # file -> (fragment, schema, footer facts)
         self._streams: set[int] = set()  # IPC stream files (read whole, see ipc.py)
+        self._leaf_names: dict[str, str] | None = None  # a file column's name -> the source's
         paths = [e.path for e in self.entries]
         if partitioning is False:
             self._partition_schema, self._partition_values = pa.schema([]), [{} for _ in paths]
@@ -334,15 +338,20 @@ class FileSource(PicklableLock, Source):
                     list(pool.map(self._file_facts, missing))
             fetched = [self._fetched[i] for i in range(n)]
             file_schemas = [(self.entries[i].path, s) for i, (_, s, _) in enumerate(fetched)]
-            schema = unify_schemas(file_schemas)
-            for f in self._partition_schema:
-                if f.name not in schema.names:
-                    schema = schema.append(f)
+            schema = self._schema_of(file_schemas)
             units = []
             for i, (frag, _, meta) in enumerate(fetched):
                 units.extend(self._units_of(i, meta, len(units)))
             self._facts = (tuple(f for f, _, _ in fetched), schema, tuple(units))
             return self._facts
+
+    def _schema_of(self, file_schemas: list[tuple[str, pa.Schema]]) -> pa.Schema:
+        """The source's schema from its files' (unified) and its partition columns."""
+        schema = unify_schemas(file_schemas)
+        for f in self._partition_schema:
+            if f.name not in schema.names:
+                schema = schema.append(f)
+        return schema
 
     def head_source(self, rows: int) -> "FileSource | None":
         """The first files, in path order, whose footers say they hold at least ``rows``
@@ -378,7 +387,7 @@ class FileSource(PicklableLock, Source):
     def _units_of(self, i: int, meta, start: int) -> list[Unit]:
         path, part = self.entries[i].path, self._partition_values[i]
         if self.kind == "parquet":
-            sizes = _ColumnSizes(meta, functools.partial(self.footer_check, i))
+            sizes = _ColumnSizes(meta, functools.partial(self.footer_check, i), self._leaf_names)
             return [Unit(start + rg, i, path, rg, meta.row_group(rg).num_rows, sizes.of(rg), part)
                     for rg in range(meta.num_row_groups)]
         size = self.entries[i].size
@@ -463,7 +472,8 @@ class FileSource(PicklableLock, Source):
             return None
         return self._ensure()[0][i].metadata
 
-    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.FileSystemDataset:
+    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True,
+                columns: Sequence[str] | None = None) -> ds.FileSystemDataset:
         """A dataset over ``units``. ``statistics=True`` (default): the caller may filter or
         prune with it, which makes pyarrow read column chunk metadata, so every file's
         footer is checked first (one read of its tail, once) and an unreadable one raises

@@ -3,9 +3,10 @@
 A table folder holds every file any version of the table ever wrote: overwritten and
 deleted rows stay on disk until a vacuum, and only the table's log / metadata says which
 files are live. Reading the folder's Parquet files directly returns those dead rows, so
-``al.dataset()`` refuses such folders (also a partition or the ``data/`` folder inside
-one) with :class:`~arrowload.errors.LakeTableError` until ``al.delta()`` /
-``al.iceberg()`` read them through their logs.
+``al.dataset()`` opens a Delta table's root folder through its log (``al.delta()``,
+source/delta.py) and refuses a folder inside one (a partition), and Iceberg folders
+(also their ``data/`` folder) until ``al.iceberg()`` reads them, with
+:class:`~arrowload.errors.LakeTableError`.
 
 Detection is a listing check, no table library is imported: a ``_delta_log/`` folder
 (Delta), or a ``metadata/`` folder holding ``*.metadata.json`` files (Iceberg), in the
@@ -89,14 +90,19 @@ def refuse_lake_table(fs: pafs.FileSystem, path: str, shown: str, *,
     if found is None:
         return
     kind, root = found
-    name, marker, call = {
-        "delta": ("a Delta Lake", f"{DELTA_LOG}/", "al.delta()"),
-        "iceberg": ("an Apache Iceberg", f"{ICEBERG_METADATA}/*{_ICEBERG_SUFFIX}", "al.iceberg()"),
+    name, marker = {
+        "delta": ("a Delta Lake", f"{DELTA_LOG}/"),
+        "iceberg": ("an Apache Iceberg", f"{ICEBERG_METADATA}/*{_ICEBERG_SUFFIX}"),
     }[kind]
     where = "is" if root.rstrip("/") == path.rstrip("/") else f"lies inside {root!r}, which is"
+    if kind == "delta":
+        fix = (f"open the table at its root with al.delta({root!r}) (or al.dataset() of the root), "
+               "and filter on its partition columns to read part of it")
+    else:
+        fix = ("Table support comes with al.iceberg() (not available yet); until then read the "
+               "table with its own library (pyiceberg) and pass the result, or the list of its "
+               "live files, to al.dataset()")
     raise LakeTableError(
         f"{shown!r} {where} {name} table folder (it has {marker}); reading its files directly "
-        f"would return deleted and overwritten rows as if they were live. Table support comes "
-        f"with {call} (not available yet); until then read the table with its own library "
-        f"(e.g. deltalake / pyiceberg) and pass the result, or the list of its live files, "
-        f"to al.dataset()", path=path, table_format=kind, table_root=root)
+        f"would return deleted and overwritten rows as if they were live. {fix}",
+        path=path, table_format=kind, table_root=root)

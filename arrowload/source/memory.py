@@ -68,7 +68,8 @@ class MemorySource(PicklableLock, Source):
                         h.update(memoryview(buf)[:1 << 16])
         return h.hexdigest()[:32]
 
-    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.Dataset:
+    def dataset(self, units: Sequence[int] | None, *, statistics: bool = True,
+                columns: Sequence[str] | None = None) -> ds.Dataset:
         batches = self._ensure()
         chosen = list(batches) if units is None else [batches[u] for u in units]
         return ds.InMemoryDataset(chosen, schema=self._schema)

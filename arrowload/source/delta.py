@@ -1,0 +1,396 @@
+"""Delta Lake tables read at a pinned version, through arrowload's own Parquet path.
+
+``open_delta(uri, version=, timestamp=)`` asks ``deltalake`` (imported here, lazily) for
+what the version holds: the live files with their sizes and partition values
+(``get_add_actions(flatten=True)``), the table's schema, its protocol, and the rows each
+file's deletion vector removes (``deletion_vectors()``). Nothing else of deltalake is
+used: the rows are read by arrowload's scans (pruning, fast decoders, loader), never by
+``to_pyarrow_dataset()``, which returns every value null on a column-mapped table and
+refuses tables with deletion vectors.
+
+The result is a :class:`DeltaSource`: a Parquet :class:`~arrowload.source.files.FileSource`
+over exactly the live files (no listing: sizes come from the log) whose
+
+- ``schema`` is the table's logical schema at that version (a column added later reads
+  as nulls in older files; partition columns typed from the table schema);
+- ``column_renames`` maps a logical column to its physical name in the files (column
+  mapping, ``name`` and ``id`` modes: ``delta.columnMapping.physicalName``);
+- units count live rows: ``Unit.num_rows`` leaves out the rows a deletion vector removes
+  (``Unit.deleted``), so ``len()``, sharding, resume and ``count()`` are exact, and every
+  read drops those rows (``deleted_rows(unit)``) right after decoding.
+
+Reader features other than those handled here raise
+:class:`~arrowload.errors.UnsupportedTableFeatureError` naming the feature.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import posixpath
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from ..errors import (InvalidArgumentError, MissingDependencyError, PathNotFoundError,
+                      UnsupportedTableFeatureError)
+from ..options import ScanOptions
+from .filesystem import FileEntry, filesystem_for, protocol_of
+from .files import FileSource
+
+# reader features arrowload reads correctly (PROTOCOL.md, "Valid Feature Names")
+SUPPORTED_READER_FEATURES = frozenset({
+    "columnMapping",        # physical -> logical names (column_renames)
+    "deletionVectors",      # rows removed per file (Unit.deleted, deleted_rows)
+    "timestampNtz",         # timestamps without time zone: pyarrow reads them as such
+    "v2Checkpoint",         # how the log is stored: deltalake lists the files
+    "vacuumProtocolCheck",  # a rule for vacuum, nothing for readers
+    "typeWidening",         # older files in narrower types: cast to the table's on read
+})
+MAX_READER_VERSION = 3
+_PHYSICAL = "delta.columnMapping.physicalName"
+_MODE = "delta.columnMapping.mode"
+
+# fsspec (s3fs) storage_options -> delta-rs object_store options
+_S3_KEYS = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
+            "endpoint_url": "AWS_ENDPOINT_URL"}
+
+
+def _deltalake():
+    try:
+        import deltalake
+    except ImportError as exc:  # pragma: no cover - a dev / lake extra dependency
+        raise MissingDependencyError("al.delta() needs the deltalake package: pip install deltalake") from exc
+    return deltalake
+
+
+def delta_storage_options(uri: str, storage_options: dict | None) -> tuple[dict | None, dict | None]:
+    """``(fsspec options, deltalake options)`` from the user's ``storage_options``: s3fs
+    style keys (``key``, ``secret``, ``token``, ``endpoint_url``, ``client_kwargs.region_name``)
+    serve both, translated for delta-rs; upper-case ``AWS_*`` / ``AZURE_*`` / ``GOOGLE_*``
+    keys are delta-rs options only."""
+    if not storage_options:
+        return None, None
+    fs_opts, delta_opts = {}, {}
+    for k, v in storage_options.items():
+        if k.isupper():
+            delta_opts[k] = str(v)
+            continue
+        fs_opts[k] = v
+        if protocol_of(uri) in ("s3", "s3a") and k in _S3_KEYS and v is not None:
+            delta_opts[_S3_KEYS[k]] = str(v)
+            if k == "endpoint_url" and str(v).startswith("http://"):
+                delta_opts["AWS_ALLOW_HTTP"] = "true"
+        if k == "client_kwargs" and isinstance(v, dict) and v.get("region_name"):
+            delta_opts["AWS_REGION"] = str(v["region_name"])
+    if "AWS_ENDPOINT_URL" in delta_opts:
+        delta_opts.setdefault("AWS_REGION", "us-east-1")
+    return fs_opts or None, delta_opts or None
+
+
+def _check_protocol(table, uri: str) -> None:
+    proto = table.protocol()
+    if proto.min_reader_version > MAX_READER_VERSION:
+        raise UnsupportedTableFeatureError(
+            f"delta table {uri!r} needs reader version {proto.min_reader_version}; arrowload reads "
+            f"versions up to {MAX_READER_VERSION}: read it with an engine that supports it, or "
+            "downgrade the table's protocol", feature=f"minReaderVersion {proto.min_reader_version}")
+    for feature in proto.reader_features or ():
+        if feature not in SUPPORTED_READER_FEATURES:
+            raise UnsupportedTableFeatureError(
+                f"delta table {uri!r} uses the reader feature {feature!r}, which arrowload cannot "
+                f"honour (it reads {', '.join(sorted(SUPPORTED_READER_FEATURES))}); reading its files "
+                "without it could return wrong rows: read the table with an engine that supports "
+                f"{feature!r}, or rewrite it without the feature", feature=feature)
+
+
+def _logical_schema(table, uri: str) -> tuple[pa.Schema, dict[str, str]]:
+    """The table schema (no field metadata) and ``{logical: physical}`` where they differ."""
+    schema = pa.schema(table.schema().to_arrow())
+    mode = (table.metadata().configuration or {}).get(_MODE, "none")
+    renames: dict[str, str] = {}
+    fields = []
+    for f in schema:
+        meta = {k.decode(): v.decode() for k, v in (f.metadata or {}).items()}
+        physical = meta.get(_PHYSICAL)
+        if mode != "none" and physical and physical != f.name:
+            renames[f.name] = physical
+        if mode != "none" and _nested_renames(f.type):
+            raise UnsupportedTableFeatureError(
+                f"delta table {uri!r}: column {f.name!r} is a nested column whose fields are "
+                "column-mapped (physical names inside a struct / list / map); arrowload maps "
+                "top-level columns only: select other columns with the table's own library, or "
+                "rewrite the table without column mapping", feature="columnMapping")
+        fields.append(f.remove_metadata())
+    return pa.schema(fields), renames
+
+
+def _nested_renames(t: pa.DataType) -> bool:
+    if pa.types.is_struct(t):
+        for i in range(t.num_fields):
+            f = t.field(i)
+            phys = (f.metadata or {}).get(_PHYSICAL.encode())
+            if (phys is not None and phys.decode() != f.name) or _nested_renames(f.type):
+                return True
+        return False
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _nested_renames(t.value_type)
+    if pa.types.is_map(t):
+        return _nested_renames(t.key_type) or _nested_renames(t.item_type)
+    return False
+
+
+def _deleted_by_path(table, root_uri: str) -> dict[str, np.ndarray]:
+    """``{path relative to the table: sorted deleted row positions}`` for every live file
+    with a deletion vector (deltalake decodes them)."""
+    get = getattr(table, "deletion_vectors", None)
+    if get is None:  # pragma: no cover - deltalake before 1.x
+        raise UnsupportedTableFeatureError(
+            "this deltalake version cannot decode deletion vectors; pip install -U deltalake",
+            feature="deletionVectors")
+    root = urllib.parse.unquote(root_uri.rstrip("/"))
+    out: dict[str, np.ndarray] = {}
+    for batch in get():
+        rb = pa.record_batch(batch)
+        paths = rb.column("filepath").to_pylist()
+        vectors = rb.column("selection_vector")
+        for i, path in enumerate(paths):
+            keep = vectors[i].values.to_numpy(zero_copy_only=False)
+            rel = urllib.parse.unquote(path)
+            rel = rel[len(root):].lstrip("/") if rel.startswith(root) else rel
+            out[rel] = np.flatnonzero(~keep.astype(bool)).astype(np.int64)
+    return out
+
+
+def _partition_value(value: Any, t: pa.DataType) -> Any:
+    if value is None:
+        return None
+    try:
+        return pa.scalar(value).cast(t).as_py()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return pa.scalar(str(value)).cast(t).as_py()
+
+
+def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
+               storage_options: dict | None = None, scan_options: ScanOptions | None = None) -> "DeltaSource":
+    """The Delta table at ``uri`` at ``version`` / ``timestamp`` (latest when both are None)
+    as a :class:`DeltaSource` (reads the log now, footers on first need)."""
+    if version is not None and timestamp is not None:
+        raise InvalidArgumentError("al.delta() takes version= or timestamp=, not both")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+        raise InvalidArgumentError(f"al.delta(version=...) takes a table version (an int >= 0), got {version!r}")
+    deltalake = _deltalake()
+    fs_opts, delta_opts = delta_storage_options(uri, storage_options)
+    fs, root = filesystem_for(uri, fs_opts)
+    table_uri = root if isinstance(fs, pafs.LocalFileSystem) else uri.rstrip("/")
+    try:
+        table = deltalake.DeltaTable(table_uri, version=version, storage_options=delta_opts)
+        if timestamp is not None:
+            _load_at(table, timestamp, uri)
+    except UnsupportedTableFeatureError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - deltalake's errors are not OSErrors
+        name = type(exc).__name__
+        if name == "TableNotFoundError":
+            raise PathNotFoundError(f"no delta table at {uri!r} ({exc}); check the path, or pass "
+                                    "storage_options for a remote store", uri) from exc
+        if version is not None:
+            raise InvalidArgumentError(f"delta table {uri!r} has no version {version} ({exc}); see "
+                                       "deltalake.DeltaTable(uri).history() for its versions") from exc
+        raise
+    _check_protocol(table, uri)
+    schema, renames = _logical_schema(table, uri)
+    partition_cols = list(table.metadata().partition_columns or [])
+    actions = pa.table(table.get_add_actions(flatten=True))
+    deleted = _deleted_by_path(table, str(table.table_uri)) if "deletionVectors" in \
+        (table.protocol().reader_features or ()) else {}
+    rels = [urllib.parse.unquote(p) for p in actions.column("path").to_pylist()]
+    sizes = actions.column("size_bytes").to_pylist()
+    files = []
+    for i, rel in enumerate(rels):
+        if protocol_of(rel) is not None:  # an absolute URI (shallow clones)
+            path = filesystem_for(rel, fs_opts)[1]
+        else:
+            path = posixpath.join(root.rstrip("/"), rel)
+        values = {}
+        for c in partition_cols:
+            col = f"partition.{c}"
+            raw = actions.column(col)[i].as_py() if col in actions.column_names else None
+            values[c] = _partition_value(raw, schema.field(c).type)
+        files.append((path, sizes[i], values, deleted.get(rel)))
+    return DeltaSource(fs, root, files, schema=schema, partition_columns=partition_cols, renames=renames,
+                       table={"format": "delta", "uri": root if isinstance(fs, pafs.LocalFileSystem) else
+                              uri.rstrip("/"), "version": int(table.version())},  # one spelling per table
+                       scan_options=scan_options)
+
+
+def _load_at(table, timestamp: Any, uri: str) -> None:
+    if isinstance(timestamp, dt.datetime) and timestamp.tzinfo is None:
+        timestamp = timestamp.replace(tzinfo=dt.timezone.utc)
+    if not isinstance(timestamp, (dt.datetime, str)):
+        raise InvalidArgumentError(f"al.delta(timestamp=...) takes a datetime or an ISO 8601 string, "
+                                   f"got {type(timestamp).__name__}")
+    when = timestamp if isinstance(timestamp, dt.datetime) else \
+        dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    history = table.history()
+    first = min((h["timestamp"] for h in history if "timestamp" in h), default=None)
+    if first is not None and when.timestamp() * 1000 < first and min(h["version"] for h in history) == 0:
+        raise InvalidArgumentError(f"delta table {uri!r} did not exist at {when.isoformat()} (its first "
+                                   f"commit is at {dt.datetime.fromtimestamp(first / 1000, dt.timezone.utc).isoformat()}); "
+                                   "pass a later timestamp")
+    table.load_as_version(timestamp)
+
+
+class DeltaSource(FileSource):
+    """The live Parquet files of one Delta table version (see the module doc).
+
+    ``table``: ``{"format": "delta", "uri", "version"}``; ``column_renames``: logical ->
+    physical column names; ``deleted_rows(unit)``: the positions (within its row group) a
+    deletion vector removes, or None.
+    """
+
+    decoders_conform = True  # the fast decoders apply column_renames and deleted_rows
+
+    def __init__(self, filesystem: pafs.FileSystem, root: str, files: Sequence[tuple], *, schema: pa.Schema,
+                 partition_columns: Sequence[str], renames: dict[str, str], table: dict,
+                 scan_options: ScanOptions | None = None) -> None:
+        entries = [FileEntry(path, size, None, None) for path, size, _, _ in files]
+        deleted = sum(len(d) for _, _, _, d in files if d is not None)
+        display = (f"delta table {table['uri']} version {table['version']} ({len(files)} file"
+                   f"{'s' if len(files) != 1 else ''}, {deleted} deleted row{'s' if deleted != 1 else ''})")
+        super().__init__(filesystem, entries, "parquet", root, display, partitioning=False,
+                         scan_options=scan_options)
+        by_path = {path: (values, dels) for path, _, values, dels in files}
+        self.table = dict(table)
+        self.root = root
+        self.column_renames = dict(renames)
+        self._leaf_names = {p: lg for lg, p in renames.items()} or None
+        self._logical = schema
+        self._partition_schema = pa.schema([schema.field(c) for c in partition_columns])
+        self._partition_values = [by_path[e.path][0] for e in self.entries]
+        self._file_deleted = [by_path[e.path][1] for e in self.entries]
+        self.deleted_total = deleted
+        self.has_deletions = deleted > 0
+        self.rewrites_rows = self.has_deletions or bool(renames)
+        self._unit_deleted: dict[int, np.ndarray] = {}
+
+    # -- schema and units ------------------------------------------------------
+    @property
+    def schema(self) -> pa.Schema:
+        return self._logical
+
+    def _schema_of(self, file_schemas) -> pa.Schema:
+        return self._logical
+
+    def _units_of(self, i: int, meta, start: int) -> list:
+        import dataclasses
+        units = super()._units_of(i, meta, start)
+        dels = self._file_deleted[i]
+        if dels is None or not len(dels):
+            return units
+        out, at = [], 0
+        for u in units:
+            n = u.num_rows
+            lo, hi = np.searchsorted(dels, [at, at + n])
+            if hi > lo:
+                self._unit_deleted[u.index] = dels[lo:hi] - at
+            out.append(dataclasses.replace(u, num_rows=n - int(hi - lo), deleted=int(hi - lo)))
+            at += n
+        tail = dels[np.searchsorted(dels, at):]
+        if len(tail):
+            from ..errors import CorruptFileError
+            raise CorruptFileError(f"the deletion vector of {self.entries[i].path!r} removes row {int(tail[0])}, "
+                                   f"but the file holds {at} rows; the table is damaged: repair it with the "
+                                   "engine that wrote it", self.entries[i].path)
+        return out
+
+    def deleted_rows(self, unit) -> np.ndarray | None:
+        """Positions within ``unit``'s row group that its file's deletion vector removes."""
+        if not unit.deleted:
+            return None
+        self.units()
+        return self._unit_deleted.get(unit.index)
+
+    def keep_mask(self, unit, n: int) -> pa.Array | None:
+        dels = self.deleted_rows(unit)
+        if dels is None:
+            return None
+        keep = np.ones(n, dtype=bool)
+        keep[dels] = False
+        return pa.array(keep)
+
+    def head_source(self, rows: int):
+        return None  # the table's own schema and units; head() reads through the scan
+
+    # -- reads -------------------------------------------------------------------
+    def statistics_dataset(self, units, *, statistics: bool = True) -> ds.Dataset:
+        return FileSource.dataset(self, units, statistics=statistics)
+
+    def dataset(self, units, *, statistics: bool = True, columns=None) -> ds.Dataset:
+        """Files read as pyarrow fragments where they need nothing more; where columns are
+        renamed or rows deleted, the units read now (``columns`` of them, nulls for the
+        others) into an in-memory dataset of the logical schema."""
+        all_units = self.units()
+        chosen = range(len(all_units)) if units is None else units
+        if not self.column_renames and not any(all_units[u].deleted for u in chosen):
+            return FileSource.dataset(self, units, statistics=statistics)
+        wanted = None if columns is None else set(columns)
+        tables = [self.read_unit(all_units[u], wanted) for u in chosen]
+        return ds.InMemoryDataset(tables or [self._logical.empty_table()], schema=self._logical)
+
+    def read_unit(self, unit, wanted: set | None = None) -> pa.Table:
+        """One unit's live rows in the logical schema (``wanted`` columns read, nulls for
+        the others)."""
+        import pyarrow.parquet as pq
+        self.refuse_unreadable([unit.file])
+        part = set(self._partition_schema.names)
+        file_names = set(self._file_facts(unit.file)[1].names)
+        read = []
+        for f in self._logical:
+            p = self.column_renames.get(f.name, f.name)
+            if (wanted is None or f.name in wanted) and f.name not in part and p in file_names:
+                read.append(p)
+        n = unit.num_rows + unit.deleted
+        with self.filesystem.open_input_file(unit.path) as handle:
+            pf = pq.ParquetFile(handle, metadata=self.file_metadata(unit.file),
+                                page_checksum_verification=self._scan.page_checksums)
+            got = pf.read_row_group(unit.row_group, columns=read, use_threads=False) if read else None
+        arrays = []
+        for f in self._logical:
+            p = self.column_renames.get(f.name, f.name)
+            if f.name in part:
+                v = unit.partition.get(f.name)
+                arrays.append(pa.nulls(n, f.type) if v is None else pa.repeat(pa.scalar(v, f.type), n))
+            elif got is not None and p in read:
+                col = got.column(p)
+                arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
+            else:
+                arrays.append(pa.nulls(n, f.type))
+        table = pa.Table.from_arrays(arrays, schema=self._logical)
+        mask = self.keep_mask(unit, n)
+        return table if mask is None else table.filter(mask)
+
+    # -- identity ------------------------------------------------------------------
+    def fingerprint(self) -> str:
+        """Changes with the table version (a version that only adds a deletion vector keeps
+        the same files), the files and the rows deleted from them."""
+        h = hashlib.sha256(f"delta\n{self.table['uri']}\n{self.table['version']}\n".encode())
+        h.update(super().fingerprint().encode())
+        for d in self._file_deleted:
+            h.update(b"-" if d is None else hashlib.sha256(np.ascontiguousarray(d, np.int64).tobytes()).digest())
+        h.update(repr(sorted(self.column_renames.items())).encode())
+        return h.hexdigest()[:32]
+
+    def table_line(self, units) -> str:
+        """``delta version N: F of T files, D of Dt deleted rows`` for the units kept."""
+        files = {u.file for u in units}
+        kept = sum(u.deleted for u in units)
+        return (f"delta {self.table['uri']} version {self.table['version']}: {len(files)} of "
+                f"{self.num_files} files, {kept} of {self.deleted_total} deleted rows in them left out")

@@ -1,0 +1,483 @@
+"""Delta Lake tables read at a pinned version (``al.delta`` / ``al.dataset`` of a table folder).
+
+Truths from outside arrowload: ``deltalake``'s own read (``DeltaTable(...).to_pyarrow_table()``)
+where it is right (no column mapping, no deletion vectors), DuckDB for filters over that
+truth, the rows written for a column-mapped table (deltalake reads every value of it as
+null), and for deletion vectors a table written by hand to the Delta protocol, whose live
+rows are known by construction and also cross-checked with ``deltalake``'s own decoding of
+its vectors (``DeltaTable.deletion_vectors()``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import struct
+import time
+import uuid
+import zlib
+from collections import Counter
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+from _support import CountingLocalFileSystem, moto_s3_server, state_after
+
+
+# -- fixtures -------------------------------------------------------------------------
+
+def _rows(start: int, n: int, extra: bool = False) -> pa.Table:
+    ids = list(range(start, start + n))
+    cols = {"id": pa.array(ids, pa.int64()),
+            "part": [("a", "b", "c d")[i % 3] for i in ids],
+            "n": pa.array([i % 2 for i in ids], pa.int32()),
+            "x": [float(i) / 4 for i in ids]}
+    if extra:
+        cols["extra"] = [f"e{i}" for i in ids]
+    return pa.table(cols)
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory) -> tuple[str, list[float]]:
+    """A table partitioned by a string and an int column, through five versions:
+    0 write, 1 append, 2 delete (delta-rs rewrites the files), 3 append with a new
+    column (schema evolution), 4 overwrite of part of the rows then an append (5).
+    Returns the path and each version's commit time (seconds)."""
+    from deltalake import DeltaTable, write_deltalake
+    path = str(tmp_path_factory.mktemp("delta") / "events")
+    kw = dict(partition_by=["part", "n"])
+    times = []
+    write_deltalake(path, _rows(0, 300), **kw)
+    times.append(time.time())
+    time.sleep(0.02)
+    write_deltalake(path, _rows(300, 300), mode="append", **kw)
+    times.append(time.time())
+    time.sleep(0.02)
+    DeltaTable(path).delete("id % 7 = 0")
+    times.append(time.time())
+    time.sleep(0.02)
+    write_deltalake(path, _rows(600, 150, extra=True), mode="append", schema_mode="merge", **kw)
+    times.append(time.time())
+    time.sleep(0.02)
+    write_deltalake(path, _rows(1000, 90, extra=True), mode="overwrite", **kw)
+    times.append(time.time())
+    write_deltalake(path, _rows(2000, 60, extra=True), mode="append", **kw)
+    times.append(time.time())
+    return path, times
+
+
+def _truth(path: str, version: int | None = None) -> pa.Table:
+    from deltalake import DeltaTable
+    return DeltaTable(path, version=version).to_pyarrow_table()
+
+
+def _sorted_rows(table: pa.Table) -> list[tuple]:
+    names = sorted(table.column_names)
+    return sorted(tuple(str(r[n]) for n in names) for r in table.select(names).to_pylist())
+
+
+def _ids(batches) -> list[int]:
+    out = []
+    for b in batches:
+        out.extend(int(v) for v in b["id"])
+    return out
+
+
+Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def _z85(data: bytes) -> str:
+    out = []
+    for i in range(0, len(data), 4):
+        v = int.from_bytes(data[i:i + 4], "big")
+        chars = []
+        for _ in range(5):
+            chars.append(Z85[v % 85])
+            v //= 85
+        out.append("".join(reversed(chars)))
+    return "".join(out)
+
+
+def _bitmap(rows) -> bytes:
+    """Delta's serialized bitmap (PROTOCOL.md "Deletion Vector Format"): magic, then a
+    portable 64-bit RoaringBitmap of one bucket, array containers."""
+    containers: dict[int, list[int]] = {}
+    for r in sorted(rows):
+        containers.setdefault(r >> 16, []).append(r & 0xFFFF)
+    body = struct.pack("<II", 12346, len(containers))
+    for k, v in containers.items():
+        body += struct.pack("<HH", k, len(v) - 1)
+    offset = 8 + 8 * len(containers)
+    for v in containers.values():
+        body += struct.pack("<I", offset)
+        offset += 2 * len(v)
+    for v in containers.values():
+        body += struct.pack(f"<{len(v)}H", *v)
+    return struct.pack("<IQI", 1681511377, 1, 0) + body
+
+
+DV_DELETED = {0: [1, 5, 9, 10], 1: [0, 4, 7, 8, 13], 2: []}  # per file, physical positions
+
+
+@pytest.fixture(scope="module")
+def dv_table(tmp_path_factory) -> tuple[str, pa.Table]:
+    """Three Parquet files of 14 rows (row groups of 4), a log written by hand: file 0's
+    deletion vector inline, file 1's in a deletion vector file (relative path with a
+    random prefix), file 2 without one. Returns the path and the expected live rows."""
+    root = str(tmp_path_factory.mktemp("dv") / "t")
+    os.makedirs(f"{root}/_delta_log")
+    os.makedirs(f"{root}/ab")
+    schema = {"type": "struct", "fields": [
+        {"name": "id", "type": "long", "nullable": True, "metadata": {}},
+        {"name": "s", "type": "string", "nullable": True, "metadata": {}},
+        {"name": "x", "type": "double", "nullable": True, "metadata": {}}]}
+    adds, live = [], []
+    for f in range(3):
+        ids = list(range(f * 100, f * 100 + 14))
+        t = pa.table({"id": pa.array(ids, pa.int64()), "s": [f"v{i}" for i in ids], "x": [i / 2 for i in ids]})
+        name = f"part-{f}.parquet"
+        pq.write_table(t, f"{root}/{name}", row_group_size=4)
+        add = {"path": name, "partitionValues": {}, "size": os.path.getsize(f"{root}/{name}"),
+               "modificationTime": 0, "dataChange": True, "stats": json.dumps({"numRecords": 14})}
+        dels = DV_DELETED[f]
+        data = _bitmap(dels)
+        if f == 0:
+            add["deletionVector"] = {"storageType": "i", "pathOrInlineDv": _z85(data + b"\0" * (-len(data) % 4)),
+                                     "sizeInBytes": len(data), "cardinality": len(dels)}
+        elif f == 1:
+            u = uuid.uuid4()
+            with open(f"{root}/ab/deletion_vector_{u}.bin", "wb") as out:
+                out.write(b"\x01" + struct.pack(">I", len(data)) + data + struct.pack(">I", zlib.crc32(data)))
+            add["deletionVector"] = {"storageType": "u", "pathOrInlineDv": "ab" + _z85(u.bytes), "offset": 1,
+                                     "sizeInBytes": len(data), "cardinality": len(dels)}
+        adds.append({"add": add})
+        live.append(t.filter(pa.array([i not in dels for i in range(14)])))
+    log = [{"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
+                         "writerFeatures": ["deletionVectors"]}},
+           {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                         "schemaString": json.dumps(schema), "partitionColumns": [],
+                         "configuration": {"delta.enableDeletionVectors": "true"}, "createdTime": 0}}] + adds
+    with open(f"{root}/_delta_log/00000000000000000000.json", "w") as out:
+        out.write("\n".join(json.dumps(a) for a in log) + "\n")
+    return root, pa.concat_tables(live)
+
+
+@pytest.fixture(scope="module")
+def mapped_table(tmp_path_factory) -> tuple[str, pa.Table]:
+    """Column mapping (``name`` mode), written by delta-rs: physical names ``col-<uuid>``
+    in the files; partitioned; two versions. Returns the path and the rows written."""
+    from deltalake import write_deltalake
+    path = str(tmp_path_factory.mktemp("cm") / "t")
+    a = pa.table({"id": pa.array(range(50), pa.int64()), "part": ["p", "q"] * 25,
+                  "x y": [i * 1.5 for i in range(50)]})
+    b = pa.table({"id": pa.array(range(50, 80), pa.int64()), "part": ["q"] * 30, "x y": [None] * 30},
+                 schema=a.schema)
+    write_deltalake(path, a, partition_by=["part"], configuration={"delta.columnMapping.mode": "name"})
+    write_deltalake(path, b, partition_by=["part"], mode="append")
+    return path, pa.concat_tables([a, b])
+
+
+# -- versions, appends, overwrite, delete, partitions, schema evolution ---------------------
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4, 5])
+def test_every_version_reads_as_deltalake_does(versions, version):
+    path, _ = versions
+    truth = _truth(path, version)
+    ds = al.delta(path, version=version)
+    got = ds.to_arrow()
+    assert got.schema.names == truth.schema.names
+    assert _sorted_rows(got) == _sorted_rows(truth)
+    assert ds.count() == truth.num_rows
+    assert ds.plan.source.table == {"format": "delta", "uri": path, "version": version}
+
+
+def test_partition_columns_are_typed_from_the_table_schema(versions):
+    path, _ = versions
+    ds = al.delta(path, version=1)
+    assert ds.schema.field("part").type == pa.string()
+    assert ds.schema.field("n").type == pa.int32()  # not the int64 hive folders would infer
+    assert ds.plan.source.partition_schema.names == ["part", "n"]
+
+
+def test_column_added_later_reads_as_nulls_in_older_files(versions):
+    path, _ = versions
+    got = al.delta(path, version=3).select("id", "extra").to_arrow()
+    old = got.filter(pa.compute.less(got["id"], 600))
+    new = got.filter(pa.compute.greater_equal(got["id"], 600))
+    assert old.num_rows > 0 and old["extra"].null_count == old.num_rows
+    assert new["extra"].null_count == 0 and new.num_rows == 150
+
+
+def test_timestamp_pins_the_version_committed_before_it(versions):
+    path, times = versions
+    for v in (1, 3):
+        when = dt.datetime.fromtimestamp(times[v] + 0.005, dt.timezone.utc)
+        ds = al.delta(path, timestamp=when)
+        assert ds.plan.source.table["version"] == v
+        assert _sorted_rows(ds.to_arrow()) == _sorted_rows(_truth(path, v))
+    with pytest.raises(al.InvalidArgumentError, match="did not exist"):
+        al.delta(path, timestamp=dt.datetime(2000, 1, 1))
+
+
+def test_dataset_of_the_table_folder_is_the_latest_version(versions):
+    path, _ = versions
+    ds = al.dataset(path)
+    assert ds.plan.source.table["version"] == 5
+    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(_truth(path))
+
+
+@pytest.mark.parametrize("predicate", [
+    "part = 'c d' AND id > 100",
+    "n = 1 OR x < 20",
+    "extra IS NULL",
+    "id BETWEEN 150 AND 700 AND part <> 'a'",
+])
+def test_filters_match_duckdb_over_the_truth(versions, predicate):
+    path, _ = versions
+    truth = _truth(path, 3)  # noqa: F841 - DuckDB reads it by name
+    expected = duckdb.sql(f"SELECT * FROM truth WHERE {predicate}").arrow()
+    expected = expected.read_all() if hasattr(expected, "read_all") else expected
+    ds = al.delta(path, version=3).filter(predicate)
+    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(expected)
+    assert ds.count() == expected.num_rows
+
+
+def test_versions_have_different_fingerprints_and_states_do_not_cross(versions):
+    path, _ = versions
+    a, b = al.delta(path, version=4), al.delta(path, version=5)
+    assert a.plan.source.fingerprint() != b.plan.source.fingerprint()
+    assert a.plan.source.fingerprint() == al.delta(path, version=4).plan.source.fingerprint()
+    state = state_after(a.loader(16, shuffle="block", seed=1), 2)
+    with pytest.raises(al.StateMismatchError):
+        b.loader(16, shuffle="block", seed=1).load_state_dict(state)
+
+
+def test_partition_pruning_and_statistics_pruning_keep_fewer_units(versions):
+    path, _ = versions
+    ds = al.delta(path, version=3)
+    text = ds.filter("part = 'a' AND n = 0").explain()
+    assert "prune_partitions" in text
+    total = len(ds.plan.source.units())
+    kept = ds.filter("part = 'a' AND n = 0").optimized_plan()
+    assert 0 < len(kept.units) < total
+
+
+def test_statistics_pruning_reads_fewer_bytes(tmp_path):
+    """Bytes pulled through a counting filesystem: a selective filter on a sorted column
+    reads a fraction of what a full read does, with the same rows as deltalake."""
+    from deltalake import write_deltalake
+    from arrowload.source.filesystem import to_pyarrow_fs
+    path = str(tmp_path / "t")
+    t = pa.table({"id": pa.array(range(20_000), pa.int64()), "v": [float(i) for i in range(20_000)]})
+    write_deltalake(path, t, writer_properties=None)
+    import deltalake
+    write_deltalake(path, t.slice(0, 0), mode="append")
+    # files of several row groups, so that statistics prune inside a file
+    write_deltalake(path, pa.table({"id": pa.array(range(20_000, 40_000), pa.int64()),
+                                    "v": [float(i) for i in range(20_000, 40_000)]}), mode="append",
+                    writer_properties=deltalake.WriterProperties(max_row_group_size=2_000))
+
+    def measure(predicate):
+        fs = CountingLocalFileSystem()
+        ds = al.delta(path)
+        ds.plan.source.filesystem = to_pyarrow_fs(fs)  # before any footer is read
+        got = ds.filter(predicate).to_arrow()
+        return got, fs.stats.bytes_read
+
+    full, full_bytes = measure("id >= 0")
+    few, few_bytes = measure("id BETWEEN 30000 AND 30100")
+    assert full.num_rows == 40_000 and sorted(few["id"].to_pylist()) == list(range(30000, 30101))
+    assert few_bytes < full_bytes / 3, (few_bytes, full_bytes)
+
+
+# -- column mapping ------------------------------------------------------------------------
+
+def test_column_mapped_table_reads_by_logical_names(mapped_table):
+    path, written = mapped_table
+    from deltalake import DeltaTable
+    assert DeltaTable(path).to_pyarrow_table()["id"].null_count > 0  # why arrowload reads itself
+    ds = al.delta(path)
+    assert ds.plan.source.column_renames  # the files hold physical names
+    assert ds.schema.names == ["id", "part", "x y"]
+    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(written)
+    assert _sorted_rows(al.delta(path, version=0).to_arrow()) == _sorted_rows(written.slice(0, 50))
+    got = ds.filter('"x y" > 30 AND part = \'p\'').select("id").to_arrow()
+    assert sorted(got["id"].to_pylist()) == [i for i in range(50) if i * 1.5 > 30 and i % 2 == 0]
+    assert ds.filter('"x y" IS NULL').count() == 30
+
+
+def test_column_mapped_table_through_the_loader(mapped_table):
+    path, written = mapped_table
+    ds = al.delta(path).select("id", "part")
+    loader = ds.loader(7, shuffle="global", seed=3, world_size=2, rank=0)
+    seen = []
+    for rank in (0, 1):
+        batches = list(ds.loader(7, shuffle="global", seed=3, world_size=2, rank=rank))
+        seen += _ids(batches)
+        assert all(len(b["id"]) == 7 for b in batches[:-1])
+    assert len(loader) == -(-40 // 7)
+    assert len(seen) == len(set(seen)) == 80
+    xy = {r["id"]: r["x y"] for r in written.to_pylist()}
+    rb = next(iter(al.delta(path).loader(80, output="arrow")))
+    assert {r["id"]: r["x y"] for r in rb.to_pylist()} == xy
+
+
+# -- deletion vectors --------------------------------------------------------------------
+
+def test_deletion_vector_fixture_agrees_with_deltalake(dv_table):
+    """deltalake decodes the hand-written vectors to the positions written."""
+    from deltalake import DeltaTable
+    path, _ = dv_table
+    got = {}
+    for batch in DeltaTable(path).deletion_vectors():
+        rb = pa.record_batch(batch)
+        for p, keep in zip(rb["filepath"].to_pylist(), rb["selection_vector"].to_pylist()):
+            got[os.path.basename(p)] = [i for i, k in enumerate(keep) if not k]
+    assert got == {f"part-{f}.parquet": d for f, d in DV_DELETED.items() if d}
+
+
+def test_deleted_rows_never_appear(dv_table):
+    path, live = dv_table
+    ds = al.delta(path)
+    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(live)
+    assert ds.count() == live.num_rows == 42 - 9
+    assert sum(u.num_rows for u in ds.plan.source.units()) == live.num_rows
+    assert sum(u.deleted for u in ds.plan.source.units()) == 9
+    assert sorted(ds.filter("x >= 50").select("id").to_arrow()["id"].to_pylist()) == \
+        sorted(i for i in live["id"].to_pylist() if i / 2 >= 50)
+    assert ds.filter("x >= 50").count() == sum(1 for i in live["id"].to_pylist() if i / 2 >= 50)
+    assert [r["id"] for r in ds.head(3).to_pylist()] == [0, 2, 3]
+    assert sorted(_ids(ds.to_batches())) == sorted(live["id"].to_pylist())
+
+
+@pytest.mark.parametrize("decoder", ["pyarrow", "dataset"])
+def test_deleted_rows_never_appear_in_either_decoder(dv_table, decoder, monkeypatch):
+    path, live = dv_table
+    monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    ds = al.delta(path)
+    got = _ids(ds.loader(5))
+    assert sorted(got) == sorted(live["id"].to_pylist())
+    got = _ids(ds.filter("s <> 'v3'").loader(4))
+    assert sorted(got) == sorted(i for i in live["id"].to_pylist() if i != 3)
+
+
+@pytest.mark.parametrize("shuffle", [False, "global", "block"])
+def test_loader_is_exact_once_per_epoch_across_ranks(dv_table, shuffle):
+    path, live = dv_table
+    ds = al.delta(path)
+    per_rank = []
+    for rank in (0, 1):
+        loader = ds.loader(4, shuffle=shuffle, seed=7, world_size=2, rank=rank)
+        loader.set_epoch(1)
+        ids = _ids(loader)
+        assert len(ids) == 33 // 2 and len(loader) == -(-16 // 4)
+        per_rank.append(ids)
+    both = per_rank[0] + per_rank[1]
+    assert len(set(both)) == len(both) == 32  # one row of 33 left out for equal ranks
+    assert set(both) <= set(live["id"].to_pylist())
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block"])
+def test_resume_is_exact(dv_table, shuffle):
+    path, _ = dv_table
+    ds = al.delta(path).filter("id <> 204")
+    full = [list(b["id"]) for b in ds.loader(3, shuffle=shuffle, seed=2)]
+    for k in (1, 4, 7):
+        state = state_after(ds.loader(3, shuffle=shuffle, seed=2), k)
+        fresh = al.delta(path).filter("id <> 204").loader(3, shuffle=shuffle, seed=2)
+        fresh.load_state_dict(state)
+        assert [list(b["id"]) for b in fresh] == full[k:]
+
+
+def test_explain_and_repr_name_the_table_version_and_deleted_rows(dv_table):
+    path, _ = dv_table
+    ds = al.delta(path)
+    text = ds.explain()
+    assert f"delta table {path} version 0 (3 files, 9 deleted rows)" in text
+    assert "3 of 3 files, 9 of 9 deleted rows" in text
+    assert "version 0" in repr(ds) and "9 deleted rows" in repr(ds)
+    desc = ds.describe()
+    assert set(desc["source"].to_list()) and all("delta" in s and "version 0" in s for s in desc["source"])
+    assert desc.filter(desc["column"] == "id")["rows"].item() == 33
+
+
+# -- refusals, errors, S3 ---------------------------------------------------------------
+
+def _protocol(root: str, features: list[str]) -> str:
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(f"{root}/_delta_log")
+    pq.write_table(pa.table({"id": [1, 2]}), f"{root}/f.parquet")
+    schema = {"type": "struct", "fields": [{"name": "id", "type": "long", "nullable": True, "metadata": {}}]}
+    log = [{"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
+                         "writerFeatures": features}},
+           {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                         "schemaString": json.dumps(schema), "partitionColumns": [], "configuration": {},
+                         "createdTime": 0}},
+           {"add": {"path": "f.parquet", "partitionValues": {}, "size": os.path.getsize(f"{root}/f.parquet"),
+                    "modificationTime": 0, "dataChange": True, "stats": json.dumps({"numRecords": 2})}}]
+    with open(f"{root}/_delta_log/00000000000000000000.json", "w") as out:
+        out.write("\n".join(json.dumps(a) for a in log) + "\n")
+    return root
+
+
+def test_unsupported_reader_feature_is_a_typed_error_naming_it(tmp_path):
+    from deltalake import DeltaTable
+    root = _protocol(str(tmp_path / "t"), ["timestampNtz"])
+    assert al.delta(root).to_arrow()["id"].to_pylist() == [1, 2]  # a feature it honours
+    root = _protocol(str(tmp_path / "t"), ["variantType"])
+    DeltaTable(root)  # the log itself loads
+    for open_ in (al.delta, al.dataset):
+        with pytest.raises(al.UnsupportedTableFeatureError) as info:
+            open_(root)
+        assert info.value.feature == "variantType" and "variantType" in str(info.value)
+        assert isinstance(info.value, NotImplementedError) and isinstance(info.value, al.ArrowloadError)
+
+
+def test_missing_table_and_missing_version(versions, tmp_path):
+    path, _ = versions
+    with pytest.raises(al.InvalidArgumentError, match="no version 99"):
+        al.delta(path, version=99)
+    with pytest.raises(al.PathNotFoundError):
+        al.delta(str(tmp_path / "nothing"))
+    with pytest.raises(al.InvalidArgumentError):
+        al.delta(path, version=1, timestamp=dt.datetime.now())
+
+
+def test_path_inside_a_table_is_refused_naming_the_root(versions):
+    path, _ = versions
+    inner = os.path.join(path, "part=a")
+    with pytest.raises(al.LakeTableError) as info:
+        al.dataset(inner)
+    assert os.path.samefile(info.value.table_root, path)
+    assert f"al.delta({path!r})" in str(info.value)
+
+
+def test_delta_table_on_s3(versions, dv_table):
+    """Through a real S3 API (moto on loopback): the log through deltalake, the files
+    through arrowload, with deletion vectors; a partition folder is still refused."""
+    import s3fs
+    path, _ = versions
+    dv_path, live = dv_table
+    with moto_s3_server() as url:
+        s3 = s3fs.S3FileSystem(endpoint_url=url, key="testing", secret="testing", skip_instance_cache=True)
+        s3.mkdir("delta-lakes")
+        for local, name in ((path, "events"), (dv_path, "dv")):
+            for folder, _, names in os.walk(local):
+                for n in names:
+                    rel = os.path.relpath(os.path.join(folder, n), local).replace(os.sep, "/")
+                    s3.put_file(os.path.join(folder, n), f"delta-lakes/{name}/{rel}")
+        options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
+        ds = al.dataset("s3://delta-lakes/events", storage_options=options)
+        assert _sorted_rows(ds.to_arrow()) == _sorted_rows(_truth(path))
+        v2 = al.delta("s3://delta-lakes/events", version=2, storage_options=options)
+        assert v2.count() == _truth(path, 2).num_rows
+        dv = al.delta("s3://delta-lakes/dv", storage_options=options)
+        assert _sorted_rows(dv.to_arrow()) == _sorted_rows(live)
+        assert Counter(_ids(dv.loader(4, shuffle="block", seed=1))) == Counter(live["id"].to_pylist())
+        with pytest.raises(al.LakeTableError, match="Delta Lake"):
+            al.dataset("s3://delta-lakes/events/part=b/", storage_options=options)
