@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import StateMismatchError
 from ..order import KINDS, ORDER_SINCE, ORDER_VERSION
+from ..source.snapshot import files_of_compact
 
 STATE_FORMAT = "arrowload.loader_state"
 STATE_VERSION = 3
@@ -122,6 +123,15 @@ def _check_sources(sources: Any, snapshot: str) -> None:
             isinstance(s, Mapping) and isinstance(s.get("snapshot"), str) and s["snapshot"] for s in sources):
         raise StateMismatchError("sources: not a list of objects with a 'snapshot' string; the state was "
                                  "damaged or edited")
+    for i, s in enumerate(sources):
+        if "files" in s:
+            if not (isinstance(s.get("root"), str) and isinstance(s.get("file_format"), str)):
+                raise StateMismatchError(f"sources: sources[{i}] has files but no 'root' / 'file_format' "
+                                         "string; the state was damaged or edited")
+            try:
+                files_of_compact(s, f"sources[{i}]")
+            except ValueError as exc:
+                raise StateMismatchError(f"sources: {exc}; the state was damaged or edited") from None
     joined = "+".join(s["snapshot"] for s in sources) or "none"
     if joined != snapshot:
         raise StateMismatchError(f"sources: their snapshots ({joined!r}) are not the state's snapshot "

@@ -104,8 +104,8 @@ def files_of_compact(doc: Mapping[str, Any], where: str) -> list[PinnedFile]:
         raise ValueError(f"{where}.files is not a list")
     out = []
     for i, row in enumerate(rows):
-        if not (isinstance(row, list) and len(row) == 5 and isinstance(row[0], str) and
-                all(v is None or type(v) is int for v in (row[1], row[2], row[4])) and
+        if not (isinstance(row, list) and len(row) == 5 and isinstance(row[0], str) and row[0] and
+                all(v is None or (type(v) is int and v >= 0) for v in (row[1], row[2], row[4])) and
                 (row[3] is None or isinstance(row[3], str))):
             raise ValueError(f"{where}.files[{i}] is not [path, size, mtime_ns, identity, rows]: {row!r:.120}")
         out.append(PinnedFile(row[0], row[1], row[2], row[3], row[4]))
