@@ -402,12 +402,14 @@ class Loader:
     def _describe(self) -> str:
         o = self.options
         window = f", window {o.shuffle_window} units" if self.shuffle_kind is ShuffleKind.BLOCK else ""
+        resumed = " (a loaded state's files)" if self._dataset is not self._origin else ""
         lines = [
             "== loader ==",
             f"  shuffle      {self.shuffle_kind}{window} (seed {o.seed}, epoch {self.epoch})",
             f"  rows         {self.num_rows} selected; rank {self.rank} of {self.world_size}",
             f"  batches      {len(self)} of {o.batch_size} rows (drop_last={o.drop_last})",
             f"  source       {self.source_kind}, {len(self._source.counts)} units",
+            f"  snapshot     {self.snapshot_id}{resumed}",
             f"  output       {o.output} (device {o.device})",
             f"  prefetch     {o.prefetch / 2**20:.0f} MiB budget, {self.readers_text()}",
         ]

@@ -385,6 +385,8 @@ class FileSource(PicklableLock, Source):
         sub._fetched = {i: f for i, f in self._fetched.items() if i < k}
         sub._footers = self._footers  # shared: whichever checks a file first takes its bytes
         sub._streams = self._streams
+        sub._pinned = self._pinned[:k] if self._pinned is not None else None
+        sub._snapshot_id = None
         return sub
 
     def _units_of(self, i: int, meta, start: int) -> list[Unit]:
