@@ -17,7 +17,7 @@ from .optimize import optimize, optimize_steps
 from .pipeline.options import DEFAULT, LoaderOptions, resolve_options
 from .plan import explain as _explain
 from .plan.expr import SqlExpr, make_expr
-from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, scans, walk
+from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, scans, walk, with_sources
 from .scan import execute
 from .scan.splits import Split, plan_splits
 from .source import open_source
@@ -245,6 +245,56 @@ class Dataset:
             cache_dir=cache_dir, memory_budget=memory_budget, stack=stack, devices=devices, sharding=sharding))
         return Loader(self, opts)
 
+    # -- snapshots --------------------------------------------------------
+    @property
+    def snapshot_id(self) -> str:
+        """The data snapshot this dataset reads, as a short string (no I/O): for files
+        ``files:`` and a digest of the file list (paths relative to the root, sizes,
+        modification times, identities such as S3 ETags or local inodes), so it changes when
+        a file is added, removed or rewritten and not between ``al.dataset`` calls on the
+        same files; for in-memory data ``memory:`` and a digest of the data; several
+        sources (SQL over several datasets) are joined with ``+``.
+
+        >>> import pyarrow as pa, arrowload as al
+        >>> al.dataset(pa.table({"x": [1]})).snapshot_id.startswith("memory:")
+        True
+        """
+        return "+".join(s.source.snapshot_id for s in scans(self._plan)) or "none"
+
+    def pin(self) -> "Dataset":
+        """This selection bound to its current snapshot: exactly the files listed when the
+        dataset was opened, whatever is appended later. No I/O here; every read of the pinned
+        dataset (``count``, ``head``, ``to_arrow``, ``to_batches``, ``loader`` ...) first
+        checks each file (one stat) and raises ``SnapshotChangedError`` naming a file that
+        changed or vanished. ``pinned.save_manifest(path)`` writes the file list, which
+        ``al.dataset(path)`` reopens. In-memory data is already its own snapshot."""
+        return self._with(with_sources(self._plan, lambda i, src: src.pin()))
+
+    def save_manifest(self, path: str | os.PathLike) -> str:
+        """Write the snapshot manifest (``formats/snapshot_manifest/v1``) of this dataset's
+        files to the local file ``path``, atomically, and return its ``snapshot_id``.
+        The manifest names the files (root URI; per file its path relative to the root,
+        size, modification time, ETag / generation / inode where known, rows from its
+        footer, partition values), the format and a schema digest; it reads every footer.
+        ``al.dataset(path)`` reopens exactly those files (pinned: checked when read), from
+        any process. The manifest holds the data, not the selection: filters, columns and
+        maps of this dataset are not saved. A dataset over several sources or in-memory data
+        has no manifest (``UnsupportedError``)."""
+        from .jsondoc import write_atomic
+        found = list({id(s.source): s.source for s in scans(self._plan)}.values())
+        if len(found) != 1:
+            from .errors import UnsupportedError
+            raise UnsupportedError(f"a snapshot manifest names the files of one source; this dataset reads "
+                                   f"{len(found)} sources: save a manifest per dataset")
+        doc = found[0].manifest()
+        write_atomic(os.fspath(path), doc)
+        return doc["snapshot_id"]
+
+    def _verify(self) -> None:
+        """Pinned sources check their files (a stat each) before a read."""
+        for s in scans(self._plan):
+            s.source.verify()
+
     # -- planning ---------------------------------------------------------
     def optimized_plan(self) -> Plan:
         return optimize(self._plan, self._options.optimizer)
@@ -301,6 +351,7 @@ class Dataset:
     def count(self) -> int:
         """Number of rows: from footers when the plan allows (no filter, or a filter
         decided by statistics), else reading only the filter's columns."""
+        self._verify()
         plan = Project(self._plan, ())
         return execute.count_rows(optimize(plan, self._options.optimizer), self._options)
 
@@ -314,6 +365,7 @@ class Dataset:
         from the first file (``schema`` unifies every file; they agree wherever the shards
         do), whether or not other footers were read before."""
         limit = Limit(self._plan, n)  # checks n
+        self._verify()
         plan = self._plan
         bare = isinstance(plan, Scan) and plan.columns is None and plan.predicate is None and \
             plan.projection is None and plan.limit is None and plan.units is None
@@ -327,6 +379,7 @@ class Dataset:
     def to_arrow(self) -> pa.Table:
         """The whole selection as a ``pyarrow.Table`` (multi-threaded scan; with a progress
         bar where ``al.set_progress`` allows one)."""
+        self._verify()
         plan = self.optimized_plan()
         if _progress.active():
             return _progress.collect(execute.iter_batches(plan, self._options), plan.schema,
@@ -336,6 +389,7 @@ class Dataset:
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         """Stream the selection as ``pyarrow.RecordBatch`` es, in source order; memory stays
         bounded by the scanner's readahead."""
+        self._verify()
         return execute.iter_batches(self.optimized_plan(), self._options)
 
     def to_polars(self):

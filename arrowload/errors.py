@@ -118,8 +118,9 @@ class DeviceUnavailableError(ArrowloadError, RuntimeError):
     """The requested device (e.g. ``"cuda"``) is not available in this process."""
 
 
-class SnapshotChangedError(ArrowloadError, RuntimeError):
-    """The data changed under a snapshot the loader or a cache was built on."""
+class SnapshotChangedError(_PathMessage, ArrowloadError, RuntimeError):
+    """The data changed under a snapshot the loader, a pinned dataset or a cache was built
+    on. ``path`` names the (first) file that changed or vanished, where one is known."""
 
 
 class StateMismatchError(ArrowloadError, ValueError):

@@ -19,6 +19,7 @@ import re
 import jsonschema
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset  # noqa: F401 - pa.dataset
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,7 +55,7 @@ def _validator_for(path: str):
 
 def test_every_format_is_complete():
     assert {os.path.basename(os.path.dirname(d)) for d in VERSION_DIRS} >= \
-        {"loader_state", "selection_index", "ra_cache", "plan_cache", "plan_cache_lock"}
+        {"loader_state", "selection_index", "ra_cache", "plan_cache", "plan_cache_lock", "snapshot_manifest"}
     for d in VERSION_DIRS:
         name, version = os.path.basename(os.path.dirname(d)), os.path.basename(d)
         assert re.fullmatch(r"v\d+", version)
@@ -101,7 +102,7 @@ def _ds(lake: str, pred: str = "label = 0") -> al.Dataset:
 
 @pytest.mark.parametrize("kind", ["none", "block", "global"])
 def test_loader_states_validate(lake, tmp_path, kind):
-    check = validator("loader_state", 2)  # what state_dict() writes: version 2
+    check = validator("loader_state", 3)  # what state_dict() writes: version 3
     loader = _ds(lake).loader(100, shuffle=kind, rank=1, world_size=2, drop_last=kind == "block",
                               cache_dir=str(tmp_path))
     states = [loader.state_dict()]
@@ -354,6 +355,44 @@ def test_plan_cache_documents_written_validate(lake, tmp_path):
     assert len(locks) == 1
     validator("plan_cache_lock").validate(locks[0])
     assert locks[0]["key"] == _load(commit)["key"] == os.path.basename(os.path.dirname(commit))
+
+
+MANIFEST_DOCS = sorted(glob.glob(os.path.join(ROOT, "snapshot_manifest", "v1", "*", "*.json")))
+
+
+@pytest.mark.parametrize("path", MANIFEST_DOCS, ids=_rel)
+def test_snapshot_manifests_through_their_reader(path):
+    """Examples are read (their snapshot ids recomputed from their files: golden vectors of
+    the digest); invalid ones are refused naming the manifest; a future version is refused
+    saying which versions this arrowload reads."""
+    from arrowload.source.snapshot import read_manifest
+    doc = _load(path)
+    if os.path.basename(os.path.dirname(path)) == "examples":
+        assert read_manifest(doc, path) == doc
+    else:
+        with pytest.raises((al.CorruptFileError, al.UnsupportedError)) as info:
+            read_manifest(doc, path)
+        assert path in str(info.value)
+    with pytest.raises(al.UnsupportedError, match=r"version 2 is not supported \(this arrowload reads version 1\)"):
+        read_manifest(dict(doc, version=2), path)
+
+
+def test_snapshot_manifest_written_validates_and_future_version_is_refused_when_opened(lake, tmp_path):
+    import shutil
+    copy = str(tmp_path / "lake")
+    shutil.copytree(lake, copy)
+    path = str(tmp_path / "snap.json")
+    sid = al.dataset(copy).pin().save_manifest(path)
+    doc = _load(path)
+    validator("snapshot_manifest").validate(doc)
+    assert doc["snapshot_id"] == sid == al.dataset(copy).snapshot_id
+    assert list(doc)[:2] == ["format", "version"]  # the header comes first
+    assert [f["path"] for f in doc["files"]] == sorted(n for n in os.listdir(copy) if n.endswith(".parquet"))
+    assert doc["num_rows"] == sum(f["rows"] for f in doc["files"]) == pa.dataset.dataset(copy).count_rows()
+    with open(path, "w") as f:
+        json.dump(dict(doc, version=2), f)
+    with pytest.raises(al.UnsupportedError, match="version 2 is not supported"):
+        al.dataset(path)
 
 
 # the fingerprint ignores SQL spelling (keyword / unquoted-name case, spaces, redundant

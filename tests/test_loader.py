@@ -375,7 +375,7 @@ def test_state_from_another_setup_is_refused(lakes, shared_cache, tmp_path):
             loader.load_state_dict(state)
         assert isinstance(info.value, ValueError) and isinstance(info.value, al.ArrowloadError)
         assert f"{field}:" in str(info.value), str(info.value)
-    for bad in (dict(state, version=3), dict(state, format="torch.checkpoint"), {"epoch": 0}):
+    for bad in (dict(state, version=4), dict(state, format="torch.checkpoint"), {"epoch": 0}):
         with pytest.raises(al.StateMismatchError):
             same.load_state_dict(bad)
     with pytest.raises(al.StateMismatchError):

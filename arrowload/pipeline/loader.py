@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..convert.batches import BatchOutput, concat_arrow
-from ..errors import InvalidArgumentError, LoaderClosedError
+from ..errors import InvalidArgumentError, LoaderClosedError, StateMismatchError
 from ..options import default_cache_dir
 from ..order import EpochOrder, ShuffleKind, SourceShape, num_batches, plan_tasks, rank_range
 from ..plan.fingerprint import plan_fingerprint
-from ..plan.nodes import Map, scans, walk
+from ..plan.nodes import Map, scans, walk, with_sources
 from ..scan.execute import as_record_batch
 from ..source.footer import keep_checks, recall_checks
 from . import arguments as _arguments
@@ -40,7 +40,8 @@ from .device import TorchDeviceStage, jax_place, wants_cuda
 from .options import LoaderOptions, reader_bound
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize
 from .stages import EpochIterator, Settings, Stages
-from .state import Position, batches_for, make_state, read_state
+from .state import (DATA, IDENTITY, STATE_VERSION, Position, batches_for, check_identity, make_state,
+                    read_state, state_version)
 from .stats import LoaderStats
 
 __all__ = ["Loader", "LoaderOptions", "LoaderStats"]
@@ -72,6 +73,18 @@ def _total_memory() -> int:
 
 def _transformed(fn, batch):
     return as_record_batch(fn(batch), "transform")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Binding:
+    """What a loader derives from the dataset it reads (see ``Loader._bind``)."""
+
+    dataset: Any
+    plan: Any
+    logical_key: str
+    shuffle_kind: ShuffleKind
+    source: Any
+    widths: Any
 
 
 class Loader:
@@ -122,24 +135,11 @@ class Loader:
             from ..convert import _backend
             _backend(self._convert)  # a bad or missing device fails here, not at the first batch
         self._cache_dir = options.cache_dir or default_cache_dir()
-        recall_checks(self._cache_dir)  # footer checks passed in earlier processes (footer.py)
-        self._plan = dataset.optimized_plan()
-        self._logical_key = plan_fingerprint(dataset.plan, data=False)
         #: the most reader threads: io_threads, or the cores this process may run on
         self.max_readers = reader_bound(options.io_threads)
-        # what the first batches would refuse (stack names, ragged lists, nulls) fails here:
-        # from the schema and footers before reading, from the random-access table once built
-        checked = options.transform is None  # a transform reshapes batches: per-batch checks only
-        if checked:
-            preflight.check_plan(self._plan.schema, self._plan, self._convert, options.stack)
-        self.shuffle_kind, self._source = self._build_source()
-        keep_checks(self._cache_dir)
-        widths = None
-        if checked:
-            known = preflight.check_source(self._source, self._convert)
-            lists = preflight.unpadded_lists(self._plan.schema, self._convert)
-            if lists and options.output != "arrow":
-                widths = preflight.ListWidths(lists, known)
+        dataset._verify()  # a pinned dataset's files, as they were
+        self._origin = dataset  # the dataset built on; a loaded state may bind another snapshot of it
+        self._adopt(self._bind(dataset))
         self.epoch = 0
         self._start = 0
         self._position = 0
@@ -148,38 +148,72 @@ class Loader:
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._stats = LoaderStats()
         self._decoded0: dict[str, int] = {}  # units each decoder had read when this iteration began
-        self._shape: SourceShape | None = None
         self._pool = BufferPool(max_bytes=max(options.prefetch, 64 << 20))
         # reads are converted whole on the reader threads unless batches must stay Arrow
         self._chunks = (ChunkConverter(self._convert, options.stack, self._pool)
                         if options.output != "arrow" and options.transform is None else None)
         place = (functools.partial(jax_place, placement=options.sharding)
                  if options.sharding is not None else None)
-        self._output = BatchOutput(self._convert, options.stack, self._pool, widths=widths,
+        self._output = BatchOutput(self._convert, options.stack, self._pool, widths=self._widths,
                                    to_device=self._device_stage.to_device if self._device_stage else None,
                                    place=place)
+
+    # -- what the loader reads: a dataset, bound ------------------------------------
+    def _bind(self, dataset) -> _Binding:
+        """Everything the loader derives from its dataset: the optimized plan, its
+        fingerprint, the checks the first batches would make, the shuffle kind and the
+        random-access layer (counts; the table for global shuffle). Nothing is assigned."""
+        options = self.options
+        recall_checks(self._cache_dir)  # footer checks passed in earlier processes (footer.py)
+        plan = dataset.optimized_plan()
+        # what the first batches would refuse (stack names, ragged lists, nulls) fails here:
+        # from the schema and footers before reading, from the random-access table once built
+        checked = options.transform is None  # a transform reshapes batches: per-batch checks only
+        if checked:
+            preflight.check_plan(plan.schema, plan, self._convert, options.stack)
+        kind, source = self._build_source(dataset, plan)
+        keep_checks(self._cache_dir)
+        widths = None
+        if checked:
+            known = preflight.check_source(source, self._convert)
+            lists = preflight.unpadded_lists(plan.schema, self._convert)
+            if lists and options.output != "arrow":
+                widths = preflight.ListWidths(lists, known)
+        return _Binding(dataset, plan, plan_fingerprint(dataset.plan, data=False), kind, source, widths)
+
+    def _adopt(self, bound: _Binding) -> None:
+        old = getattr(self, "_source", None)
+        self._dataset, self._plan, self._logical_key = bound.dataset, bound.plan, bound.logical_key
+        self.shuffle_kind, self._source, self._widths = bound.shuffle_kind, bound.source, bound.widths
+        self._shape = None
+        if hasattr(self, "_output"):
+            self._output.widths = bound.widths
+        close = getattr(old, "close", None)
+        if old is not None and old is not bound.source and close is not None:
+            close()
 
     # -- random-access layer -------------------------------------------------
     def _needs_table(self) -> bool:
         return not _one_scan(self._plan)
 
-    def _build_source(self) -> tuple[ShuffleKind, ScanRowSource | TableRowSource]:
+    def _shuffle_kind(self, plan) -> ShuffleKind:
+        if self.options.auto_shuffle:  # shuffle=True / "auto": the best kind the source allows
+            local = all(s.source.is_local for s in scans(plan))
+            return ShuffleKind.GLOBAL if (local or not _one_scan(plan)) else ShuffleKind.BLOCK
+        return ShuffleKind(self.options.shuffle)
+
+    def _build_source(self, dataset, plan) -> tuple[ShuffleKind, ScanRowSource | TableRowSource]:
         opts = self.options
-        found = scans(self._plan)
-        local = all(s.source.is_local for s in found)
-        needs_table = self._needs_table()
-        if opts.auto_shuffle:  # shuffle=True / "auto": the best kind the source allows
-            kind = ShuffleKind.GLOBAL if (local or needs_table) else ShuffleKind.BLOCK
-        else:
-            kind = ShuffleKind(opts.shuffle)
+        needs_table = not _one_scan(plan)
+        kind = self._shuffle_kind(plan)
         budget = opts.memory_budget if opts.memory_budget is not None else _total_memory() // 4
-        reuse = all(not isinstance(n, Map) or bool(n.name) for n in walk(self._plan))
+        reuse = all(not isinstance(n, Map) or bool(n.name) for n in walk(plan))
         if kind is ShuffleKind.GLOBAL or needs_table:
-            src = materialize(self._plan, self._dataset.options, memory_budget=budget,
+            src = materialize(plan, dataset.options, memory_budget=budget,
                               cache_dir=self._cache_dir, reuse=reuse,
                               stack=opts.stack if opts.output != "arrow" and opts.transform is None else None)
         else:
-            src = ScanRowSource(self._plan, self._dataset.options, self._cache_dir, self.max_readers)
+            src = ScanRowSource(plan, dataset.options, self._cache_dir, self.max_readers)
         return kind, src
 
     @property
@@ -278,40 +312,90 @@ class Loader:
         self._batches_done += 1
 
     # -- state -------------------------------------------------------------------
-    def _identity(self) -> dict:
+    def _identity(self, version: int = STATE_VERSION) -> dict:
         return {
-            "snapshot": self._source_snapshot(),
-            "plan": self._logical_key,
+            "snapshot": self._dataset.snapshot_id if version >= 3 else self._source_snapshot(),
+            **self._setup(self._logical_key, self.shuffle_kind),
+            "num_rows": self.num_rows,
+        }
+
+    def _setup(self, plan_key: str, kind: ShuffleKind) -> dict:
+        """The identity fields that name the plan and the loader's setup (not the data)."""
+        return {
+            "plan": plan_key,
             "seed": self.options.seed,
-            "shuffle": self.shuffle_kind.value,
-            "window": self.options.shuffle_window if self.shuffle_kind is ShuffleKind.BLOCK else None,
+            "shuffle": kind.value,
+            "window": self.options.shuffle_window if kind is ShuffleKind.BLOCK else None,
             "world_size": self.world_size,
             "rank": self.rank,
             "batch_size": self.options.batch_size,
             "drop_last": self.options.drop_last,
-            "num_rows": self.num_rows,
         }
 
     def _source_snapshot(self) -> str:
+        """The data's identity as states of versions 1 and 2 name it."""
         return "+".join(s.source.fingerprint() for s in scans(self._dataset.plan)) or "sql"
+
+    @property
+    def snapshot_id(self) -> str:
+        """The snapshot this loader reads: its dataset's, or, after ``load_state_dict`` of a
+        state taken on other files of the same folder, the state's."""
+        return self._dataset.snapshot_id
 
     def state_dict(self) -> dict:
         """Small JSON-serializable state: where this rank is in which epoch, plus what it was
-        taken on (snapshot and plan fingerprints, seed, shuffle, world). No pickles. See
-        ``formats/loader_state/v2/spec.md``."""
-        return make_state(self._identity(), Position(self.epoch, self._position, self._batches_done))
+        taken on (the snapshot id and, per source, what reopens that snapshot: for files the
+        compact file list; the plan fingerprint, seed, shuffle, world). No pickles. See
+        ``formats/loader_state/v3/spec.md``."""
+        sources = [s.source.state_snapshot() for s in scans(self._dataset.plan)]
+        return make_state(self._identity(), Position(self.epoch, self._position, self._batches_done), sources)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields exactly the batches after ``state``'s position
         in its epoch. Every field is checked (type, range, this rank's own rows); a state
-        taken on other data, another plan or another setup is refused with
-        ``StateMismatchError`` saying what differs."""
+        taken with another plan or another setup is refused with ``StateMismatchError``
+        saying what differs.
+
+        A state holds its snapshot. Where this loader's dataset now lists other files than
+        the state was taken on (files appended to the folder since, even ones a filter drops),
+        the loader switches to the state's files: each must be there and unchanged (size,
+        modification time, identity), else ``SnapshotChangedError`` names it. The loader then
+        stays on that snapshot, for this epoch and the next ones (``set_epoch``), until a new
+        loader is built; ``snapshot_id`` says which it reads. States of versions 1 and 2 hold
+        no file list and resume only on the data they were taken on."""
+        version = state_version(state)
+        if version >= 3 and state["snapshot"] != self._dataset.snapshot_id:
+            self._go_to_snapshot(state)
         start, stop = self._rank_rows()
-        at = read_state(state, self._identity(), stop - start)
+        at = read_state(state, self._identity(version), stop - start)
         self.epoch = at.epoch
         self._start = at.position
         self._position = at.position
         self._batches_done = at.batches
+
+    def _go_to_snapshot(self, state: Mapping[str, Any]) -> None:
+        """Rebind this loader to the snapshot of ``state`` (checked first: the plan and
+        setup must be the state's, every file of it unchanged)."""
+        origin = self._origin
+        found = scans(origin.plan)
+        sources = state["sources"]
+        if len(sources) != len(found):
+            raise StateMismatchError(f"sources: the state names {len(sources)} source(s), this loader reads "
+                                     f"{len(found)}; build the loader over the same datasets")
+        try:
+            plan = with_sources(origin.plan, lambda i, src: src.at_snapshot(sources[i]))
+        except LookupError as exc:
+            raise StateMismatchError(f"snapshot: the data is not the data the state was taken on, and this "
+                                     f"loader cannot go back to it: {exc.args[0] if exc.args else exc}. Build "
+                                     "the loader over the data the state was taken on, or start without "
+                                     "the state") from None
+        dataset = origin._with(plan)
+        check_identity(state, self._setup(plan_fingerprint(plan, data=False),
+                                          self._shuffle_kind(dataset.optimized_plan())),
+                       [k for k in IDENTITY if k not in DATA])
+        for it in list(self._active):
+            it.close()
+        self._adopt(self._bind(dataset))
 
     # -- introspection -------------------------------------------------------------
     def stats(self) -> LoaderStats:
@@ -329,12 +413,14 @@ class Loader:
     def _describe(self) -> str:
         o = self.options
         window = f", window {o.shuffle_window} units" if self.shuffle_kind is ShuffleKind.BLOCK else ""
+        resumed = " (a loaded state's files)" if self._dataset is not self._origin else ""
         lines = [
             "== loader ==",
             f"  shuffle      {self.shuffle_kind}{window} (seed {o.seed}, epoch {self.epoch})",
             f"  rows         {self.num_rows} selected; rank {self.rank} of {self.world_size}",
             f"  batches      {len(self)} of {o.batch_size} rows (drop_last={o.drop_last})",
             f"  source       {self.source_kind}, {len(self._source.counts)} units",
+            f"  snapshot     {self.snapshot_id}{resumed}",
             f"  output       {o.output} (device {o.device})",
             f"  prefetch     {o.prefetch / 2**20:.0f} MiB budget, {self.readers_text()}",
         ]

@@ -1,5 +1,11 @@
-"""The loader state (``formats/loader_state/v2``; ``v1`` still read): writing it, and reading
-it back field by field.
+"""The loader state (``formats/loader_state/v3``; ``v1`` and ``v2`` still read): writing it,
+and reading it back field by field.
+
+Version 3 adds ``sources``: per scan of the plan, the snapshot it read as the source's
+``state_snapshot()`` gives it (for files: the compact file list, so a loader opened later
+on the same folder, with files appended since, can go back to exactly those files); its
+``snapshot`` field is then the dataset's ``snapshot_id``. Versions 1 and 2 name the data
+by the sources' fingerprints and resume only on exactly that data, as before.
 
 A state is positions only (epoch, rows of this rank's epoch already yielded, batches
 yielded) plus the identity of what it was taken on (data snapshot, plan fingerprint,
@@ -25,19 +31,23 @@ from typing import Any
 
 from ..errors import StateMismatchError
 from ..order import KINDS, ORDER_SINCE, ORDER_VERSION
+from ..source.snapshot import files_of_compact
 
 STATE_FORMAT = "arrowload.loader_state"
-STATE_VERSION = 2
-#: versions ``read_state`` accepts (1: no ``order`` field, order version 1)
-READABLE = (1, 2)
+STATE_VERSION = 3
+#: versions ``read_state`` accepts (1: no ``order`` field, order version 1; 2: no ``sources``)
+READABLE = (1, 2, 3)
 
 #: identity fields: a state loads only into a loader whose values are the same
 IDENTITY = ("snapshot", "plan", "seed", "shuffle", "window", "world_size", "rank", "batch_size",
             "drop_last", "num_rows")
 #: position fields
 POSITION = ("epoch", "position", "batches")
-FIELDS = ("format", "version") + IDENTITY + ("order",) + POSITION
-_FIELDS_BY_VERSION = {1: tuple(f for f in FIELDS if f != "order"), 2: FIELDS}
+FIELDS = ("format", "version") + IDENTITY + ("order",) + POSITION + ("sources",)
+_FIELDS_BY_VERSION = {1: tuple(f for f in FIELDS if f not in ("order", "sources")),
+                      2: tuple(f for f in FIELDS if f != "sources"), 3: FIELDS}
+#: identity fields that name the data (the rest name the plan and the loader's setup)
+DATA = ("snapshot", "num_rows")
 
 _INT, _STR, _BOOL = "an integer", "a string", "true or false"
 _TYPES = {"snapshot": _STR, "plan": _STR, "seed": _INT, "shuffle": _STR, "window": _INT,
@@ -59,15 +69,17 @@ def batches_for(position: int, batch_size: int) -> int:
     return -(-position // batch_size)
 
 
-def make_state(identity: Mapping[str, Any], at: Position) -> dict:
-    """The JSON-serializable state document (this version, under this order version)."""
+def make_state(identity: Mapping[str, Any], at: Position, sources: list[dict]) -> dict:
+    """The JSON-serializable state document (this version, under this order version);
+    ``sources``: each scan's ``Source.state_snapshot()``."""
     return {"format": STATE_FORMAT, "version": STATE_VERSION, **{k: identity[k] for k in IDENTITY},
-            "order": ORDER_VERSION, "epoch": at.epoch, "position": at.position, "batches": at.batches}
+            "order": ORDER_VERSION, "epoch": at.epoch, "position": at.position, "batches": at.batches,
+            "sources": sources}
 
 
-def read_state(state: Any, identity: Mapping[str, Any], rank_rows: int) -> Position:
-    """Check ``state`` against a loader of ``identity`` whose rank has ``rank_rows`` rows in an
-    epoch (after ``drop_last``); the position to resume at, or ``StateMismatchError``."""
+def state_version(state: Any) -> int:
+    """Check the document's shape (format, version, fields, types); its version, or
+    ``StateMismatchError`` naming the field."""
     if not isinstance(state, Mapping):
         raise StateMismatchError(f"a loader state is a dict (what Loader.state_dict() returns, or its "
                                  f"JSON), got {type(state).__name__}")
@@ -101,11 +113,46 @@ def read_state(state: Any, identity: Mapping[str, Any], rank_rows: int) -> Posit
             allowed = f"{kind}{' or null' if key == 'window' else ''}"
             raise StateMismatchError(f"{key}: {value!r} ({type(value).__name__}) in the loader state is "
                                      f"not {allowed}; the state was damaged or edited")
-    diffs = [f"{k}: {_difference(k, state[k], identity[k])}" for k in IDENTITY if state[k] != identity[k]]
+    if version >= 3:
+        _check_sources(state["sources"], state["snapshot"])
+    return version
+
+
+def _check_sources(sources: Any, snapshot: str) -> None:
+    if not isinstance(sources, list) or not all(
+            isinstance(s, Mapping) and isinstance(s.get("snapshot"), str) and s["snapshot"] for s in sources):
+        raise StateMismatchError("sources: not a list of objects with a 'snapshot' string; the state was "
+                                 "damaged or edited")
+    for i, s in enumerate(sources):
+        if "files" in s:
+            if not (isinstance(s.get("root"), str) and isinstance(s.get("file_format"), str)):
+                raise StateMismatchError(f"sources: sources[{i}] has files but no 'root' / 'file_format' "
+                                         "string; the state was damaged or edited")
+            try:
+                files_of_compact(s, f"sources[{i}]")
+            except ValueError as exc:
+                raise StateMismatchError(f"sources: {exc}; the state was damaged or edited") from None
+    joined = "+".join(s["snapshot"] for s in sources) or "none"
+    if joined != snapshot:
+        raise StateMismatchError(f"sources: their snapshots ({joined!r}) are not the state's snapshot "
+                                 f"{snapshot!r}; the state was damaged or edited")
+
+
+def check_identity(state: Mapping[str, Any], identity: Mapping[str, Any], keys=IDENTITY) -> None:
+    """``StateMismatchError`` saying in words which of ``keys`` differ between a checked
+    ``state`` and a loader of ``identity``."""
+    diffs = [f"{k}: {_difference(k, state[k], identity[k])}" for k in keys if state[k] != identity[k]]
     if diffs:
         raise StateMismatchError("the state was taken on other data or another loader setup, so it "
                                  "cannot resume this loader: " + "; ".join(diffs) + ". Build the loader "
                                  "the same way over the same data, or start without the state")
+
+
+def read_state(state: Any, identity: Mapping[str, Any], rank_rows: int) -> Position:
+    """Check ``state`` against a loader of ``identity`` whose rank has ``rank_rows`` rows in an
+    epoch (after ``drop_last``); the position to resume at, or ``StateMismatchError``."""
+    state_version(state)
+    check_identity(state, identity)
     epoch, position, batches = state["epoch"], state["position"], state["batches"]
     bsize = identity["batch_size"]
     if epoch < 0:

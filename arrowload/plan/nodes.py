@@ -282,6 +282,29 @@ def scans(plan: Plan) -> list[Scan]:
     return [s for c in plan.children for s in scans(c)]
 
 
+def with_sources(plan: Plan, new: Callable[[int, Source], Source]) -> Plan:
+    """``plan`` with the source of its ``i``-th scan (in ``scans`` order) replaced by
+    ``new(i, source)``; nodes are rebuilt (and check themselves) above a changed scan. A
+    source read by several scans is replaced once, by the same new source."""
+    done: dict[int, Source] = {}
+    count = [0]
+
+    def rebuild(node: Plan) -> Plan:
+        if isinstance(node, Scan):
+            i = count[0]
+            count[0] += 1
+            if id(node.source) not in done:
+                done[id(node.source)] = new(i, node.source)
+            src = done[id(node.source)]
+            return node if src is node.source else node.replace(source=src)
+        children = [rebuild(c) for c in node.children]
+        if all(a is b for a, b in zip(children, node.children)):
+            return node
+        return node.with_children(*children)
+
+    return rebuild(plan)
+
+
 @dataclass(frozen=True, eq=False)
 class SqlQuery(Plan):
     """A query DuckDB runs over the bound child plans (joins, aggregates, windows ...).

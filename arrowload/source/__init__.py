@@ -10,7 +10,7 @@ import pyarrow.dataset as ds
 
 import pyarrow.fs as pafs
 
-from ..errors import ArgumentTypeError, InvalidArgumentError, LakeTableError
+from ..errors import ArgumentTypeError, ArrowloadError, CorruptFileError, InvalidArgumentError, LakeTableError
 from ..options import ScanOptions
 from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
@@ -18,6 +18,7 @@ from .filesystem import (_GLOB_CHARS, FileEntry, check_path, file_entry, filesys
                          list_files, protocol_of, to_pyarrow_fs)
 from .lake import refuse_lake_table
 from .memory import MemorySource
+from . import snapshot
 
 __all__ = ["FileSource", "MemorySource", "Source", "Unit", "open_source"]
 
@@ -70,6 +71,10 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
     if not paths:
         raise InvalidArgumentError("al.dataset() needs at least one path; got an empty list")
     paths = [check_path(os.fspath(p)) for p in paths]
+    if format is None and len(paths) == 1 and _may_be_manifest(paths[0]):
+        doc = _manifest_at(paths[0], filesystem, storage_options)
+        if doc is not None:
+            return _open_manifest(doc, paths[0], filesystem, storage_options, scan_options)
     if filesystem is not None:
         pafs = list_fs = to_pyarrow_fs(filesystem)
         stripped = [_strip_for(filesystem, p) for p in paths]
@@ -111,7 +116,77 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         fmt = normalize_format(format)
     base = bases[0] if len(set(bases)) == 1 else os.path.commonpath(bases)
     display = paths[0] if len(paths) == 1 else f"{len(paths)} paths ({paths[0]}, ...)"
-    return FileSource(pafs, all_entries, fmt, base, display, partitioning, scan_options)
+    return FileSource(pafs, all_entries, fmt, base, display, partitioning, scan_options,
+                      root=_root_uri(filesystem, paths[0], base))
+
+
+def _root_uri(filesystem: Any, first: str, base: str) -> str:
+    """``base`` as a URI: with the scheme of the paths given (or of ``filesystem``); a
+    local path as it is."""
+    proto = protocol_of(first)
+    if proto is None and filesystem is not None:
+        named = getattr(filesystem, "protocol", None) or getattr(filesystem, "type_name", None)
+        proto = named[0] if isinstance(named, (tuple, list)) else named
+    if proto in (None, "file", "local"):
+        return base
+    return f"{proto}://{base.lstrip('/')}"
+
+
+def _may_be_manifest(path: str) -> bool:
+    """Whether ``path`` is worth a look for a manifest header: one file (no glob) named
+    ``.json``, or with an extension no data format has (a folder has none, and is not
+    opened for it)."""
+    if _GLOB_CHARS & set(path) or path.endswith("/"):
+        return False
+    fmt = format_of_path(path)
+    return fmt == "json" or (fmt is None and bool(os.path.splitext(path.rsplit("/", 1)[-1])[1]))
+
+
+def _manifest_at(path: str, filesystem: Any, storage_options: dict | None) -> dict | None:
+    """The snapshot manifest at ``path`` (recognised by its header, whatever its name),
+    or None when the file is something else (JSON-lines data) or not there."""
+    import json
+    proto = protocol_of(path)
+    try:
+        if filesystem is not None:
+            fs, stripped = to_pyarrow_fs(filesystem), _strip_for(filesystem, path)
+        elif proto in (None, "file", "local"):
+            fs, stripped = filesystem_for(path, None)
+        else:
+            fs, stripped = filesystem_for(path, storage_options)
+        with fs.open_input_stream(stripped) as f:
+            head = f.read(snapshot.PEEK_BYTES)
+            if not snapshot.looks_like_manifest(head):
+                return None
+            text = head + f.read()
+    except (OSError, ArrowloadError):
+        return None  # not there, or not readable: the ordinary path says why
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise CorruptFileError(f"{path}: starts like an arrowload snapshot manifest but is not JSON ({exc}); "
+                               "write it again with Dataset.save_manifest()", path) from exc
+    return snapshot.read_manifest(doc, path)
+
+
+def _open_manifest(doc: dict, where: str, filesystem: Any, storage_options: dict | None,
+                   scan_options: ScanOptions) -> FileSource:
+    """A FileSource pinned to the manifest ``doc``'s files, checked now (a stat per file)."""
+    root = doc["root"]
+    if filesystem is not None:
+        fs, base = to_pyarrow_fs(filesystem), _strip_for(filesystem, root)
+    else:
+        fs, base = filesystem_for(root, storage_options)
+    pinned = snapshot.manifest_files(doc)
+    entries = [FileEntry(snapshot.absolute(base, f.path), f.size, f.mtime_ns, f.identity) for f in pinned]
+    partitioning = snapshot.partitioning_arg(doc["partitioning"], where)
+    src = FileSource(fs, entries, doc["file_format"], base, f"{where} (manifest of {root}, {len(entries)} files)",
+                     partitioning, scan_options, root=root)
+    src = src._subset(range(len(entries)), pinned)
+    src._display = f"{where} (manifest of {root}, {len(entries)} files)"
+    src._schema_digest = doc["schema_digest"]
+    src.verify()
+    return src
 
 
 def _is_delta_root(fs, folder: str) -> bool:

@@ -103,3 +103,51 @@ class Source:
         """A digest of the data snapshot: changes when any file is added, removed, resized
         or rewritten (file sources: paths, sizes, modification times)."""
         raise NotImplementedError
+
+    # -- snapshots (formats/snapshot_manifest, formats/loader_state/v3) ------------------
+    # A table source (a Delta or Iceberg table at a version) overrides these: its id names
+    # the table version ("delta:<uri>@v<N>"), its state form records what reopens that
+    # version, and at_snapshot() opens it.
+
+    @property
+    def snapshot_id(self) -> str:
+        """The data snapshot this source reads, as a short string: ``<kind>:`` and a digest
+        of the data's identity (in-memory data: :meth:`fingerprint`)."""
+        return f"{self.kind}:{self.fingerprint()}"
+
+    def snapshot(self) -> dict:
+        """What the snapshot is, as plain JSON data (file sources: the files with sizes,
+        modification times, identities and the rows known so far)."""
+        return {"snapshot_id": self.snapshot_id, "kind": self.kind}
+
+    def state_snapshot(self) -> dict:
+        """The snapshot as a loader state carries it: at least ``{"snapshot": id}``, plus
+        what :meth:`at_snapshot` needs to read that snapshot again."""
+        return {"snapshot": self.snapshot_id}
+
+    def at_snapshot(self, doc: Mapping) -> "Source":
+        """This source as it was at the snapshot ``doc`` (a :meth:`state_snapshot` of the
+        same data, possibly older): itself when it is that snapshot, else a source bound to
+        it. Raises ``LookupError`` with the reason when this source cannot go back to it
+        (the loader reports it as a state mismatch), ``SnapshotChangedError`` naming the
+        file when the snapshot's data is no longer there."""
+        if doc.get("snapshot") == self.snapshot_id:
+            return self
+        raise LookupError(f"{self.display} holds other data than the state's snapshot "
+                          f"{doc.get('snapshot')!r} and cannot reopen it (in-memory data is not kept)")
+
+    def pin(self) -> "Source":
+        """This source bound to its current snapshot (file sources: exactly the files listed,
+        checked when read). In-memory data is its own snapshot: itself."""
+        return self
+
+    def verify(self) -> None:
+        """Raise ``SnapshotChangedError`` naming the file when a pinned source's data changed
+        (a stat per file); nothing for unpinned sources."""
+
+    def manifest(self) -> dict:
+        """The ``formats/snapshot_manifest/v1`` document of this source's snapshot."""
+        from ..errors import UnsupportedError
+        raise UnsupportedError(f"{self.display} is not a set of files, so it has no snapshot manifest "
+                               "(a manifest names files); write the data to Parquet and open that folder, "
+                               "or keep the dataset object")

@@ -26,6 +26,9 @@ from .identity import identity_of
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .retry import is_transient, retry
 from .schema import unify_schemas
+from .snapshot import (MANIFEST_FORMAT, MANIFEST_VERSION, PinnedFile, absolute, changed_error, compact,
+                       differs, files_of_compact, json_value, partitioning_doc, relative, schema_digest,
+                       snapshot_id)
 
 FORMAT_ALIASES = {
     "parquet": "parquet", "pq": "parquet",
@@ -200,9 +203,18 @@ class FileSource(PicklableLock, Source):
 
     def __init__(self, filesystem: pafs.FileSystem, entries: Sequence[FileEntry], fmt: str,
                  base: str, display: str, partitioning=None,
-                 scan_options: ScanOptions | None = None) -> None:
+                 scan_options: ScanOptions | None = None, *, root: str | None = None) -> None:
         self.filesystem = filesystem
         self.entries = tuple(sorted(entries, key=lambda e: e.path))
+        #: where hive folders start, as the filesystem spells it; snapshots name files relative to it
+        self.base = base
+        #: ``base`` as a URI (``s3://bucket/lake``; a local path as it is): a manifest's ``root``
+        self.root = root if root is not None else base
+        self._partitioning = partitioning
+        #: the files of the snapshot this source is pinned to (None: not pinned), by index
+        self._pinned: tuple[PinnedFile, ...] | None = None
+        self._schema_digest: str | None = None  # a manifest's, checked once footers are read
+        self._snapshot_id: str | None = None
         self.kind = fmt
         self.format = _file_format(fmt, scan_options)
         if fmt == "json":
@@ -342,6 +354,8 @@ class FileSource(PicklableLock, Source):
             units = []
             for i, (frag, _, meta) in enumerate(fetched):
                 units.extend(self._units_of(i, meta, len(units)))
+            if self._pinned is not None:
+                self._check_footers_pinned(schema)
             self._facts = (tuple(f for f, _, _ in fetched), schema, tuple(units))
             return self._facts
 
@@ -382,6 +396,8 @@ class FileSource(PicklableLock, Source):
         sub._fetched = {i: f for i, f in self._fetched.items() if i < k}
         sub._footers = self._footers  # shared: whichever checks a file first takes its bytes
         sub._streams = self._streams
+        sub._pinned = self._pinned[:k] if self._pinned is not None else None
+        sub._snapshot_id = None
         return sub
 
     def _units_of(self, i: int, meta, start: int) -> list[Unit]:
@@ -555,3 +571,164 @@ class FileSource(PicklableLock, Source):
             h.update(f"{e.path}\t{e.size}\t{mtime_ms}{identity}\n".encode())
         h.update(self._partition_schema.to_string().encode())
         return h.hexdigest()[:32]
+
+    # -- snapshots (snapshot.py; formats/snapshot_manifest/v1, formats/loader_state/v3) -------
+    @property
+    def pinned(self) -> bool:
+        """True when this source is bound to a snapshot (``pin()``, a manifest, a loader
+        state): its files are checked against it when read."""
+        return self._pinned is not None
+
+    def _rows(self, i: int) -> int | None:
+        """File ``i``'s row count where a footer already said it (or the snapshot recorded it)."""
+        got = self._fetched.get(i)
+        if got is not None and self.kind in ("parquet", "ipc") and got[2] is not None:
+            return int(got[2].num_rows if self.kind == "parquet" else got[2])
+        return self._pinned[i].rows if self._pinned is not None else None
+
+    def _files(self) -> list[PinnedFile]:
+        return [PinnedFile(relative(self.base, e.path), e.size, e.mtime_ns, e.identity, self._rows(i))
+                for i, e in enumerate(self.entries)]
+
+    @property
+    def snapshot_id(self) -> str:
+        """``files:`` and a digest of the files (paths relative to the root, sizes,
+        modification times, identities); see snapshot.py. No I/O."""
+        if self._snapshot_id is None:
+            self._snapshot_id = snapshot_id(self.kind, self._files())
+        return self._snapshot_id
+
+    def snapshot(self) -> dict:
+        """The files of this snapshot as plain data (rows where footers were read)."""
+        return {"snapshot_id": self.snapshot_id, "root": self.root, "file_format": self.kind,
+                "partitioning": partitioning_doc(self._partitioning, self._partition_schema),
+                "files": [{"path": f.path, "size": f.size, "mtime_ns": f.mtime_ns, "identity": f.identity,
+                           "rows": f.rows, "partition": {k: json_value(v) for k, v in part.items()}}
+                          for f, part in zip(self._files(), self._partition_values)]}
+
+    def manifest(self) -> dict:
+        """The ``formats/snapshot_manifest/v1`` document (reads every footer first: row
+        counts and the schema digest)."""
+        schema = self.schema
+        doc = self.snapshot()
+        rows = [f["rows"] for f in doc["files"]]
+        return {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **doc,
+                "schema_digest": schema_digest(schema),
+                "num_rows": None if any(r is None for r in rows) else sum(rows)}
+
+    def state_snapshot(self) -> dict:
+        """The compact file list a loader state carries (rows where footers were read)."""
+        return compact(self.snapshot_id, self.root, self.kind, self._files())
+
+    def _subset(self, keep: Sequence[int], files: Sequence[PinnedFile]) -> "FileSource":
+        """This source over files ``keep`` (indices into ``entries``, in order), pinned to
+        ``files``; footers already fetched are shared where the hive columns come out the same."""
+        keep = list(keep)
+        where = {old: new for new, old in enumerate(keep)}
+        sub = copy.copy(self)  # PicklableLock: a fresh lock
+        sub.entries = tuple(self.entries[i] for i in keep)
+        paths = [e.path for e in sub.entries]
+        if self._partitioning is False:
+            sub._partition_values = [{} for _ in paths]
+        else:
+            types = self._partitioning if isinstance(self._partitioning, pa.Schema) else None
+            sub._partition_schema, sub._partition_values = discover_partitions(self.base, paths, types)
+        same = sub._partition_schema.equals(self._partition_schema)
+        sub._facts = None
+        sub._checks = {}
+        sub._fetched = {where[i]: f for i, f in self._fetched.items() if i in where} if same else {}
+        sub._footers = {where[i]: b for i, b in self._footers.items() if i in where} if same else {}
+        sub._streams = {where[i] for i in self._streams if i in where} if same else set()
+        sub._pinned = tuple(files)
+        sub._snapshot_id = None
+        if not self.pinned:
+            sub._display = f"{self._display} (pinned: {len(keep)} files)"
+        return sub
+
+    def pin(self) -> "FileSource":
+        """This source bound to exactly the files it listed (no I/O here): reads check them
+        (``verify``) and refuse a file that changed or vanished since."""
+        if self.pinned:
+            return self
+        return self._subset(range(len(self.entries)), self._files())
+
+    def at_snapshot(self, doc) -> "FileSource":
+        """The files of the loader-state snapshot ``doc`` under this source's root, checked
+        against this source's listing (size, modification time, identity): a file of the
+        snapshot that is gone or differs raises ``SnapshotChangedError`` naming it. Files
+        listed now but not in the snapshot (appended since) are left out."""
+        if doc.get("snapshot") == self.snapshot_id:
+            return self
+        if "files" not in doc:
+            raise LookupError(f"the state's snapshot {doc.get('snapshot')!r} is not a file list, and "
+                              f"{self.display} holds other files")
+        if doc.get("file_format") != self.kind or doc.get("root") != self.root:
+            raise LookupError(f"the state was taken on {doc.get('file_format')} files under "
+                              f"{doc.get('root')!r}; this dataset reads {self.kind} files under {self.root!r}")
+        try:
+            files = files_of_compact(doc, "sources")
+        except ValueError as exc:
+            raise LookupError(f"the state's file list is damaged ({exc})") from exc
+        index = {e.path: i for i, e in enumerate(self.entries)}
+        keep, changes = [], []
+        for f in files:
+            i = index.get(absolute(self.base, f.path))
+            what = differs(f, self.entries[i] if i is not None else None)
+            if what is not None:
+                changes.append((absolute(self.base, f.path), what))
+            keep.append(i)
+        if changes:
+            raise changed_error(changes, "A loader state resumes on the files it was taken on; restore "
+                                "them, or start the epoch afresh without the state (a new loader reads "
+                                "the data as it is now)")
+        if keep != sorted(keep):
+            raise LookupError("the state's file list is not in path order; the state was edited")
+        sub = self._subset(keep, files)
+        if sub.snapshot_id != doc["snapshot"]:
+            raise LookupError(f"the state's file list does not give its snapshot id {doc['snapshot']!r}; "
+                              "the state was damaged or edited")
+        return sub
+
+    def verify(self) -> None:
+        """For a pinned source: every pinned file is still there and the same (one stat
+        per file, identities asked afresh), else ``SnapshotChangedError`` naming it."""
+        if self._pinned is None:
+            return
+        inner = getattr(getattr(self.filesystem, "handler", None), "fs", None)
+        if inner is not None and hasattr(inner, "invalidate_cache"):
+            inner.invalidate_cache()
+        from .filesystem import file_entry
+        try:
+            infos = self.filesystem.get_file_info([e.path for e in self.entries])
+        except OSError as exc:
+            typed = storage_error(exc, self.root, local=self.is_local)
+            raise (typed or exc) from exc
+        changes = []
+        for e, info, f in zip(self.entries, infos, self._pinned):
+            now = file_entry(info, self.filesystem) if info.type == pafs.FileType.File else None
+            what = differs(f, now)
+            if what is not None:
+                changes.append((e.path, what))
+        if changes:
+            raise changed_error(changes, self._fix())
+
+    def _fix(self) -> str:
+        return ("This dataset is pinned to the files as they were (Dataset.pin(), a manifest or a loader "
+                "state); restore those files, or open the data as it is now with "
+                f"al.dataset({self.root!r}) (a new snapshot)")
+
+    def _check_footers_pinned(self, schema: pa.Schema) -> None:
+        """Footers against the pinned snapshot: row counts and, from a manifest, the schema."""
+        changes = []
+        for i, f in enumerate(self._pinned):
+            rows = self._fetched.get(i)
+            if f.rows is None or rows is None or self.kind not in ("parquet", "ipc"):
+                continue
+            now = int(rows[2].num_rows if self.kind == "parquet" else rows[2])
+            if now != f.rows:
+                changes.append((self.entries[i].path, f"holds {now} rows, the snapshot recorded {f.rows}"))
+        if changes:
+            raise changed_error(changes, self._fix())
+        if self._schema_digest is not None and schema_digest(schema) != self._schema_digest:
+            raise changed_error([(self.entries[0].path, "and the others give another schema than the "
+                                  "manifest recorded")], self._fix())
