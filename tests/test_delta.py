@@ -21,6 +21,7 @@ import zlib
 from collections import Counter
 
 import duckdb
+import jsonschema
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -247,14 +248,53 @@ def test_filters_match_duckdb_over_the_truth(versions, predicate):
     assert ds.count() == expected.num_rows
 
 
-def test_versions_have_different_fingerprints_and_states_do_not_cross(versions):
+def test_versions_are_snapshots_and_a_state_resumes_on_its_own_version(versions):
     path, _ = versions
     a, b = al.delta(path, version=4), al.delta(path, version=5)
     assert a.plan.source.fingerprint() != b.plan.source.fingerprint()
     assert a.plan.source.fingerprint() == al.delta(path, version=4).plan.source.fingerprint()
-    state = state_after(a.loader(16, shuffle="block", seed=1), 2)
+    assert a.snapshot_id == f"delta:{a.plan.source.table['uri']}@v4" != b.snapshot_id
+    assert al.dataset(path).snapshot_id == al.delta(path).snapshot_id  # the latest version
+    for shuffle in (False, "block", "global"):
+        whole = [b_["id"].tolist() for b_ in a.loader(16, shuffle=shuffle, seed=1)]
+        state = state_after(a.loader(16, shuffle=shuffle, seed=1), 2)
+        assert state["sources"] == [{"snapshot": a.snapshot_id, "table": a.plan.source.table}]
+        with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "formats",
+                               "loader_state", "v3", "schema.json")) as f:
+            jsonschema.validate(state, json.load(f))
+        # a loader built on the newer version (the table moved on) resumes version 4's epoch
+        later = b.loader(16, shuffle=shuffle, seed=1)
+        later.load_state_dict(state)
+        assert later.snapshot_id == a.snapshot_id
+        assert [b_["id"].tolist() for b_ in later] == whole[2:]
+    # another table's state is refused, naming the table
+    other = state_after(al.dataset(pa.table({"id": list(range(100))})).loader(16, seed=1), 1)
     with pytest.raises(al.StateMismatchError):
-        b.loader(16, shuffle="block", seed=1).load_state_dict(state)
+        b.loader(16, seed=1).load_state_dict(other)
+
+
+def test_a_state_on_a_version_whose_log_is_gone_names_it(versions, tmp_path):
+    path, _ = versions
+    copy = str(tmp_path / "events")
+    shutil.copytree(path, copy)
+    state = state_after(al.delta(copy, version=1).loader(16, seed=1), 1)
+    from deltalake import DeltaTable
+    DeltaTable(copy).create_checkpoint()  # the latest version no longer needs the commits before it
+    log = os.path.join(copy, "_delta_log")
+    for name in os.listdir(log):  # the log of versions 0-1 cleaned up
+        if name.startswith(("00000000000000000000.", "00000000000000000001.")):
+            os.remove(os.path.join(log, name))
+    latest = al.delta(copy)
+    with pytest.raises((al.SnapshotChangedError, al.StateMismatchError), match="version 1"):
+        latest.loader(16, seed=1).load_state_dict(state)
+
+
+def test_a_delta_version_pins_itself_and_has_no_file_manifest(versions, tmp_path):
+    path, _ = versions
+    ds = al.delta(path, version=3)
+    assert ds.pin().snapshot_id == ds.snapshot_id
+    with pytest.raises(al.UnsupportedError, match="version=3"):
+        ds.pin().save_manifest(str(tmp_path / "m.json"))
 
 
 def test_partition_pruning_and_statistics_pruning_keep_fewer_units(versions):

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from ..errors import (InvalidArgumentError, MissingDependencyError, PathNotFoundError,
+from ..errors import (InvalidArgumentError, MissingDependencyError, PathNotFoundError, SnapshotChangedError,
                       UnsupportedTableFeatureError)
 from ..options import ScanOptions
 from .filesystem import FileEntry, filesystem_for, protocol_of
@@ -223,10 +223,13 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
             raw = actions.column(col)[i].as_py() if col in actions.column_names else None
             values[c] = _partition_value(raw, schema.field(c).type)
         files.append((path, sizes[i], values, deleted.get(rel)))
-    return DeltaSource(fs, root, files, schema=schema, partition_columns=partition_cols, renames=renames,
-                       table={"format": "delta", "uri": root if isinstance(fs, pafs.LocalFileSystem) else
-                              uri.rstrip("/"), "version": int(table.version())},  # one spelling per table
-                       scan_options=scan_options)
+    src = DeltaSource(fs, root, files, schema=schema, partition_columns=partition_cols, renames=renames,
+                      table={"format": "delta", "uri": root if isinstance(fs, pafs.LocalFileSystem) else
+                             uri.rstrip("/"), "version": int(table.version())},  # one spelling per table
+                      scan_options=scan_options)
+    # how to open another version of the same table (at_snapshot); never saved in a state
+    src._reopen = (uri, storage_options, scan_options)
+    return src
 
 
 def _load_at(table, timestamp: Any, uri: str) -> None:
@@ -376,6 +379,54 @@ class DeltaSource(FileSource):
         table = pa.Table.from_arrays(arrays, schema=self._logical)
         mask = self.keep_mask(unit, n)
         return table if mask is None else table.filter(mask)
+
+    # -- snapshots (source/base.py; formats/loader_state/v3 ``sources``) ----------------
+    # A table version is its own snapshot: immutable, named by the table and its version, and
+    # opened again through the log (its deletion vectors and column mapping with it), never
+    # as a plain list of its Parquet files.
+    @property
+    def snapshot_id(self) -> str:
+        return f"delta:{self.table['uri']}@v{self.table['version']}"
+
+    def snapshot(self) -> dict:
+        return {"snapshot_id": self.snapshot_id, "table": dict(self.table),
+                "files": self.num_files, "deleted_rows": self.deleted_total}
+
+    def state_snapshot(self) -> dict:
+        return {"snapshot": self.snapshot_id, "table": dict(self.table)}
+
+    def at_snapshot(self, doc) -> "DeltaSource":
+        """The same table at the state's version (``{"table": {"format": "delta", "uri",
+        "version"}}``), opened through its log with this source's storage options."""
+        if doc.get("snapshot") == self.snapshot_id:
+            return self
+        t = doc.get("table")
+        if not isinstance(t, dict) or t.get("format") != "delta":
+            raise LookupError(f"the state was taken on {doc.get('snapshot')!r}, not on a version of "
+                              f"delta table {self.table['uri']}")
+        if t.get("uri") != self.table["uri"]:
+            raise LookupError(f"the state was taken on delta table {t.get('uri')!r}; this dataset reads "
+                              f"delta table {self.table['uri']!r}")
+        version = t.get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise LookupError(f"the state's delta version is {version!r}, not a table version")
+        uri, storage_options, scan_options = getattr(self, "_reopen", (self.table["uri"], None, None))
+        try:
+            return open_delta(uri, version=version, storage_options=storage_options, scan_options=scan_options)
+        except (InvalidArgumentError, PathNotFoundError) as exc:  # the version's log is gone (cleaned up)
+            raise SnapshotChangedError(f"delta table {self.table['uri']} no longer has version {version}, "
+                                       f"which the loader state was taken on ({exc}); resume from a newer "
+                                       "state, or start the epoch again", self.table["uri"]) from exc
+
+    def pin(self) -> "DeltaSource":
+        """A table version is pinned by being one: itself."""
+        return self
+
+    def manifest(self) -> dict:
+        from ..errors import UnsupportedError
+        raise UnsupportedError(f"{self.display} is a table version, which pins itself: reopen it with "
+                               f"al.delta({self.table['uri']!r}, version={self.table['version']}) (a file "
+                               "manifest would lose its deletion vectors and column mapping)")
 
     # -- identity ------------------------------------------------------------------
     def fingerprint(self) -> str:
