@@ -63,12 +63,11 @@ def check_cacheable(plan: Plan, key: str | None) -> None:
 def _snapshot_key(plan: Plan) -> str:
     """The snapshot of every source under ``plan``, as one digest.
 
-    Today: each file source's ``fingerprint()`` (canonical paths, sizes, modification times
-    and what else the filesystem names a version by: the loader's and states' snapshot),
-    a full digest of in-memory data (its fingerprint samples only the first and last
-    slices: too weak for a cache that outlives the process), and the key of a cached
-    dataset (no need to write it to know what it holds). The one place to switch to
-    ``Source.snapshot()`` / ``Dataset.snapshot_id`` when sources get them."""
+    Each source's ``snapshot_id`` (files: a digest of paths, sizes, modification times and
+    identities; a Delta table: its URI and version), a full digest of in-memory data (its
+    snapshot id samples only the first and last slices: too weak for a cache that outlives
+    the process), and the key of a cached dataset (no need to write it to know what it
+    holds)."""
     h = hashlib.sha256(b"snapshot\n")
     for s in scans(plan):
         src = s.source
@@ -78,7 +77,7 @@ def _snapshot_key(plan: Plan) -> str:
         elif isinstance(src, MemorySource):
             part = "memory:" + _memory_digest(src)
         else:
-            part = "source:" + src.fingerprint()
+            part = "source:" + src.snapshot_id
         h.update(part.encode() + b"\n")
     return h.hexdigest()[:32]
 
