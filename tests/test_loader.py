@@ -835,3 +835,16 @@ def test_an_ended_or_closed_epoch_iterator_is_exhausted_like_a_generator(shuffle
         it.close()
         with pytest.raises(StopIteration):
             next(it)
+
+
+@pytest.mark.parametrize("decoder", ["pyarrow", "dataset"])
+def test_stats_count_the_units_each_decoder_read_in_the_iteration(parquet_lake, monkeypatch, decoder):
+    monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    ds = al.dataset(parquet_lake).select("id", "f0")
+    units = len(ds.optimized_plan().units)
+    with ds.loader(1000) as loader:
+        for epoch in range(2):  # each iteration's own count, not the reader's running total
+            loader.set_epoch(epoch)
+            assert sum(len(b["id"]) for b in loader) == ds.count()
+            assert loader.stats().decoders == {decoder: units}
+            assert f"decoded by {decoder} {units}" in str(loader.stats())

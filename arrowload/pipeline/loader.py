@@ -147,7 +147,6 @@ class Loader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._stats = LoaderStats()
-        self._decoded0: dict[str, int] = {}  # units each decoder had read when this iteration began
         self._pool = BufferPool(max_bytes=max(options.prefetch, 64 << 20))
         # reads are converted whole on the reader threads unless batches must stay Arrow
         self._chunks = (ChunkConverter(self._convert, options.stack, self._pool)
@@ -273,7 +272,12 @@ class Loader:
                       combine=conv.combine if conv is not None else concat_arrow,
                       finish=self._output,
                       transform=functools.partial(_transformed, opts.transform) if opts.transform else None,
-                      deliver=self._device_stage.ready if self._device_stage is not None else None)
+                      deliver=self._device_stage.ready if self._device_stage is not None else None,
+                      decoded=self._decoded_by)
+
+    def _decoded_by(self) -> dict[str, int]:
+        reader = getattr(self._source, "reader", None)
+        return reader.decoded_counts() if reader is not None else {}
 
     def _iterate(self, ranges: list[tuple[int, int]], track: bool) -> EpochIterator:
         settings = Settings(batch_size=self.options.batch_size, prefetch=self.options.prefetch,
@@ -282,7 +286,6 @@ class Loader:
                            on_batch=self._advance if track else None)
         if track:
             self._stats = it.stats
-            self._decoded0 = self._decoded_by()
         self._active.add(it)
         return it
 
@@ -400,12 +403,7 @@ class Loader:
     # -- introspection -------------------------------------------------------------
     def stats(self) -> LoaderStats:
         """Counters of the current (or last) iteration."""
-        now, base = self._decoded_by(), self._decoded0
-        return dataclasses.replace(self._stats, decoders={k: v - base.get(k, 0) for k, v in now.items()})
-
-    def _decoded_by(self) -> dict[str, int]:
-        reader = getattr(self._source, "reader", None)
-        return dict(getattr(reader, "decoded_by", {}))
+        return dataclasses.replace(self._stats)
 
     def explain(self) -> str:
         return self._dataset.explain() + "\n\n" + self._describe()

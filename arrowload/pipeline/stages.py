@@ -63,7 +63,9 @@ class Stages:
       of exactly one batch as one batch;
     - ``transform(batch) -> batch`` (optional) and ``finish(batch) -> out`` on the producer
       thread, in order;
-    - ``deliver(out) -> out`` (optional) on the consumer's thread as each batch is taken.
+    - ``deliver(out) -> out`` (optional) on the consumer's thread as each batch is taken;
+    - ``decoded() -> {decoder: units}`` (optional): the reader's running count of units each
+      decoder read, for ``LoaderStats.decoders`` (this iteration's share).
     """
 
     tasks: Iterable[Task]
@@ -72,6 +74,7 @@ class Stages:
     finish: Callable[[Any], Any]
     transform: Callable[[Any], Any] | None = None
     deliver: Callable[[Any], Any] | None = None
+    decoded: Callable[[], dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -352,6 +355,8 @@ class Pipeline:
         self.thread = threading.Thread(target=self._run, name=PRODUCER_NAME, daemon=True)
         self.started = time.perf_counter()
         self._cpu0 = time.process_time()
+        self._decoded = stages.decoded
+        self._decoded0 = stages.decoded() if stages.decoded is not None else {}
         self._threads0 = thread_cpu()
         self.thread.start()
 
@@ -541,6 +546,9 @@ class Pipeline:
         now = time.perf_counter()
         s.wall_s = now - self.started
         s.cpu_s = time.process_time() - self._cpu0
+        if self._decoded is not None:
+            base = self._decoded0
+            s.decoders = {k: v - base.get(k, 0) for k, v in self._decoded().items() if v > base.get(k, 0)}
         s.loader_cpu_s = r.cpu_s + self._producer_cpu
         s.consumer_cpu_s = self._consumer_cpu
         s.readers = r.target

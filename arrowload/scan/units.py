@@ -306,6 +306,11 @@ class UnitReader:
     def candidates(self) -> tuple[str, ...]:
         return self._chooser.names
 
+    def decoded_counts(self) -> dict[str, int]:
+        """Units each decoder read (or counted), over every epoch so far."""
+        with self._lock:
+            return dict(self.decoded_by)
+
     def describe(self) -> dict:
         """What was compiled and chosen, for ``explain()`` / ``stats()``."""
         return {"decoder": self.decoder, "candidates": list(self.candidates),
