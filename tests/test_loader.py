@@ -841,7 +841,8 @@ def test_an_ended_or_closed_epoch_iterator_is_exhausted_like_a_generator(shuffle
 def test_stats_count_the_units_each_decoder_read_in_the_iteration(parquet_lake, monkeypatch, decoder):
     monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
     ds = al.dataset(parquet_lake).select("id", "f0")
-    units = len(ds.optimized_plan().units)
+    from arrowload.plan.nodes import scans
+    units = len(scans(ds.optimized_plan())[0].selected_units())
     with ds.loader(1000) as loader:
         for epoch in range(2):  # each iteration's own count, not the reader's running total
             loader.set_epoch(epoch)
