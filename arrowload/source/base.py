@@ -51,7 +51,8 @@ class Source:
     kind: str = ""
     # a lake table's identity ({"format", "uri", "version"}), None for plain files
     table: Mapping[str, object] | None = None
-    # logical column -> its name in the files, where they differ (Delta column mapping)
+    # logical column -> its name in the files, where they differ (Delta column mapping);
+    # per file: ``file_columns(file)``
     column_renames: Mapping[str, str] = MappingProxyType({})
     # True when reads rename columns or drop deleted rows: ``dataset()`` then reads the
     # units it is given into memory, and streaming scans go unit by unit
@@ -90,6 +91,16 @@ class Source:
     def has_statistics(self) -> bool:
         return False
 
+    def file_columns(self, file: int) -> Mapping[str, str | None]:
+        """How file ``file`` stores the source's columns, where not under their own name:
+        logical column -> its name in that file, or None where the file does not hold the
+        column although it may have a column of that name (an Iceberg column dropped and
+        added again: the file's column is the old one) or the column's value is a
+        partition value (``Unit.partition``). Columns not in the map are stored under
+        their own name, or missing (nulls). Default: ``column_renames``, the same for
+        every file (Delta column mapping); Iceberg maps each file by field id."""
+        return self.column_renames
+
     @property
     def num_files(self) -> int:
         return len({u.file for u in self.units()})
@@ -103,3 +114,15 @@ class Source:
         """A digest of the data snapshot: changes when any file is added, removed, resized
         or rewritten (file sources: paths, sizes, modification times)."""
         raise NotImplementedError
+
+
+def file_to_source_names(columns: Mapping[str, str | None]) -> dict[str, str]:
+    """The inverse of a ``file_columns`` map: a file's column name -> the source column it
+    holds, where they differ. A column of the file named like a source column that it
+    does not hold (the source column is renamed away or not in the file) maps to ``""``,
+    no source column, so that its footer facts are never taken for that column's."""
+    out = {p: c for c, p in columns.items() if p is not None}
+    for c, p in columns.items():
+        if p != c:
+            out.setdefault(c, "")
+    return out
