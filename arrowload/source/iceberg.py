@@ -231,7 +231,8 @@ class _Paths:
             if proto not in (None, "file", "local"):
                 raise InvalidArgumentError(f"iceberg data file {uri!r} is not on the table's local filesystem "
                                            f"({self.root!r}); arrowload reads a table from one filesystem")
-            return canonical_local_path(urllib.parse.unquote(uri[len("file://"):]) if proto == "file" else uri)
+            # not unquoted: pyiceberg's FileIO reads the URI's path as it is written
+            return canonical_local_path(urllib.parse.urlparse(uri).path if proto == "file" else uri)
         return uri.split("://", 1)[1] if proto is not None else uri
 
 
