@@ -269,6 +269,47 @@ def test_dropped_and_added_again_column_never_reads_the_old_data(history):
     assert ds.filter("extra IS NULL").count() == old.num_rows
     assert ds.filter("extra IS NOT NULL").count() == 50
     assert sorted(_ids(ds.filter("extra IS NULL").select("id").loader(64))) == sorted(old["id"].to_pylist())
+    desc = ds.describe()  # footer statistics, mapped per file
+    extra = desc.filter(desc["column"] == "extra")
+    assert extra["null_count"].item() == old.num_rows and extra["min"].item() == "8000"
+    assert float(desc.filter(desc["column"] == "y")["min"].item()) == 0.0  # "x" in the oldest files
+
+
+def test_identity_partition_column_missing_from_a_file_reads_as_its_value(tmp_path):
+    """A data file without its identity partition column (a migrated file, committed with
+    pyiceberg's own fast append): the column reads as the file's partition value, as
+    pyiceberg's own read does."""
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.typedef import Record
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    catalog = _catalog(tmp_path)
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "region", StringType()))
+    table = catalog.create_table("ns.migrated", schema=schema,
+                                 partition_spec=PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region")))
+    table.append(pa.table({"id": [1, 2], "region": ["eu", "us"]}, schema=schema.as_arrow()))
+    path = os.path.join(table.location().removeprefix("file://"), "data", "region=apac", "migrated.parquet")
+    os.makedirs(os.path.dirname(path))
+    pq.write_table(pa.table({"id": pa.array([10, 11, 12], pa.int64())}, schema=pa.schema(
+        [pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"1"})])), path)
+    data_file = DataFile.from_args(content=DataFileContent.DATA, file_path="file://" + path,
+                                   file_format=FileFormat.PARQUET, partition=Record("apac"), record_count=3,
+                                   file_size_in_bytes=os.path.getsize(path))
+    data_file.spec_id = 0
+    with table.transaction() as tx:
+        with tx.update_snapshot().fast_append() as append:
+            append.append_data_file(data_file)
+    truth = _truth(table)
+    assert sorted(truth.filter(pc.equal(truth["region"], "apac"))["id"].to_pylist()) == [10, 11, 12]
+    ds = al.iceberg(table)
+    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+    assert ds.filter("region = 'apac'").count() == 3
+    assert sorted(_ids(ds.filter("region <> 'eu'").loader(2))) == [2, 10, 11, 12]
+    got = pa.Table.from_batches(list(ds.loader(5, output="arrow")))
+    assert _sorted_rows(got) == _sorted_rows(truth)
 
 
 @pytest.mark.parametrize("decoder", ["pyarrow", "dataset"])
