@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.types as pat
 
-from ..errors import (ArgumentTypeError, InvalidArgumentError, MissingDependencyError, PathNotFoundError,
-                      UnsupportedTableFeatureError)
+from ..errors import (ArgumentTypeError, CorruptFileError, InvalidArgumentError, MissingDependencyError,
+                      PathNotFoundError, UnsupportedTableFeatureError)
 from ..options import ScanOptions
 from .filesystem import canonical_local_path, filesystem_for, protocol_of
 from .tablefiles import TableFile, TableFileSource, plural
@@ -252,8 +252,18 @@ def _position_deletes(fs: pafs.FileSystem, paths: _Paths, delete_file, where: st
             f"iceberg table {where!r} deletes rows with {kind} ({delete_file.file_path}); arrowload reads "
             "Parquet position delete files only: compact the table, or read it with pyiceberg",
             feature=kind)
-    with fs.open_input_file(paths(delete_file.file_path)) as handle:
-        got = pq.read_table(handle, columns=["file_path", "pos"])
+    path = paths(delete_file.file_path)
+    try:
+        with fs.open_input_file(path) as handle:
+            got = pq.read_table(handle, columns=["file_path", "pos"])
+    except FileNotFoundError as exc:
+        raise PathNotFoundError(f"the position delete file {delete_file.file_path!r} of iceberg table "
+                                f"{where!r} is missing ({exc}); the table is damaged (a file removed "
+                                "outside Iceberg): restore it, or read an older snapshot", path) from exc
+    except (pa.ArrowInvalid, KeyError) as exc:
+        raise CorruptFileError(f"cannot read the position delete file {delete_file.file_path!r} of iceberg "
+                               f"table {where!r} ({exc}); it should be Parquet with columns file_path and "
+                               "pos: restore it, or read an older snapshot", path) from exc
     out: dict[str, np.ndarray] = {}
     files = got.column("file_path").to_numpy(zero_copy_only=False)
     pos = got.column("pos").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -275,7 +285,7 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
     where = paths.root if paths.local else location.rstrip("/")
     snap = _snapshot(table, snapshot_id, where)
     files: list[TableFile] = []
-    maps_in: dict[str, tuple] = {}
+    record_counts: dict[str, int] = {}
     if snap is None:  # a table without snapshots: no rows, its current schema
         schema = table.schema()
         sid = None
@@ -285,6 +295,7 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
         schema = scan.projection()
         tasks = _plan(scan, table, where)
         specs = table.metadata.specs()
+        arrow = _logical_schema(schema)[0]
         deletes: dict[str, dict[str, np.ndarray]] = {}
         for task in tasks:
             df = task.file
@@ -296,24 +307,25 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
                 if got is not None:
                     positions.append(got)
             dels = np.unique(np.concatenate(positions)) if positions else None
-            ident = _identity_values(specs.get(df.spec_id), schema, df.partition)
+            ident = _identity_values(specs.get(df.spec_id), schema, arrow, df.partition)
             path = paths(df.file_path)
-            files.append(TableFile(path, df.file_size_in_bytes, ident, dels if dels is not None and len(dels) else None))
-            maps_in[path] = df.record_count
+            if dels is not None and not len(dels):
+                dels = None
+            files.append(TableFile(path, df.file_size_in_bytes, ident, dels))
+            record_counts[path] = df.record_count
     arrow, ids = _logical_schema(schema)
     table_id = {"format": "iceberg", "uri": where, "snapshot_id": sid}
     return IcebergSource(paths.fs, paths.root, files, schema=arrow, field_ids=ids, table=table_id,
-                         record_counts=maps_in, scan_options=scan_options)
+                         record_counts=record_counts, scan_options=scan_options)
 
 
-def _identity_values(spec, schema, partition) -> dict[str, Any]:
+def _identity_values(spec, schema, arrow: pa.Schema, partition) -> dict[str, Any]:
     """``{column: value}`` of a data file's identity partition fields (columns of the
     snapshot schema only)."""
     if spec is None or partition is None:
         return {}
     from pyiceberg.transforms import IdentityTransform
     out = {}
-    arrow = None
     for pos, field in enumerate(spec.fields):
         if not isinstance(field.transform, IdentityTransform):
             continue
@@ -321,8 +333,6 @@ def _identity_values(spec, schema, partition) -> dict[str, Any]:
             col = schema.find_field(field.source_id)
         except ValueError:
             continue  # the source column is not in this snapshot's schema
-        if arrow is None:
-            arrow = _logical_schema(schema)[0]
         out[col.name] = _partition_value(partition[pos], arrow.field(col.name).type)
     return out
 
@@ -360,7 +370,6 @@ class IcebergSource(TableFileSource):
         path = self.entries[i].path
         expected = self._record_counts.get(path)
         if expected is not None and meta.num_rows != expected:
-            from ..errors import CorruptFileError
             raise CorruptFileError(f"iceberg data file {path!r} holds {meta.num_rows} rows, but the table's "
                                    f"manifest says {expected}; the file was replaced or damaged: restore it "
                                    "or repair the table", path)
