@@ -479,6 +479,20 @@ def test_equality_deletes_are_refused_naming_the_file(tmp_path):
     assert al.iceberg(table, snapshot_id=before).count() == 3  # before the deletes: readable
 
 
+def test_missing_position_delete_file_is_a_typed_error_naming_it(tmp_path):
+    catalog = _catalog(tmp_path)
+    schema = pa.schema([("id", pa.int64())])
+    table = catalog.create_table("ns.gone", schema=schema)
+    table.append(pa.table({"id": [1, 2, 3]}, schema=schema))
+    data = next(iter(table.scan().plan_files())).file.file_path
+    uri = commit_deletes(table, positions={data: [1]})
+    assert al.iceberg(table).to_arrow()["id"].to_pylist() == [1, 3]
+    os.remove(uri.removeprefix("file://"))
+    with pytest.raises(al.PathNotFoundError) as info:
+        al.iceberg(table)
+    assert uri in str(info.value) and "delete file" in str(info.value)
+
+
 # -- how a table is named ---------------------------------------------------------------------
 
 def test_metadata_json_path_and_table_folder(history, tmp_path):
