@@ -6,7 +6,7 @@
 """
 
 from . import sql as _sql_package  # noqa: F401 - load before `sql` below shadows the name
-from .api import Dataset, dataset, delta, sql
+from .api import Dataset, dataset, delta, iceberg, sql
 from .errors import (
     AmbiguousColumnError,
     ArgumentTypeError,
@@ -89,6 +89,7 @@ __all__ = sorted([
     "clear_cache",
     "dataset",
     "delta",
+    "iceberg",
     "progress_enabled",
     "set_progress",
     "sql",

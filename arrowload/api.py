@@ -517,3 +517,41 @@ def delta(uri: str | Any, *, version: int | None = None, timestamp: Any = None,
     src = open_delta(check_path(os.fspath(uri)), version=version, timestamp=timestamp,
                      storage_options=storage_options, scan_options=options.scan)
     return Dataset(Scan(src), options)
+
+
+def iceberg(table: Any, *, snapshot_id: int | None = None, storage_options: dict | None = None,
+            options: Options | None = None) -> Dataset:
+    """Open an Apache Iceberg table at a pinned snapshot as a lazy Dataset.
+
+    ``table``: a ``pyiceberg`` Table (``catalog.load_table("ns.events")``), or the path /
+    URI of one of its ``*.metadata.json`` files, or of its folder (its newest metadata
+    file). ``snapshot_id``: a snapshot of the table (``table.snapshots()``); None: the
+    current one. ``storage_options``: as for :func:`dataset` (s3fs-style ``key`` /
+    ``secret`` / ``endpoint_url``; they open the metadata too); a Table's own FileIO
+    properties (``s3.endpoint``, ``s3.access-key-id``, ...) serve when none are given.
+
+    The snapshot's plan (read now, by ``pyiceberg``: ``scan(snapshot_id=...).plan_files()``)
+    says which data files are live and which position delete files apply to them;
+    arrowload reads those files itself, with the same pruning, counts and loader as any
+    Parquet source. Columns are found in each file by field id (a renamed column reads
+    from older files under its new name; a column dropped and added again never reads the
+    old data; a column added later reads as nulls in older files); rows position deletes
+    remove never appear (``count()``, ``len(loader)`` exact). Equality deletes raise
+    :class:`~arrowload.errors.UnsupportedTableFeatureError`. ``explain()`` and ``repr()``
+    name the table and its snapshot. ``al.dataset(folder)`` on an Iceberg table's folder
+    is ``al.iceberg(folder)``.
+
+    >>> t = al.iceberg(catalog.load_table("ns.events"), snapshot_id=42)   # doctest: +SKIP
+    >>> t.filter("day >= DATE '2024-01-01'").loader(1024, shuffle=True)   # doctest: +SKIP
+    """
+    if options is not None and not isinstance(options, Options):
+        raise ArgumentTypeError(f"al.iceberg(options=...) takes an al.Options, got {type(options).__name__}",
+                                "options")
+    from .source.iceberg import open_iceberg
+    options = options or Options()
+    if isinstance(table, (str, os.PathLike)):
+        from .source.filesystem import check_path
+        table = check_path(os.fspath(table))
+    src = open_iceberg(table, snapshot_id=snapshot_id, storage_options=storage_options,
+                       scan_options=options.scan)
+    return Dataset(Scan(src), options)

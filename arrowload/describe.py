@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from .errors import ColumnNotFoundError
 from .plan.nodes import Filter, Limit, Map, Plan, Project, Scan
+from .source.base import file_to_source_names
 
 #: The columns of the table ``describe()`` returns, in order.
 RESULT_COLUMNS = ("column", "type", "rows", "null_count", "min", "max", "approx_distinct",
@@ -181,15 +182,16 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
     indexes: dict[int, dict[str, list[int]]] = {}
     types = {f.name: f.type for f in src.schema}
     footer_check = getattr(src, "footer_check", None)
-    names = {p: c for c, p in src.column_renames.items()}
+    file_columns = getattr(src, "file_columns", lambda file: {})
     for u in units:
         meta = file_meta(u.file) if parquet else None
         check = footer_check(u.file) if meta is not None and footer_check is not None else None
+        mapped = file_columns(u.file)
         if meta is not None and u.file not in indexes:
-            indexes[u.file] = _leaf_index(meta, names)
+            indexes[u.file] = _leaf_index(meta, file_to_source_names(mapped))
         rg = meta.row_group(u.row_group) if meta is not None and u.row_group is not None else None
         for c, acc in accs.items():
-            if c in part_names:
+            if c in part_names or (c in mapped and mapped[c] is None and c in u.partition):
                 value = u.partition.get(c)
                 acc.add_bytes(0, 0)
                 if value is None:

@@ -186,7 +186,8 @@ class LakeTableError(ArrowloadError, ValueError):
 class UnsupportedTableFeatureError(ArrowloadError, NotImplementedError):
     """A lake table uses a reader feature arrowload cannot honour (reading its files
     without it would return wrong rows). ``feature`` names it (a Delta protocol feature
-    name such as ``"variantType"``, or ``"minReaderVersion 4"``)."""
+    name such as ``"variantType"``, or ``"minReaderVersion 4"``; for Iceberg
+    ``"equality deletes"``, ``"deletion vectors"``, ``"nested schema evolution"``)."""
 
     def __init__(self, message: str, *, feature: str | None = None) -> None:
         super().__init__(message)

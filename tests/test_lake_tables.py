@@ -1,6 +1,6 @@
-"""Lake table folders (Delta Lake, Iceberg) are never read as plain Parquet: a Delta
-table's root folder is read through its log (``al.delta``, tests/test_delta.py), a folder
-inside one and Iceberg folders are refused.
+"""Lake table folders (Delta Lake, Iceberg) are never read as plain Parquet: a table's
+root folder is read through its log / metadata (``al.delta``, tests/test_delta.py;
+``al.iceberg``, tests/test_iceberg.py), a folder inside one is refused.
 
 The tables are written by the real libraries (``deltalake``; ``pyiceberg`` with a
 ``SqlCatalog`` on sqlite in a temporary folder), with overwrites and deletes, so the
@@ -99,16 +99,23 @@ def test_iceberg_fixture_has_dead_rows(iceberg_table):
     assert _folder_rows(iceberg_table) > 2  # the live table: ids 7 and 8
 
 
-@pytest.mark.parametrize("where", ["table", "data"])
+def test_iceberg_table_folder_reads_its_live_rows(iceberg_table):
+    """The root folder opens its newest metadata file (al.iceberg, tests/test_iceberg.py)."""
+    got = al.dataset(iceberg_table).to_arrow()
+    assert sorted(got.column("id").to_pylist()) == [7, 8]  # pyiceberg's own read of it
+
+
+@pytest.mark.parametrize("where", ["data", "glob"])
 def test_iceberg_folder_is_refused(iceberg_table, where):
-    path = iceberg_table if where == "table" else os.path.join(iceberg_table, "data")
+    path = {"data": os.path.join(iceberg_table, "data"),
+            "glob": os.path.join(iceberg_table, "data", "*.parquet")}[where]
     with pytest.raises(al.LakeTableError) as info:
         al.dataset(path)
     err = info.value
     assert err.table_format == "iceberg"
     assert os.path.samefile(err.table_root, iceberg_table)
     msg = str(err)
-    assert "Iceberg" in msg and "metadata.json" in msg and "al.iceberg()" in msg and path in msg
+    assert "Iceberg" in msg and "metadata.json" in msg and f"al.iceberg({err.table_root!r})" in msg and path in msg
 
 
 def test_plain_parquet_folder_with_metadata_json_is_not_a_table(tmp_path, assert_tables_equal):

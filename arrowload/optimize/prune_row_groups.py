@@ -51,8 +51,9 @@ def sound_columns(fragment, schema: pa.Schema, columns, implausible: set[str] | 
     subset of its row groups) may be used to prune. Partition columns are always sound
     (their values come from folder names, not statistics). Columns left out because their
     statistics are implausible are added to ``implausible``. ``renamed`` columns (stored
-    under another name in the files: Delta column mapping) are never sound here: pyarrow
-    would take them for missing columns, all null."""
+    under another name in the file, or not held by a column of their name: Delta column
+    mapping, Iceberg field ids; ``Source.file_columns``) are never sound here: pyarrow
+    would take them for missing columns, all null, or read another column's statistics."""
     out = set()
     try:
         md = fragment.metadata
@@ -128,10 +129,12 @@ def _prune(scan: Scan) -> Scan:
     keep: set[tuple[str, int]] = {(u.path, u.row_group) for u in units if u.file in unreadable}
     prunable = tuple(u.index for u in units if u.file not in unreadable)
     dataset = src.statistics_dataset(scan.units if not unreadable else prunable)
+    file_of = {u.path: u.file for u in units}
     distrusted: dict[str, int] = {}
     for frag in (dataset.get_fragments() if prunable else ()):
         bad: set[str] = set()
-        sound = sound_columns(frag, schema, scan.predicate.columns, bad, renamed=src.column_renames)
+        renamed = src.file_columns(file_of[frag.path]) if frag.path in file_of else src.column_renames
+        sound = sound_columns(frag, schema, scan.predicate.columns, bad, renamed=renamed)
         for name in bad:
             distrusted[name] = distrusted.get(name, 0) + 1
         usable = [e for c, e in parts if c.columns <= sound and _nan_false(c, schema)]

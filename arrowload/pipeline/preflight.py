@@ -104,8 +104,6 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
     source = scan.source
     if not getattr(source, "has_statistics", False) or not hasattr(source, "file_metadata"):
         return
-    if source.column_renames:  # the footers name the files' columns, not the source's
-        return
     lists = set(unpadded_lists(schema, opts))
     # output column -> the source column it passes through unchanged (computed ones are left
     # to the per-read checks)
@@ -120,8 +118,10 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
     widths: dict[str, tuple[int, str]] = {}
     columns: dict[int, list[tuple[int, str, pa.Field]]] = {}  # per file: (index, path, output field)
     for unit in scan.selected_units():
-        if unit.row_group is None or unit.deleted:
-            continue  # (a deletion vector removes rows the footer still counts)
+        if unit.row_group is None or unit.deleted or source.file_columns(unit.file):
+            # (deletes remove rows the footer still counts; a file whose columns are renamed
+            # or stand for other columns: its footer names the file's columns, not the source's)
+            continue
         if unit.file not in columns and hasattr(source, "refuse_unreadable"):
             # encrypted / damaged column metadata aborts pyarrow's accessors: a typed error now
             source.refuse_unreadable([unit.file])

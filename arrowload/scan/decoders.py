@@ -95,8 +95,8 @@ class _Base:
         self.schema = self.source.schema
         self._types = {f.name: f.type for f in reversed(list(self.schema))}  # a repeated name: its first
         self.partitions = frozenset(self.source.partition_schema.names)
-        # a column's name in the files where it differs (Delta column mapping)
-        self._renames = dict(getattr(self.source, "column_renames", {}))
+        # where a file stores a column under another name, or not at all (Source.file_columns)
+        self._columns_of = getattr(self.source, "file_columns", lambda file: {})
         self._lock = threading.Lock()
         self._facts: dict[int, _FileFacts | None] = {}
         self._plans: dict[tuple[int, tuple[str, ...]], tuple | None] = {}
@@ -119,17 +119,18 @@ class _Base:
                  facts: _FileFacts) -> pa.Table:
         """``columns`` of ``table`` (the file's columns read, by their names in the file)
         cast to the unified types, partition values and nulls for the others; ``n`` rows,
-        all the unit's physical rows: the rows a deletion vector removes are dropped here,
+        all the unit's physical rows: the rows a table's deletes remove are dropped here,
         the one place every fast decoder's read passes."""
         if not columns:
             return empty_columns(n - unit.deleted)
         arrays = []
+        mapped = self._columns_of(unit.file)
         for c in columns:
             t = self._types[c]
-            p = self._renames.get(c, c)
-            if c in self.partitions:
+            p = mapped.get(c, c)
+            if c in self.partitions or (p is None and c in unit.partition):
                 arrays.append(_constant(unit.partition.get(c), n, t))
-            elif p in facts.types:
+            elif p is not None and p in facts.types:
                 col = table.column(p)
                 arrays.append(col if col.type.equals(t) else col.cast(t))
             else:
@@ -242,8 +243,9 @@ class ParquetDecoder(_Base):
         key = (file, columns)
         got = self._plans.get(key)
         if got is None:
-            names = [self._renames.get(c, c) for c in columns]
-            got = [i for c in names if c in facts.leaves for i in facts.leaves[c]]
+            mapped = self._columns_of(file)
+            names = [mapped.get(c, c) for c in columns]
+            got = [i for c in names if c is not None and c in facts.leaves for i in facts.leaves[c]]
             self._plans[key] = got
         return got
 

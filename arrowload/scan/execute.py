@@ -12,7 +12,7 @@ batch: a residual SQL filter or computed column in DuckDB (one call per run of b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -356,6 +356,13 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
     return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
 
 
+def _renamed(src, file_of: dict, fragment) -> Collection[str]:
+    """Source columns that ``fragment``'s file does not store under their own name (its
+    statistics under that name, if any, are another column's)."""
+    i = file_of.get(fragment.path)
+    return src.column_renames if i is None else src.file_columns(i)
+
+
 def _decided_by_statistics(scan: Scan, dataset: ds.FileSystemDataset, expr) -> tuple[int, list[int]] | None:
     """``(rows, units)``: the rows of row groups whose statistics prove ``expr`` true for
     every row (counted from the footer, no data read), and the units left to count by
@@ -369,8 +376,9 @@ def _decided_by_statistics(scan: Scan, dataset: ds.FileSystemDataset, expr) -> t
     if src.kind != "parquet" or any(pat.is_floating(schema.field(c).type) for c in columns):
         return None
     fragments = list(dataset.get_fragments())
-    renamed = src.column_renames
-    if not all(columns <= sound_columns(frag, schema, columns, renamed=renamed) for frag in fragments):
+    file_of = {e.path: i for i, e in enumerate(src.entries)} if hasattr(src, "entries") else {}
+    if not all(columns <= sound_columns(frag, schema, columns, renamed=_renamed(src, file_of, frag))
+               for frag in fragments):
         return None
     # a row group no row of which can make the predicate false or null is all-true
     maybe_not = pc.invert(expr) | expr.is_null()

@@ -16,7 +16,7 @@ from .base import Source, Unit
 from .files import FileSource, format_of_path, infer_format, normalize_format
 from .filesystem import (_GLOB_CHARS, FileEntry, check_path, file_entry, filesystem_for,
                          list_files, protocol_of, to_pyarrow_fs)
-from .lake import refuse_lake_table
+from .lake import newest_iceberg_metadata, refuse_lake_table
 from .memory import MemorySource
 from . import snapshot
 
@@ -93,16 +93,22 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         base, found = list_files(list_fs, p, retries=scan_options.retries,
                                  backoff=scan_options.retry_backoff_s, url=url)
         if _GLOB_CHARS & set(p) or not (len(found) == 1 and found[0].path == p):
-            if len(paths) == 1 and not (_GLOB_CHARS & set(p)) and _is_delta_root(list_fs, base):
-                # a Delta table's own folder: read through its log (al.delta), latest version
+            kind = _lake_root(list_fs, base) if len(paths) == 1 and not (_GLOB_CHARS & set(p)) else None
+            if kind is not None:
+                # a table's own folder: read through its log / metadata, latest version
+                name, opener = {"delta": ("a Delta Lake", "al.delta"),
+                                "iceberg": ("an Apache Iceberg", "al.iceberg")}[kind]
                 if filesystem is not None or format not in (None, "parquet") or partitioning is not None:
                     raise LakeTableError(
-                        f"{url!r} is a Delta Lake table folder: open it with al.delta({url!r}, "
+                        f"{url!r} is {name} table folder: open it with {opener}({url!r}, "
                         "storage_options=...) or al.dataset() without filesystem= / format= / "
-                        "partitioning= (the table's log says where its files are and how they are typed)",
-                        path=url, table_format="delta", table_root=base)
-                from .delta import open_delta
-                return open_delta(url, storage_options=storage_options, scan_options=scan_options)
+                        "partitioning= (the table's log / metadata says where its files are and how "
+                        "they are typed)", path=url, table_format=kind, table_root=base)
+                if kind == "delta":
+                    from .delta import open_delta
+                    return open_delta(url, storage_options=storage_options, scan_options=scan_options)
+                from .iceberg import open_iceberg
+                return open_iceberg(url, storage_options=storage_options, scan_options=scan_options)
             # a folder or glob (not a file the caller named): refuse lake table folders
             refuse_lake_table(list_fs, base, url, retries=scan_options.retries,
                               backoff=scan_options.retry_backoff_s)
@@ -189,14 +195,20 @@ def _open_manifest(doc: dict, where: str, filesystem: Any, storage_options: dict
     return src
 
 
-def _is_delta_root(fs, folder: str) -> bool:
-    """Whether the listed ``folder`` is a Delta table's root (it holds ``_delta_log/``; a
-    folder inside a table is refused by ``refuse_lake_table``)."""
+def _lake_root(fs, folder: str) -> str | None:
+    """``"delta"`` / ``"iceberg"`` where the listed ``folder`` is a table's root (it holds
+    ``_delta_log/``, or ``metadata/*.metadata.json``); None otherwise (a folder inside a
+    table is refused by ``refuse_lake_table``)."""
+    root = folder.rstrip("/")
     try:
-        info = fs.get_file_info(f"{folder.rstrip('/')}/_delta_log")
+        delta, meta = fs.get_file_info([f"{root}/_delta_log", f"{root}/metadata"])
     except OSError:
-        return False
-    return info.type == pafs.FileType.Directory
+        return None
+    if delta.type == pafs.FileType.Directory:
+        return "delta"
+    if meta.type == pafs.FileType.Directory and newest_iceberg_metadata(fs, root) is not None:
+        return "iceberg"
+    return None
 
 
 def _path_list(source: Any) -> list:

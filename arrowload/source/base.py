@@ -51,7 +51,8 @@ class Source:
     kind: str = ""
     # a lake table's identity ({"format", "uri", "version"}), None for plain files
     table: Mapping[str, object] | None = None
-    # logical column -> its name in the files, where they differ (Delta column mapping)
+    # logical column -> its name in the files, where they differ (Delta column mapping);
+    # per file: ``file_columns(file)``
     column_renames: Mapping[str, str] = MappingProxyType({})
     # True when reads rename columns or drop deleted rows: ``dataset()`` then reads the
     # units it is given into memory, and streaming scans go unit by unit
@@ -89,6 +90,16 @@ class Source:
     @property
     def has_statistics(self) -> bool:
         return False
+
+    def file_columns(self, file: int) -> Mapping[str, str | None]:
+        """How file ``file`` stores the source's columns, where not under their own name:
+        logical column -> its name in that file, or None where the file does not hold the
+        column although it may have a column of that name (an Iceberg column dropped and
+        added again: the file's column is the old one) or the column's value is a
+        partition value (``Unit.partition``). Columns not in the map are stored under
+        their own name, or missing (nulls). Default: ``column_renames``, the same for
+        every file (Delta column mapping); Iceberg maps each file by field id."""
+        return self.column_renames
 
     @property
     def num_files(self) -> int:
@@ -151,3 +162,14 @@ class Source:
         raise UnsupportedError(f"{self.display} is not a set of files, so it has no snapshot manifest "
                                "(a manifest names files); write the data to Parquet and open that folder, "
                                "or keep the dataset object")
+
+def file_to_source_names(columns: Mapping[str, str | None]) -> dict[str, str]:
+    """The inverse of a ``file_columns`` map: a file's column name -> the source column it
+    holds, where they differ. A column of the file named like a source column that it
+    does not hold (the source column is renamed away or not in the file) maps to ``""``,
+    no source column, so that its footer facts are never taken for that column's."""
+    out = {p: c for c, p in columns.items() if p is not None}
+    for c, p in columns.items():
+        if p != c:
+            out.setdefault(c, "")
+    return out

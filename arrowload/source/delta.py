@@ -8,7 +8,7 @@ used: the rows are read by arrowload's scans (pruning, fast decoders, loader), n
 ``to_pyarrow_dataset()``, which returns every value null on a column-mapped table and
 refuses tables with deletion vectors.
 
-The result is a :class:`DeltaSource`: a Parquet :class:`~arrowload.source.files.FileSource`
+The result is a :class:`DeltaSource`: a :class:`~arrowload.source.tablefiles.TableFileSource`
 over exactly the live files (no listing: sizes come from the log) whose
 
 - ``schema`` is the table's logical schema at that version (a column added later reads
@@ -26,7 +26,6 @@ Reader features other than those handled here raise
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import posixpath
 import urllib.parse
 from collections.abc import Sequence
@@ -34,14 +33,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from ..errors import (InvalidArgumentError, MissingDependencyError, PathNotFoundError, SnapshotChangedError,
+from ..errors import (InvalidArgumentError, MissingDependencyError, PathNotFoundError,
                       UnsupportedTableFeatureError)
 from ..options import ScanOptions
-from .filesystem import FileEntry, filesystem_for, protocol_of
-from .files import FileSource
+from .filesystem import filesystem_for, protocol_of
+from .tablefiles import TableFile, TableFileSource, plural
 
 # reader features arrowload reads correctly (PROTOCOL.md, "Valid Feature Names")
 SUPPORTED_READER_FEATURES = frozenset({
@@ -222,7 +220,7 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
             col = f"partition.{c}"
             raw = actions.column(col)[i].as_py() if col in actions.column_names else None
             values[c] = _partition_value(raw, schema.field(c).type)
-        files.append((path, sizes[i], values, deleted.get(rel)))
+        files.append(TableFile(path, sizes[i], values, deleted.get(rel)))
     src = DeltaSource(fs, root, files, schema=schema, partition_columns=partition_cols, renames=renames,
                       table={"format": "delta", "uri": root if isinstance(fs, pafs.LocalFileSystem) else
                              uri.rstrip("/"), "version": int(table.version())},  # one spelling per table
@@ -251,7 +249,7 @@ def _load_at(table, timestamp: Any, uri: str) -> None:
     table.load_as_version(timestamp)
 
 
-class DeltaSource(FileSource):
+class DeltaSource(TableFileSource):
     """The live Parquet files of one Delta table version (see the module doc).
 
     ``table``: ``{"format": "delta", "uri", "version"}``; ``column_renames``: logical ->
@@ -259,189 +257,30 @@ class DeltaSource(FileSource):
     deletion vector removes, or None.
     """
 
-    decoders_conform = True  # the fast decoders apply column_renames and deleted_rows
-
-    def __init__(self, filesystem: pafs.FileSystem, root: str, files: Sequence[tuple], *, schema: pa.Schema,
+    def __init__(self, filesystem: pafs.FileSystem, root: str, files: Sequence[TableFile], *, schema: pa.Schema,
                  partition_columns: Sequence[str], renames: dict[str, str], table: dict,
                  scan_options: ScanOptions | None = None) -> None:
-        entries = [FileEntry(path, size, None, None) for path, size, _, _ in files]
-        deleted = sum(len(d) for _, _, _, d in files if d is not None)
-        display = (f"delta table {table['uri']} version {table['version']} ({len(files)} file"
-                   f"{'s' if len(files) != 1 else ''}, {deleted} deleted row{'s' if deleted != 1 else ''})")
-        super().__init__(filesystem, entries, "parquet", root, display, partitioning=False,
-                         scan_options=scan_options)
-        by_path = {path: (values, dels) for path, _, values, dels in files}
-        self.table = dict(table)
-        self.root = root
-        self.column_renames = dict(renames)
-        self._leaf_names = {p: lg for lg, p in renames.items()} or None
-        self._logical = schema
-        self._partition_schema = pa.schema([schema.field(c) for c in partition_columns])
-        self._partition_values = [by_path[e.path][0] for e in self.entries]
-        self._file_deleted = [by_path[e.path][1] for e in self.entries]
-        self.deleted_total = deleted
-        self.has_deletions = deleted > 0
-        self.rewrites_rows = self.has_deletions or bool(renames)
-        self._unit_deleted: dict[int, np.ndarray] = {}
+        deleted = sum(len(f.deleted) for f in files if f.deleted is not None)
+        display = (f"delta table {table['uri']} version {table['version']} ({plural(len(files), 'file')}, "
+                   f"{plural(deleted, 'deleted row')})")
+        super().__init__(filesystem, root, files, schema=schema, partition_columns=partition_columns,
+                         table=table, display=display, renames=renames, scan_options=scan_options)
 
-    # -- schema and units ------------------------------------------------------
-    @property
-    def schema(self) -> pa.Schema:
-        return self._logical
+    def snapshot_label(self) -> str:
+        return f"version {self.table['version']}"
 
-    def _schema_of(self, file_schemas) -> pa.Schema:
-        return self._logical
+    def _fingerprint_head(self) -> str:
+        return f"delta\n{self.table['uri']}\n{self.table['version']}\n"
 
-    def _units_of(self, i: int, meta, start: int) -> list:
-        import dataclasses
-        units = super()._units_of(i, meta, start)
-        dels = self._file_deleted[i]
-        if dels is None or not len(dels):
-            return units
-        out, at = [], 0
-        for u in units:
-            n = u.num_rows
-            lo, hi = np.searchsorted(dels, [at, at + n])
-            if hi > lo:
-                self._unit_deleted[u.index] = dels[lo:hi] - at
-            out.append(dataclasses.replace(u, num_rows=n - int(hi - lo), deleted=int(hi - lo)))
-            at += n
-        tail = dels[np.searchsorted(dels, at):]
-        if len(tail):
-            from ..errors import CorruptFileError
-            raise CorruptFileError(f"the deletion vector of {self.entries[i].path!r} removes row {int(tail[0])}, "
-                                   f"but the file holds {at} rows; the table is damaged: repair it with the "
-                                   "engine that wrote it", self.entries[i].path)
-        return out
+    snapshot_field = "version"
 
-    def deleted_rows(self, unit) -> np.ndarray | None:
-        """Positions within ``unit``'s row group that its file's deletion vector removes."""
-        if not unit.deleted:
-            return None
-        self.units()
-        return self._unit_deleted.get(unit.index)
+    @staticmethod
+    def _version_key(value) -> str:
+        return f"v{value}"
 
-    def keep_mask(self, unit, n: int) -> pa.Array | None:
-        dels = self.deleted_rows(unit)
-        if dels is None:
-            return None
-        keep = np.ones(n, dtype=bool)
-        keep[dels] = False
-        return pa.array(keep)
-
-    def head_source(self, rows: int):
-        return None  # the table's own schema and units; head() reads through the scan
-
-    # -- reads -------------------------------------------------------------------
-    def statistics_dataset(self, units, *, statistics: bool = True) -> ds.Dataset:
-        return FileSource.dataset(self, units, statistics=statistics)
-
-    def dataset(self, units, *, statistics: bool = True, columns=None) -> ds.Dataset:
-        """Files read as pyarrow fragments where they need nothing more; where columns are
-        renamed or rows deleted, the units read now (``columns`` of them, nulls for the
-        others) into an in-memory dataset of the logical schema."""
-        all_units = self.units()
-        chosen = range(len(all_units)) if units is None else units
-        if not self.column_renames and not any(all_units[u].deleted for u in chosen):
-            return FileSource.dataset(self, units, statistics=statistics)
-        wanted = None if columns is None else set(columns)
-        tables = [self.read_unit(all_units[u], wanted) for u in chosen]
-        return ds.InMemoryDataset(tables or [self._logical.empty_table()], schema=self._logical)
-
-    def read_unit(self, unit, wanted: set | None = None) -> pa.Table:
-        """One unit's live rows in the logical schema (``wanted`` columns read, nulls for
-        the others)."""
-        import pyarrow.parquet as pq
-        self.refuse_unreadable([unit.file])
-        part = set(self._partition_schema.names)
-        file_names = set(self._file_facts(unit.file)[1].names)
-        read = []
-        for f in self._logical:
-            p = self.column_renames.get(f.name, f.name)
-            if (wanted is None or f.name in wanted) and f.name not in part and p in file_names:
-                read.append(p)
-        n = unit.num_rows + unit.deleted
-        with self.filesystem.open_input_file(unit.path) as handle:
-            pf = pq.ParquetFile(handle, metadata=self.file_metadata(unit.file),
-                                page_checksum_verification=self._scan.page_checksums)
-            got = pf.read_row_group(unit.row_group, columns=read, use_threads=False) if read else None
-        arrays = []
-        for f in self._logical:
-            p = self.column_renames.get(f.name, f.name)
-            if f.name in part:
-                v = unit.partition.get(f.name)
-                arrays.append(pa.nulls(n, f.type) if v is None else pa.repeat(pa.scalar(v, f.type), n))
-            elif got is not None and p in read:
-                col = got.column(p)
-                arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
-            else:
-                arrays.append(pa.nulls(n, f.type))
-        table = pa.Table.from_arrays(arrays, schema=self._logical)
-        mask = self.keep_mask(unit, n)
-        return table if mask is None else table.filter(mask)
-
-    # -- snapshots (source/base.py; formats/loader_state/v3 ``sources``) ----------------
-    # A table version is its own snapshot: immutable, named by the table and its version, and
-    # opened again through the log (its deletion vectors and column mapping with it), never
-    # as a plain list of its Parquet files.
-    @property
-    def snapshot_id(self) -> str:
-        return f"delta:{self.table['uri']}@v{self.table['version']}"
-
-    def snapshot(self) -> dict:
-        return {"snapshot_id": self.snapshot_id, "table": dict(self.table),
-                "files": self.num_files, "deleted_rows": self.deleted_total}
-
-    def state_snapshot(self) -> dict:
-        return {"snapshot": self.snapshot_id, "table": dict(self.table)}
-
-    def at_snapshot(self, doc) -> "DeltaSource":
-        """The same table at the state's version (``{"table": {"format": "delta", "uri",
-        "version"}}``), opened through its log with this source's storage options."""
-        if doc.get("snapshot") == self.snapshot_id:
-            return self
-        t = doc.get("table")
-        if not isinstance(t, dict) or t.get("format") != "delta":
-            raise LookupError(f"the state was taken on {doc.get('snapshot')!r}, not on a version of "
-                              f"delta table {self.table['uri']}")
-        if t.get("uri") != self.table["uri"]:
-            raise LookupError(f"the state was taken on delta table {t.get('uri')!r}; this dataset reads "
-                              f"delta table {self.table['uri']!r}")
-        version = t.get("version")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise LookupError(f"the state's delta version is {version!r}, not a table version")
+    def _open_at(self, value: int) -> "DeltaSource":
         uri, storage_options, scan_options = getattr(self, "_reopen", (self.table["uri"], None, None))
-        try:
-            return open_delta(uri, version=version, storage_options=storage_options, scan_options=scan_options)
-        except (InvalidArgumentError, PathNotFoundError) as exc:  # the version's log is gone (cleaned up)
-            raise SnapshotChangedError(f"delta table {self.table['uri']} no longer has version {version}, "
-                                       f"which the loader state was taken on ({exc}); resume from a newer "
-                                       "state, or start the epoch again", self.table["uri"]) from exc
+        return open_delta(uri, version=value, storage_options=storage_options, scan_options=scan_options)
 
-    def pin(self) -> "DeltaSource":
-        """A table version is pinned by being one: itself."""
-        return self
-
-    def manifest(self) -> dict:
-        from ..errors import UnsupportedError
-        raise UnsupportedError(f"{self.display} is a table version, which pins itself: reopen it with "
-                               f"al.delta({self.table['uri']!r}, version={self.table['version']}) (a file "
-                               "manifest would lose its deletion vectors and column mapping)")
-
-    # -- identity ------------------------------------------------------------------
-    def fingerprint(self) -> str:
-        """Changes with the table version (a version that only adds a deletion vector keeps
-        the same files), the files and the rows deleted from them."""
-        h = hashlib.sha256(f"delta\n{self.table['uri']}\n{self.table['version']}\n".encode())
-        h.update(super().fingerprint().encode())
-        for d in self._file_deleted:
-            h.update(b"-" if d is None else hashlib.sha256(np.ascontiguousarray(d, np.int64).tobytes()).digest())
-        h.update(repr(sorted(self.column_renames.items())).encode())
-        return h.hexdigest()[:32]
-
-    def table_line(self, units) -> str:
-        """``delta version N: F of T files, D of Dt deleted rows`` for the units kept."""
-        files = {u.file for u in units}
-        kept = sum(u.deleted for u in units)
-        return (f"delta {self.table['uri']} version {self.table['version']}: {len(files)} of "
-                f"{self.num_files} files, {kept} of {self.deleted_total} deleted rows in them left out")
+    def reopen_hint(self) -> str:
+        return f"al.delta({self.table['uri']!r}, version={self.table['version']})"

@@ -3,10 +3,10 @@
 A table folder holds every file any version of the table ever wrote: overwritten and
 deleted rows stay on disk until a vacuum, and only the table's log / metadata says which
 files are live. Reading the folder's Parquet files directly returns those dead rows, so
-``al.dataset()`` opens a Delta table's root folder through its log (``al.delta()``,
-source/delta.py) and refuses a folder inside one (a partition), and Iceberg folders
-(also their ``data/`` folder) until ``al.iceberg()`` reads them, with
-:class:`~arrowload.errors.LakeTableError`.
+``al.dataset()`` opens a table's root folder through its log or metadata (a Delta table
+with ``al.delta()``, source/delta.py; an Iceberg table with ``al.iceberg()`` of its newest
+metadata file, source/iceberg.py) and refuses a folder inside one (a partition, an
+Iceberg table's ``data/`` folder) with :class:`~arrowload.errors.LakeTableError`.
 
 Detection is a listing check, no table library is imported: a ``_delta_log/`` folder
 (Delta), or a ``metadata/`` folder holding ``*.metadata.json`` files (Iceberg), in the
@@ -17,6 +17,7 @@ files is what a table library's ``file_uris()`` hands over, and the caller chose
 from __future__ import annotations
 
 import posixpath
+import re
 
 import pyarrow.fs as pafs
 
@@ -99,10 +100,57 @@ def refuse_lake_table(fs: pafs.FileSystem, path: str, shown: str, *,
         fix = (f"open the table at its root with al.delta({root!r}) (or al.dataset() of the root), "
                "and filter on its partition columns to read part of it")
     else:
-        fix = ("Table support comes with al.iceberg() (not available yet); until then read the "
-               "table with its own library (pyiceberg) and pass the result, or the list of its "
-               "live files, to al.dataset()")
+        fix = (f"open the table at its root with al.iceberg({root!r}) (or al.dataset() of the root, "
+               "or al.iceberg(catalog.load_table(...))), and filter on its columns to read part of it")
     raise LakeTableError(
         f"{shown!r} {where} {name} table folder (it has {marker}); reading its files directly "
         f"would return deleted and overwritten rows as if they were live. {fix}",
         path=path, table_format=kind, table_root=root)
+
+
+# catalog tables: 00003-<uuid>.metadata.json; Hadoop tables: v3.metadata.json
+_VERSIONED = re.compile(r"^(?:v(\d+)|(\d+)-[^/]*)\.metadata\.json$")
+
+
+def newest_iceberg_metadata(fs: pafs.FileSystem, root: str, *,
+                            retries: int = 4, backoff: float = 0.05) -> str | None:
+    """The path of the newest ``*.metadata.json`` of the Iceberg table at ``root``, None
+    where ``root`` has none: the version ``metadata/version-hint.text`` names where that
+    file exists, else the highest version number in the file names (``00012-<uuid>``,
+    ``v12``), the latest modified among equals."""
+    folder = f"{root.rstrip('/')}/{ICEBERG_METADATA}"
+    selector = pafs.FileSelector(folder, recursive=False, allow_not_found=True)
+    try:
+        infos = retry(lambda: fs.get_file_info(selector), retries=retries, backoff_s=backoff)
+    except OSError:
+        return None
+    files = {i.base_name: i for i in infos if i.type == pafs.FileType.File}
+    hint = files.get("version-hint.text")
+    if hint is not None:
+        try:
+            with fs.open_input_stream(hint.path) as f:
+                text = f.read().decode().strip()
+        except (OSError, UnicodeDecodeError):
+            text = ""
+        if text.isdigit():
+            for name in (f"v{text}{_ICEBERG_SUFFIX}", ):
+                if name in files:
+                    return files[name].path
+            for name, info in files.items():
+                m = _VERSIONED.match(name)
+                if m and int(m.group(1) or m.group(2)) == int(text):
+                    return info.path
+    best = None
+    for name, info in files.items():
+        m = _VERSIONED.match(name)
+        if m is None:
+            continue
+        key = (int(m.group(1) or m.group(2)), info.mtime_ns or 0, name)
+        if best is None or key > best[0]:
+            best = (key, info.path)
+    if best is None:
+        newest = [i for n, i in files.items() if n.endswith(_ICEBERG_SUFFIX)]
+        if not newest:
+            return None
+        return max(newest, key=lambda i: (i.mtime_ns or 0, i.base_name)).path
+    return best[1]

@@ -1,0 +1,591 @@
+"""Apache Iceberg tables read at a pinned snapshot (``al.iceberg`` / ``al.dataset`` of a table folder).
+
+Truths from outside arrowload: ``pyiceberg``'s own read (``table.scan(snapshot_id=...).to_arrow()``)
+of every snapshot, DuckDB for filters over that truth. Tables are written by pyiceberg
+(``SqlCatalog`` on sqlite in a temporary folder, offline): appends, a copy-on-write delete,
+an overwrite with a filter, a partitioned table (identity on a string and on an int;
+pyiceberg writes bucket / truncate / time transforms only with the ``pyiceberg-core``
+package, which is not a dependency here), schema evolution (add, rename, drop and add again). pyiceberg writes only
+copy-on-write deletes, so a merge-on-read snapshot (a Parquet position delete file) and an
+equality delete file are committed here with pyiceberg's own manifest writer and snapshot
+producer; pyiceberg's own read honours the position deletes (the truth) and refuses the
+equality deletes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections import Counter
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+from _support import moto_s3_server, state_after
+
+ROW_GROUP_ROWS = "64"  # small row groups, so that deletes and pruning cross row groups
+
+
+def _catalog(root, **properties):
+    from pyiceberg.catalog.sql import SqlCatalog
+    catalog = SqlCatalog("test", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}", **properties)
+    catalog.create_namespace("ns")
+    return catalog
+
+
+def _rows(start: int, n: int, **extra) -> pa.Table:
+    ids = list(range(start, start + n))
+    cols = {"id": pa.array(ids, pa.int64()),
+            "part": [("a", "b", "c d")[i % 3] for i in ids],
+            "n": pa.array([i % 2 for i in ids], pa.int32()),
+            "x": pa.array([float(i) / 4 for i in ids], pa.float64())}
+    for name, fn in extra.items():
+        cols[name] = fn(ids)
+    return pa.table(cols)
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+    """One partitioned table (identity on ``part`` and on ``n``) through its
+    snapshots: two appends, a copy-on-write delete, a column added (and appended to), a
+    column renamed (and appended to), a column dropped and added again with another type
+    (and appended to), an overwrite of one partition. Returns (table, [snapshot ids])."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.types import DoubleType, IntegerType, LongType, NestedField, StringType
+
+    catalog = _catalog(tmp_path_factory.mktemp("iceberg"))
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "part", StringType()),
+                    NestedField(3, "n", IntegerType()), NestedField(4, "x", DoubleType()))
+    spec = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "part"),
+                         PartitionField(3, 1001, IdentityTransform(), "n"))
+    table = catalog.create_table("ns.events", schema=schema, partition_spec=spec,
+                                 properties={"write.parquet.row-group-limit": ROW_GROUP_ROWS})
+    snaps = []
+
+    def commit(fn):
+        fn()
+        snaps.append(table.current_snapshot().snapshot_id)
+
+    arrow = table.schema().as_arrow()
+    commit(lambda: table.append(_rows(0, 300).cast(arrow)))
+    commit(lambda: table.append(_rows(300, 300).cast(arrow)))
+    commit(lambda: table.delete("id >= 100 and id < 160"))                 # copy-on-write
+    with table.update_schema() as u:
+        u.add_column("extra", StringType())
+    commit(lambda: table.append(_rows(600, 150, extra=lambda ids: [f"e{i}" for i in ids])
+                                .cast(table.schema().as_arrow())))
+    with table.update_schema() as u:
+        u.rename_column("x", "y")
+    commit(lambda: table.append(_rows(750, 50, extra=lambda ids: [f"e{i}" for i in ids])
+                                .rename_columns({"x": "y"}).cast(table.schema().as_arrow())))
+    with table.update_schema() as u:
+        u.delete_column("extra")
+    with table.update_schema() as u:
+        u.add_column("extra", LongType())
+    commit(lambda: table.append(_rows(800, 50, extra=lambda ids: [i * 10 for i in ids])
+                                .rename_columns({"x": "y"}).cast(table.schema().as_arrow())))
+    commit(lambda: table.overwrite(_rows(2000, 40, extra=lambda ids: [-i for i in ids])
+                                   .filter(pc.equal(pc.field("part"), "a"))
+                                   .rename_columns({"x": "y"}).cast(table.schema().as_arrow()),
+                                   overwrite_filter="part = 'a'"))
+    return table, snaps
+
+
+def _truth(table, snapshot_id=None) -> pa.Table:
+    return table.scan(snapshot_id=snapshot_id).to_arrow()
+
+
+def _sorted_rows(table: pa.Table) -> list[tuple]:
+    names = sorted(table.column_names)
+    return sorted(tuple(str(r[n]) for n in names) for r in table.select(names).to_pylist())
+
+
+def _ids(batches) -> list[int]:
+    out = []
+    for b in batches:
+        out.extend(int(v) for v in b["id"])
+    return out
+
+
+# -- merge-on-read deletes, committed with pyiceberg's own writers ------------------------
+
+def _delete_manifest_writer():
+    from pyiceberg.manifest import ManifestContent, ManifestWriterV2
+
+    class DeleteManifestWriter(ManifestWriterV2):
+        """pyiceberg's v2 manifest writer for a manifest of delete files (its own writes
+        only data manifests)."""
+
+        def content(self):
+            return ManifestContent.DELETES
+
+        @property
+        def _meta(self):
+            return {**super()._meta, "content": "deletes"}
+
+    return DeleteManifestWriter
+
+
+def commit_deletes(table, *, positions: dict[str, list[int]] | None = None,
+                   equality_ids: list[int] | None = None) -> str:
+    """Commit a snapshot that adds one delete file: position deletes ``{data file URI:
+    [row positions]}`` (the spec's ``file_path`` / ``pos`` schema, field ids 2147483546 /
+    2147483545), or equality deletes on ``id``. The delete manifest goes into a snapshot
+    made by pyiceberg's own fast-append producer. Returns the delete file's URI."""
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry, ManifestEntryStatus
+    from pyiceberg.typedef import Record
+
+    location = table.location()
+    uri = f"{location}/data/deletes-{uuid.uuid4()}.parquet"
+    local = uri.removeprefix("file://")
+    if positions is not None:
+        paths, pos = [], []
+        for f, ps in sorted(positions.items()):
+            paths += [f] * len(ps)
+            pos += sorted(ps)
+        schema = pa.schema([pa.field("file_path", pa.string(), False, {b"PARQUET:field_id": b"2147483546"}),
+                            pa.field("pos", pa.int64(), False, {b"PARQUET:field_id": b"2147483545"})])
+        pq.write_table(pa.table({"file_path": paths, "pos": pos}, schema=schema), local)
+        content, n, eq = DataFileContent.POSITION_DELETES, len(pos), None
+    else:
+        schema = pa.schema([pa.field("id", pa.int64(), True, {b"PARQUET:field_id": b"1"})])
+        pq.write_table(pa.table({"id": equality_ids}, schema=schema), local)
+        content, n, eq = DataFileContent.EQUALITY_DELETES, len(equality_ids), [1]
+    data_file = DataFile.from_args(content=content, file_path=uri, file_format=FileFormat.PARQUET,
+                                   partition=Record(), record_count=n,
+                                   file_size_in_bytes=os.path.getsize(local), equality_ids=eq)
+    data_file.spec_id = table.spec().spec_id
+    writer = _delete_manifest_writer()
+    with table.transaction() as tx:
+        with tx.update_snapshot().fast_append() as append:
+            out = table.io.new_output(f"{location}/metadata/{uuid.uuid4()}-deletes-m0.avro")
+            with writer(spec=table.spec(), schema=table.schema(), output_file=out,
+                        snapshot_id=append._snapshot_id, avro_compression="deflate") as w:
+                w.add_entry(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED,
+                                                   snapshot_id=append._snapshot_id, sequence_number=None,
+                                                   file_sequence_number=None, data_file=data_file))
+            manifest = w.to_manifest_file()
+            produced = append._process_manifests
+            append._process_manifests = lambda manifests: produced(manifests) + [manifest]
+    return uri
+
+
+POS_DELETED = {0: [0, 5, 63, 64, 65, 130, 199], 1: [3, 4, 150]}  # per data file: ids 0.., ids 1000..
+
+
+@pytest.fixture(scope="module")
+def mor(tmp_path_factory):
+    """An unpartitioned table of two data files of 200 rows (row groups of 64), then a
+    snapshot adding a position delete file that removes rows of both (across row-group
+    boundaries), then an append. Returns (table, [snapshot ids], the two data file URIs)."""
+    catalog = _catalog(tmp_path_factory.mktemp("mor"))
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string()), ("x", pa.float64())])
+    table = catalog.create_table("ns.mor", schema=schema,
+                                 properties={"write.parquet.row-group-limit": ROW_GROUP_ROWS})
+    for start in (0, 1000):
+        ids = list(range(start, start + 200))
+        table.append(pa.table({"id": ids, "s": [f"v{i}" for i in ids], "x": [i / 2 for i in ids]}, schema=schema))
+    snaps = [table.current_snapshot().snapshot_id]
+    # by their first id: the file of ids 0.. first
+    files = [t.file.file_path for t in sorted(table.scan().plan_files(), key=lambda t: t.file.lower_bounds[1])]
+    commit_deletes(table, positions={files[f]: p for f, p in POS_DELETED.items()})
+    snaps.append(table.current_snapshot().snapshot_id)
+    table.append(pa.table({"id": [5000, 5001], "s": ["w", "z"], "x": [0.5, 1.5]}, schema=schema))
+    snaps.append(table.current_snapshot().snapshot_id)
+    return table, snaps, files
+
+
+# -- every snapshot reads as pyiceberg does ------------------------------------------------
+
+@pytest.mark.parametrize("k", range(7))
+def test_every_snapshot_reads_as_pyiceberg_does(history, k):
+    table, snaps = history
+    truth = _truth(table, snaps[k])
+    ds = al.iceberg(table, snapshot_id=snaps[k])
+    got = ds.to_arrow()
+    assert got.schema.names == truth.schema.names
+    assert _sorted_rows(got) == _sorted_rows(truth)
+    assert ds.count() == truth.num_rows
+    assert len(ds.loader(32)) == -(-truth.num_rows // 32)
+    assert ds.plan.source.table == {"format": "iceberg", "uri": table.location().removeprefix("file://"),
+                                    "snapshot_id": snaps[k]}
+
+
+def test_fixture_covers_what_it_claims(history):
+    """The folder holds dead rows; the table is partitioned; the snapshots differ."""
+    table, snaps = history
+    assert len(set(snaps)) == 7 and [f.name for f in table.spec().fields] == ["part", "n"]
+    counts = [_truth(table, s).num_rows for s in snaps]
+    assert counts[2] == counts[1] - 60 and counts[-1] < counts[-2]
+    folder_rows = sum(pq.read_metadata(os.path.join(d, f)).num_rows
+                      for d, _, fs in os.walk(table.location().removeprefix("file://")) for f in fs
+                      if f.endswith(".parquet"))
+    assert folder_rows > counts[-1]
+
+
+def test_added_column_reads_as_nulls_in_older_files(history):
+    table, snaps = history
+    got = al.iceberg(table, snapshot_id=snaps[3]).select("id", "extra").to_arrow()
+    old = got.filter(pc.less(got["id"], 600))
+    new = got.filter(pc.greater_equal(got["id"], 600))
+    assert old.num_rows > 0 and old["extra"].null_count == old.num_rows
+    assert new.num_rows == 150 and new["extra"].to_pylist() == [f"e{i}" for i in new["id"].to_pylist()]
+
+
+def test_renamed_column_reads_from_older_files_by_field_id(history):
+    table, snaps = history
+    ds = al.iceberg(table, snapshot_id=snaps[4])
+    assert "y" in ds.schema.names and "x" not in ds.schema.names
+    got = ds.select("id", "y").to_arrow()
+    assert got["y"].null_count == 0  # files written before the rename hold the column as "x"
+    assert got["y"].to_pylist() == [i / 4 for i in got["id"].to_pylist()]
+    src = ds.plan.source
+    renamed = [i for i in range(src.num_files) if src.file_columns(i).get("y") == "x"]
+    assert 0 < len(renamed) < src.num_files
+    # filters and statistics on the renamed column see the old files' values
+    expected = sum(1 for i in got["id"].to_pylist() if i / 4 < 30)
+    assert ds.filter("y < 30").count() == expected
+    assert sorted(ds.filter("y < 30").select("id").to_arrow()["id"].to_pylist()) == \
+        sorted(i for i in got["id"].to_pylist() if i / 4 < 30)
+
+
+def test_dropped_and_added_again_column_never_reads_the_old_data(history):
+    table, snaps = history
+    ds = al.iceberg(table, snapshot_id=snaps[5])
+    assert ds.schema.field("extra").type == pa.int64()
+    got = ds.select("id", "extra").to_arrow()
+    old = got.filter(pc.less(got["id"], 800))
+    assert old.num_rows > 0 and old["extra"].null_count == old.num_rows  # not "e600"...
+    new = got.filter(pc.greater_equal(got["id"], 800))
+    assert new["extra"].to_pylist() == [i * 10 for i in new["id"].to_pylist()]
+    # statistics of the old "extra" (strings) are never used for the new one
+    assert ds.filter("extra IS NULL").count() == old.num_rows
+    assert ds.filter("extra IS NOT NULL").count() == 50
+    assert sorted(_ids(ds.filter("extra IS NULL").select("id").loader(64))) == sorted(old["id"].to_pylist())
+    desc = ds.describe()  # footer statistics, mapped per file
+    extra = desc.filter(desc["column"] == "extra")
+    assert extra["null_count"].item() == old.num_rows and extra["min"].item() == "8000"
+    assert float(desc.filter(desc["column"] == "y")["min"].item()) == 0.0  # "x" in the oldest files
+
+
+def test_identity_partition_column_missing_from_a_file_reads_as_its_value(tmp_path):
+    """A data file without its identity partition column (a migrated file, committed with
+    pyiceberg's own fast append): the column reads as the file's partition value, as
+    pyiceberg's own read does."""
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.typedef import Record
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    catalog = _catalog(tmp_path)
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(2, "region", StringType()))
+    table = catalog.create_table("ns.migrated", schema=schema,
+                                 partition_spec=PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "region")))
+    table.append(pa.table({"id": [1, 2], "region": ["eu", "us"]}, schema=schema.as_arrow()))
+    path = os.path.join(table.location().removeprefix("file://"), "data", "region=apac", "migrated.parquet")
+    os.makedirs(os.path.dirname(path))
+    pq.write_table(pa.table({"id": pa.array([10, 11, 12], pa.int64())}, schema=pa.schema(
+        [pa.field("id", pa.int64(), metadata={b"PARQUET:field_id": b"1"})])), path)
+    data_file = DataFile.from_args(content=DataFileContent.DATA, file_path="file://" + path,
+                                   file_format=FileFormat.PARQUET, partition=Record("apac"), record_count=3,
+                                   file_size_in_bytes=os.path.getsize(path))
+    data_file.spec_id = 0
+    with table.transaction() as tx:
+        with tx.update_snapshot().fast_append() as append:
+            append.append_data_file(data_file)
+    truth = _truth(table)
+    assert sorted(truth.filter(pc.equal(truth["region"], "apac"))["id"].to_pylist()) == [10, 11, 12]
+    ds = al.iceberg(table)
+    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+    assert ds.filter("region = 'apac'").count() == 3
+    assert sorted(_ids(ds.filter("region <> 'eu'").loader(2))) == [2, 10, 11, 12]
+    got = pa.Table.from_batches(list(ds.loader(5, output="arrow")))
+    assert _sorted_rows(got) == _sorted_rows(truth)
+
+
+@pytest.mark.parametrize("decoder", ["pyarrow", "dataset"])
+def test_field_id_mapping_in_either_decoder(history, decoder, monkeypatch):
+    table, snaps = history
+    monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    truth = _truth(table, snaps[6])
+    batches = list(al.iceberg(table, snapshot_id=snaps[6]).loader(50, output="arrow"))
+    assert _sorted_rows(pa.Table.from_batches(batches)) == _sorted_rows(truth)
+
+
+@pytest.mark.parametrize("predicate", [
+    "part = 'c d' AND id > 100",
+    "part = 'a' OR y < 20",
+    "n = 1 AND y > 100",
+    "extra IS NULL",
+    "id BETWEEN 150 AND 900 AND part <> 'a'",
+    "extra > 8100",
+])
+def test_filters_match_duckdb_over_the_truth(history, predicate):
+    table, snaps = history
+    truth = _truth(table, snaps[6])  # noqa: F841 - DuckDB reads it by name
+    expected = duckdb.sql(f"SELECT * FROM truth WHERE {predicate}").arrow()
+    expected = expected.read_all() if hasattr(expected, "read_all") else expected
+    ds = al.iceberg(table, snapshot_id=snaps[6]).filter(predicate)
+    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(expected)
+    assert ds.count() == expected.num_rows
+
+
+def test_statistics_pruning_keeps_fewer_row_groups(history):
+    table, snaps = history
+    ds = al.iceberg(table, snapshot_id=snaps[1])
+    total = len(ds.plan.source.units())
+    kept = ds.filter("part = 'b' AND id < 50").optimized_plan()
+    assert 0 < len(kept.units) < total
+    assert sorted(ds.filter("part = 'b' AND id < 50").to_arrow()["id"].to_pylist()) == \
+        [i for i in range(50) if i % 3 == 1]
+
+
+# -- the loader: exact once per epoch, resume, shuffles ------------------------------------
+
+@pytest.fixture(params=["history", "mor"])
+def latest(request, history, mor):
+    """The latest snapshot of each table, without the column that has nulls: (dataset, truth)."""
+    table = history[0] if request.param == "history" else mor[0]
+    columns = ["id", "part", "n", "y"] if request.param == "history" else ["id", "s", "x"]
+    return al.iceberg(table).select(*columns), _truth(table)
+
+
+@pytest.mark.parametrize("shuffle", [False, "global", "block"])
+def test_loader_is_exact_once_per_epoch_across_ranks(latest, shuffle):
+    ds, truth = latest
+    n = truth.num_rows
+    per_rank = []
+    for rank in (0, 1):
+        loader = ds.loader(16, shuffle=shuffle, seed=7, world_size=2, rank=rank)
+        loader.set_epoch(1)
+        ids = _ids(loader)
+        assert len(ids) == n // 2 and len(loader) == -(-(n // 2) // 16)
+        per_rank.append(ids)
+    both = per_rank[0] + per_rank[1]
+    assert len(set(both)) == len(both) == n - n % 2
+    assert set(both) <= set(truth["id"].to_pylist())
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block"])
+def test_resume_is_exact(latest, shuffle):
+    ds, _ = latest
+    ds = ds.filter("id <> 204")
+    full = [list(b["id"]) for b in ds.loader(24, shuffle=shuffle, seed=2)]
+    for k in (1, 5, 11):
+        state = state_after(ds.loader(24, shuffle=shuffle, seed=2), k)
+        fresh = ds.loader(24, shuffle=shuffle, seed=2)
+        fresh.load_state_dict(state)
+        assert [list(b["id"]) for b in fresh] == full[k:]
+
+
+def test_snapshots_have_different_fingerprints_and_states_do_not_cross(history):
+    table, snaps = history
+    a, b = al.iceberg(table, snapshot_id=snaps[4]), al.iceberg(table, snapshot_id=snaps[5])
+    assert a.plan.source.fingerprint() != b.plan.source.fingerprint()
+    assert a.plan.source.fingerprint() == al.iceberg(table, snapshot_id=snaps[4]).plan.source.fingerprint()
+    state = state_after(a.select("id").loader(16, shuffle="block", seed=1), 2)
+    with pytest.raises(al.StateMismatchError):
+        b.select("id").loader(16, shuffle="block", seed=1).load_state_dict(state)
+
+
+# -- position deletes (merge-on-read) --------------------------------------------------------
+
+def test_position_delete_fixture_is_honoured_by_pyiceberg(mor):
+    table, snaps, files = mor
+    tasks = list(table.scan(snapshot_id=snaps[1]).plan_files())
+    assert all(len(t.delete_files) == 1 for t in tasks)
+    assert _truth(table, snaps[0]).num_rows == 400
+    assert _truth(table, snaps[1]).num_rows == 400 - 10
+    gone = set(range(200)) | set(range(1000, 1200))
+    gone -= set(_truth(table, snaps[1])["id"].to_pylist())
+    assert gone == {p for p in POS_DELETED[0]} | {1000 + p for p in POS_DELETED[1]}
+
+
+@pytest.mark.parametrize("k", range(3))
+def test_position_deleted_rows_never_appear(mor, k):
+    table, snaps, _ = mor
+    truth = _truth(table, snaps[k])
+    ds = al.iceberg(table, snapshot_id=snaps[k])
+    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+    assert ds.count() == truth.num_rows
+    src = ds.plan.source
+    assert sum(u.num_rows for u in src.units()) == truth.num_rows
+    assert sum(u.deleted for u in src.units()) == (0 if k == 0 else 10)
+    live = truth["id"].to_pylist()
+    big = sorted(r["id"] for r in truth.to_pylist() if r["x"] >= 50)
+    assert ds.filter("x >= 50").count() == len(big)
+    assert sorted(ds.filter("x >= 50").select("id").to_arrow()["id"].to_pylist()) == big
+    assert sorted(_ids(ds.to_batches())) == sorted(live)
+
+
+def test_sql_aggregates_over_position_deletes_match_duckdb(mor):
+    """al.sql's DuckDB path (an aggregate) streams the live rows only."""
+    table, snaps, _ = mor
+    truth = _truth(table, snaps[2])  # noqa: F841 - DuckDB reads it by name
+    query = "SELECT id // 100 AS k, count(*) AS c, sum(x) AS sx FROM {} GROUP BY 1 ORDER BY 1"
+    expected = duckdb.sql(query.format("truth")).arrow()
+    expected = expected.read_all() if hasattr(expected, "read_all") else expected
+    got = al.sql(query.format("t"), t=al.iceberg(table, snapshot_id=snaps[2])).to_arrow()
+    assert got.to_pylist() == expected.to_pylist()
+
+
+@pytest.mark.parametrize("decoder", ["pyarrow", "dataset"])
+def test_position_deletes_in_either_decoder(mor, decoder, monkeypatch):
+    table, snaps, _ = mor
+    monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    live = _truth(table, snaps[1])["id"].to_pylist()
+    ds = al.iceberg(table, snapshot_id=snaps[1])
+    assert sorted(_ids(ds.loader(7))) == sorted(live)
+    assert sorted(_ids(ds.filter("s <> 'v3'").loader(9))) == sorted(i for i in live if i != 3)
+
+
+def test_explain_repr_and_describe_name_the_table_snapshot_and_deleted_rows(mor):
+    table, snaps, _ = mor
+    root = table.location().removeprefix("file://")
+    ds = al.iceberg(table, snapshot_id=snaps[1])
+    text = ds.explain()
+    assert f"iceberg table {root} snapshot {snaps[1]} (2 files, 10 deleted rows)" in text
+    assert "2 of 2 files, 10 of 10 deleted rows" in text
+    assert f"snapshot {snaps[1]}" in repr(ds) and "10 deleted rows" in repr(ds)
+    assert "1 of 2 files, 3 of 10 deleted rows" in ds.filter("id >= 1000").explain()
+    desc = ds.describe()
+    assert all("iceberg" in s and f"snapshot {snaps[1]}" in s for s in desc["source"])
+    assert desc.filter(desc["column"] == "id")["rows"].item() == 390
+
+
+def test_equality_deletes_are_refused_naming_the_file(tmp_path):
+    catalog = _catalog(tmp_path)
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    table = catalog.create_table("ns.eq", schema=schema)
+    table.append(pa.table({"id": [1, 2, 3], "s": ["a", "b", "c"]}, schema=schema))
+    before = table.current_snapshot().snapshot_id
+    uri = commit_deletes(table, equality_ids=[2])
+    with pytest.raises(ValueError, match="equality deletes"):
+        table.scan().to_arrow()  # pyiceberg cannot read it either
+    for open_ in (lambda: al.iceberg(table), lambda: al.dataset(table.location().removeprefix("file://"))):
+        with pytest.raises(al.UnsupportedTableFeatureError) as info:
+            open_()
+        assert info.value.feature == "equality deletes" and uri in str(info.value)
+        assert isinstance(info.value, NotImplementedError) and isinstance(info.value, al.ArrowloadError)
+    assert al.iceberg(table, snapshot_id=before).count() == 3  # before the deletes: readable
+
+
+def test_missing_position_delete_file_is_a_typed_error_naming_it(tmp_path):
+    catalog = _catalog(tmp_path)
+    schema = pa.schema([("id", pa.int64())])
+    table = catalog.create_table("ns.gone", schema=schema)
+    table.append(pa.table({"id": [1, 2, 3]}, schema=schema))
+    data = next(iter(table.scan().plan_files())).file.file_path
+    uri = commit_deletes(table, positions={data: [1]})
+    assert al.iceberg(table).to_arrow()["id"].to_pylist() == [1, 3]
+    os.remove(uri.removeprefix("file://"))
+    with pytest.raises(al.PathNotFoundError) as info:
+        al.iceberg(table)
+    assert uri in str(info.value) and "delete file" in str(info.value)
+
+
+# -- how a table is named ---------------------------------------------------------------------
+
+def test_metadata_json_path_and_table_folder(history, tmp_path):
+    table, snaps = history
+    root = table.location().removeprefix("file://")
+    truth = _truth(table)
+    by_path = al.iceberg(table.metadata_location.removeprefix("file://"), snapshot_id=snaps[3])
+    assert _sorted_rows(by_path.to_arrow()) == _sorted_rows(_truth(table, snaps[3]))
+    assert by_path.plan.source.fingerprint() == al.iceberg(table, snapshot_id=snaps[3]).plan.source.fingerprint()
+    assert _sorted_rows(al.iceberg(table.metadata_location).to_arrow()) == _sorted_rows(truth)  # a file:// URI
+    for ds in (al.dataset(root), al.iceberg(root)):  # the folder: its newest metadata file
+        assert ds.plan.source.table["snapshot_id"] == snaps[-1]
+        assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+    with pytest.raises(al.InvalidArgumentError, match="no snapshot 12345"):
+        al.iceberg(table, snapshot_id=12345)
+    with pytest.raises(al.ArgumentTypeError):
+        al.iceberg(42)
+    with pytest.raises(al.PathNotFoundError):
+        al.iceberg(str(tmp_path / "nothing.metadata.json"))
+
+
+def test_newest_metadata_by_version_hint_and_number(history, tmp_path):
+    """A copy of the table folder (paths inside still point at the original files): the
+    version-hint.text file decides where present, else the highest version number."""
+    table, snaps = history
+    root = str(tmp_path / "t")
+    shutil.copytree(table.location().removeprefix("file://"), root)
+    meta = os.path.join(root, "metadata")
+    names = sorted(n for n in os.listdir(meta) if n.endswith(".metadata.json"))
+    assert al.dataset(root).plan.source.table["snapshot_id"] == snaps[-1]
+    older = names[3]
+    os.rename(os.path.join(meta, older), os.path.join(meta, "v99.metadata.json"))
+    got = al.dataset(root).plan.source.table["snapshot_id"]
+    from pyiceberg.table import StaticTable
+    assert got == StaticTable.from_metadata(os.path.join(meta, "v99.metadata.json")).current_snapshot().snapshot_id
+    with open(os.path.join(meta, "version-hint.text"), "w") as f:
+        f.write(str(int(names[-1].split("-")[0])))
+    assert al.dataset(root).plan.source.table["snapshot_id"] == snaps[-1]
+
+
+def test_folder_inside_a_table_is_refused_naming_the_root(history):
+    table, _ = history
+    root = table.location().removeprefix("file://")
+    for inner in (os.path.join(root, "data"), os.path.join(root, "data", "part=a")):
+        if not os.path.isdir(inner):
+            continue
+        with pytest.raises(al.LakeTableError) as info:
+            al.dataset(inner)
+        assert os.path.samefile(info.value.table_root, root)
+        assert f"al.iceberg({info.value.table_root!r})" in str(info.value)
+    with pytest.raises(al.LakeTableError, match="al.iceberg"):
+        al.dataset(root, format="csv")
+
+
+def test_empty_table_has_no_rows(tmp_path):
+    catalog = _catalog(tmp_path)
+    table = catalog.create_table("ns.empty", schema=pa.schema([("id", pa.int64()), ("s", pa.string())]))
+    ds = al.iceberg(table)
+    assert ds.schema.names == ["id", "s"] and ds.count() == 0 and ds.to_arrow().num_rows == 0
+    assert ds.plan.source.table["snapshot_id"] is None
+
+
+# -- S3 ------------------------------------------------------------------------------------------
+
+def test_iceberg_table_on_s3(tmp_path):
+    """Through a real S3 API (moto on loopback): pyiceberg writes the table (its fsspec
+    FileIO with ``s3.endpoint``: pyarrow's S3 multipart uploads fail against moto), with a
+    copy-on-write delete; arrowload opens it from the Table
+    (the FileIO's properties give the endpoint and keys) and from its metadata URI."""
+    import s3fs
+    with moto_s3_server() as url:
+        s3 = s3fs.S3FileSystem(endpoint_url=url, key="testing", secret="testing", skip_instance_cache=True)
+        s3.mkdir("lake")
+        from pyiceberg.catalog.sql import SqlCatalog
+        catalog = SqlCatalog("s3test", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse="s3://lake/wh",
+                             **{"py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO", "s3.endpoint": url,
+                                "s3.access-key-id": "testing", "s3.secret-access-key": "testing",
+                                "s3.region": "us-east-1"})
+        catalog.create_namespace("ns")
+        schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+        table = catalog.create_table("ns.t", schema=schema)
+        table.append(pa.table({"id": list(range(100)), "s": [f"v{i}" for i in range(100)]}, schema=schema))
+        table.append(pa.table({"id": list(range(100, 150)), "s": ["w"] * 50}, schema=schema))
+        table.delete("id < 10")
+        truth = _truth(table)
+        ds = al.iceberg(table)
+        assert ds.plan.source.table["uri"].startswith("s3://lake/wh")
+        assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+        assert Counter(_ids(ds.loader(16, shuffle="block", seed=1))) == Counter(truth["id"].to_pylist())
+        options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
+        by_uri = al.iceberg(table.metadata_location, storage_options=options)
+        assert by_uri.filter("s = 'w'").count() == 50
+        folder = al.dataset(table.location(), storage_options=options)
+        assert folder.count() == truth.num_rows
+        with pytest.raises(al.LakeTableError, match="Iceberg"):
+            al.dataset(table.location() + "/data/", storage_options=options)
