@@ -387,14 +387,25 @@ def test_resume_is_exact(latest, shuffle):
         assert [list(b["id"]) for b in fresh] == full[k:]
 
 
-def test_snapshots_have_different_fingerprints_and_states_do_not_cross(history):
+def test_snapshots_are_snapshot_ids_and_a_state_resumes_on_its_own_snapshot(history):
     table, snaps = history
     a, b = al.iceberg(table, snapshot_id=snaps[4]), al.iceberg(table, snapshot_id=snaps[5])
     assert a.plan.source.fingerprint() != b.plan.source.fingerprint()
     assert a.plan.source.fingerprint() == al.iceberg(table, snapshot_id=snaps[4]).plan.source.fingerprint()
-    state = state_after(a.select("id").loader(16, shuffle="block", seed=1), 2)
+    assert a.snapshot_id == f"iceberg:{a.plan.source.table['uri']}@s{snaps[4]}" != b.snapshot_id
+    assert a.pin().snapshot_id == a.snapshot_id
+    for shuffle in (False, "block", "global"):
+        whole = _ids(a.select("id").loader(16, shuffle=shuffle, seed=1))
+        state = state_after(a.select("id").loader(16, shuffle=shuffle, seed=1), 2)
+        assert state["sources"] == [{"snapshot": a.snapshot_id, "table": a.plan.source.table}]
+        # a loader built on the newer snapshot (the table moved on) resumes snapshot 4's epoch
+        later = b.select("id").loader(16, shuffle=shuffle, seed=1)
+        later.load_state_dict(state)
+        assert later.snapshot_id == a.snapshot_id
+        assert _ids(later) == whole[2 * 16:]
+    other = state_after(al.dataset(pa.table({"id": list(range(100))})).loader(16, seed=1), 1)
     with pytest.raises(al.StateMismatchError):
-        b.select("id").loader(16, shuffle="block", seed=1).load_state_dict(state)
+        b.select("id").loader(16, seed=1).load_state_dict(other)
 
 
 # -- position deletes (merge-on-read) --------------------------------------------------------
