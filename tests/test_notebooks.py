@@ -19,7 +19,7 @@ NOTEBOOKS = sorted(glob.glob(os.path.join(HERE, "..", "notebooks", "*.ipynb")))
 
 def test_there_are_notebooks():
     names = {os.path.basename(p) for p in NOTEBOOKS}
-    for stem in ("01-quickstart", "02-pushdown", "03-training-torch", "04-jax"):
+    for stem in ("01-quickstart", "02-pushdown", "03-training-torch", "04-jax", "05-lake-tables"):
         assert f"{stem}.ipynb" in names
 
 
