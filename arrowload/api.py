@@ -409,6 +409,29 @@ class Dataset:
         check_polars_schema(self.schema, origin)
         return to_polars(self.to_arrow(), origin)
 
+    def to_ray(self, *, parallelism: int | None = None):
+        """The selection as a ``ray.data.Dataset`` (the ``ray`` extra), read by Ray tasks
+        through this plan: one read task per run of arrowload's kept units (row groups,
+        files) in source order, at most ``parallelism`` of them (default: Ray's choice), each
+        with its exact row count after the filter and its size in Ray's block metadata
+        (``count()`` reads no rows). Ray's ``select_columns`` and expression ``filter`` on the
+        result are pushed into this plan (``Dataset.select`` / ``Dataset.filter``). Lazy in
+        Ray's way: planning the read counts the selected rows (only the filter's columns,
+        cached by snapshot). Ray Data keeps block order only with
+        ``DataContext.get_current().execution_options.preserve_order = True``.
+
+        >>> rd = al.dataset("s3://bucket/events/").filter("label = 1").to_ray()  # doctest: +SKIP
+        >>> rd.count(), rd.take(1)                                               # doctest: +SKIP
+        """
+        if parallelism is not None:
+            from .pipeline import arguments
+            parallelism = arguments.integer("parallelism", parallelism, low=1,
+                                            what="None or a positive integer (the most read tasks)", example="8")
+        from .scaleout import runtime
+        runtime.import_ray()  # a missing Ray says how to install it
+        from .scaleout.datasource import to_ray
+        return to_ray(self, parallelism)
+
     def to_pandas(self):
         return self.to_arrow().to_pandas()
 
