@@ -220,6 +220,16 @@ def test_ray_executor_resume_equals_uninterrupted(ray_session, lake, shuffle):
     assert _batches(first) == _batches(thread_first)
 
 
+def test_ray_executor_with_a_one_byte_budget(ray_session, lake):
+    """prefetch=1: one read and one transform in flight at a time (a lone request passes the
+    budget), never a deadlock between the producer's transforms and the consumer."""
+    ds = al.dataset(lake).filter("id < 2000").map(_double)
+    kw = dict(shuffle="block", seed=2, prefetch=1, transform=lambda b: b.append_column("k", pc.add(b["id"], 1)))
+    got = _batches(ds.loader(200, executor="ray", **kw))
+    assert got == _batches(ds.loader(200, **kw))
+    assert len(got) == 10
+
+
 def test_ray_executor_errors_are_the_same_type(ray_session, lake):
     def bad_transform(batch):
         raise LookupError(f"batch of {batch.num_rows} rows refused")
