@@ -190,7 +190,7 @@ class Dataset:
                pad_to: int | None = DEFAULT,
                fill_null: dict | None = DEFAULT, cache_dir: str | None = DEFAULT,
                memory_budget: int | None = DEFAULT, stack: dict | None = DEFAULT,
-               devices: list | None = DEFAULT, sharding: Any = DEFAULT):
+               devices: list | None = DEFAULT, sharding: Any = DEFAULT, executor: str = DEFAULT):
         """Batches of exactly ``batch_size`` rows for training, as a :class:`Loader`.
 
         ``options``: an ``al.LoaderOptions`` holding any of the arguments below; a keyword
@@ -200,7 +200,7 @@ class Dataset:
         seed=0, drop_last=False, rank=None, world_size=None, output="numpy", device=None,
         prefetch=256 << 20, io_threads=None, shuffle_window=8, transform=None,
         pad_lists=False, pad_value=0, pad_to=None, fill_null=None, cache_dir=None,
-        memory_budget=None, stack=None, devices=None, sharding=None``.
+        memory_budget=None, stack=None, devices=None, sharding=None, executor="thread"``.
 
         ``shuffle``: False (source order), ``"global"`` (a uniform pseudorandom permutation of
         all selected rows; needs random access, so Parquet selections are gathered from
@@ -223,6 +223,12 @@ class Dataset:
         written into pooled buffers, reused only once nothing refers to them. ``device`` /
         ``devices`` (torch: pinned staging, copies on a CUDA stream) and ``sharding`` (jax)
         place batches on accelerators.
+        ``executor="ray"`` runs the CPU-heavy work of the loader as Ray tasks (``ray.init()``
+        first, or a running Ray cluster): each read of a unit, with the plan's filters and
+        ``map()`` s, and each ``transform=`` call; in flight at most ``prefetch`` bytes, results
+        taken in task order, so the batches, ``state_dict()`` and resume are exactly those of
+        ``executor="thread"`` (the default). Maps and transforms must be pure functions of
+        their batch (no randomness of their own: Ray may run a task again).
         A variable-length list column that is not padded (a ``list<float>`` embedding as
         pandas and pyarrow write it) gives ``[batch, k]`` when its lists share one length
         ``k`` (a view of its values); lists of different lengths are an error naming the
@@ -242,7 +248,8 @@ class Dataset:
             shuffle=shuffle, seed=seed, drop_last=drop_last, rank=rank, world_size=world_size, output=output,
             device=device, prefetch=prefetch, io_threads=io_threads, shuffle_window=shuffle_window,
             transform=transform, pad_lists=pad_lists, pad_value=pad_value, pad_to=pad_to, fill_null=fill_null,
-            cache_dir=cache_dir, memory_budget=memory_budget, stack=stack, devices=devices, sharding=sharding))
+            cache_dir=cache_dir, memory_budget=memory_budget, stack=stack, devices=devices, sharding=sharding,
+            executor=executor))
         return Loader(self, opts)
 
     # -- snapshots --------------------------------------------------------
@@ -401,6 +408,29 @@ class Dataset:
         origin = found[0].source.display if len(found) == 1 else "the selection"
         check_polars_schema(self.schema, origin)
         return to_polars(self.to_arrow(), origin)
+
+    def to_ray(self, *, parallelism: int | None = None):
+        """The selection as a ``ray.data.Dataset`` (the ``ray`` extra), read by Ray tasks
+        through this plan: one read task per run of arrowload's kept units (row groups,
+        files) in source order, at most ``parallelism`` of them (default: Ray's choice), each
+        with its exact row count after the filter and its size in Ray's block metadata
+        (``count()`` reads no rows). Ray's ``select_columns`` and expression ``filter`` on the
+        result are pushed into this plan (``Dataset.select`` / ``Dataset.filter``). Lazy in
+        Ray's way: planning the read counts the selected rows (only the filter's columns,
+        cached by snapshot). Ray Data keeps block order only with
+        ``DataContext.get_current().execution_options.preserve_order = True``.
+
+        >>> rd = al.dataset("s3://bucket/events/").filter("label = 1").to_ray()  # doctest: +SKIP
+        >>> rd.count(), rd.take(1)                                               # doctest: +SKIP
+        """
+        if parallelism is not None:
+            from .pipeline import arguments
+            parallelism = arguments.integer("parallelism", parallelism, low=1,
+                                            what="None or a positive integer (the most read tasks)", example="8")
+        from .scaleout import runtime
+        runtime.import_ray()  # a missing Ray says how to install it
+        from .scaleout.datasource import to_ray
+        return to_ray(self, parallelism)
 
     def to_pandas(self):
         return self.to_arrow().to_pandas()

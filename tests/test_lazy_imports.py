@@ -24,7 +24,7 @@ import arrowload
 from arrowload.plan.sqlexpr import DUCKDB_WORDS, _LIGHT_TOKENS, parse, parse_light
 
 REPO = Path(arrowload.__file__).resolve().parent.parent
-HEAVY = ("sqlglot", "duckdb", "polars", "torch", "jax", "deltalake", "pyiceberg")
+HEAVY = ("sqlglot", "duckdb", "polars", "torch", "jax", "deltalake", "pyiceberg", "ray")
 
 
 def fresh_modules(code: str) -> dict:

@@ -120,6 +120,22 @@ def optional_path(name: str, value: Any) -> str | None:
     return os.fspath(value)
 
 
+#: Where the loader's transforms run: ``"thread"`` (this process's threads) or ``"ray"``.
+EXECUTORS = ("thread", "ray")
+
+
+def executor(value: Any) -> str:
+    """``executor=``: ``"thread"`` or ``"ray"``."""
+    accepted = ", ".join(map(repr, EXECUTORS))
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"executor={value!r} ({type(value).__name__}): executor must be one of "
+                                f"{accepted}", "executor")
+    if value not in EXECUTORS:
+        raise InvalidArgumentError(f"executor={value!r} is not an executor; executor must be one of {accepted} "
+                                   "(\"ray\" runs the plan's maps and transform= as Ray tasks)", "executor")
+    return value
+
+
 def output(value: Any, outputs: tuple[str, ...]) -> str:
     accepted = ", ".join(map(repr, outputs))
     if not isinstance(value, str):

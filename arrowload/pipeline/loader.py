@@ -137,6 +137,12 @@ class Loader:
         self._cache_dir = options.cache_dir or default_cache_dir()
         #: the most reader threads: io_threads, or the cores this process may run on
         self.max_readers = reader_bound(options.io_threads)
+        self._remote = None  # executor="ray": reads and transforms as Ray tasks (scaleout.executor)
+        if options.executor == "ray":
+            from ..scaleout.executor import RayExecutor
+            self._remote = RayExecutor()
+            if options.io_threads is None:  # a reader thread waits on each Ray read
+                self.max_readers = max(self.max_readers, self._remote.parallelism)
         dataset._verify()  # a pinned dataset's files, as they were
         self._origin = dataset  # the dataset built on; a loaded state may bind another snapshot of it
         self._adopt(self._bind(dataset))
@@ -210,9 +216,10 @@ class Loader:
         if kind is ShuffleKind.GLOBAL or needs_table:
             src = materialize(plan, dataset.options, memory_budget=budget,
                               cache_dir=self._cache_dir, reuse=reuse,
-                              stack=opts.stack if opts.output != "arrow" and opts.transform is None else None)
+                              stack=opts.stack if opts.output != "arrow" and opts.transform is None else None,
+                              remote=self._remote)
         else:
-            src = ScanRowSource(plan, dataset.options, self._cache_dir, self.max_readers)
+            src = ScanRowSource(plan, dataset.options, self._cache_dir, self.max_readers, self._remote)
         return kind, src
 
     @property
@@ -271,13 +278,22 @@ class Loader:
         return Stages(tasks=tasks, read=read,
                       combine=conv.combine if conv is not None else concat_arrow,
                       finish=self._output,
-                      transform=functools.partial(_transformed, opts.transform) if opts.transform else None,
+                      transform=self._transform_stage(),
                       deliver=self._device_stage.ready if self._device_stage is not None else None,
                       decoded=self._decoded_by)
 
     def _decoded_by(self) -> dict[str, int]:
         reader = getattr(self._source, "reader", None)
         return reader.decoded_counts() if reader is not None else {}
+
+    def _transform_stage(self):
+        """``transform=`` on the producer thread, or as Ray tasks (``executor="ray"``)."""
+        fn = self.options.transform
+        if fn is None:
+            return None
+        if self._remote is not None:
+            return self._remote.transforms(fn)
+        return functools.partial(_transformed, fn)
 
     def _iterate(self, ranges: list[tuple[int, int]], track: bool) -> EpochIterator:
         settings = Settings(batch_size=self.options.batch_size, prefetch=self.options.prefetch,
@@ -420,6 +436,8 @@ class Loader:
             f"  source       {self.source_kind}, {len(self._source.counts)} units",
             f"  snapshot     {self.snapshot_id}{resumed}",
             f"  output       {o.output} (device {o.device})",
+            f"  executor     {o.executor}" + (f" ({self._remote.cpus} Ray CPUs: unit reads, maps and "
+                                               "transform= as Ray tasks)" if self._remote is not None else ""),
             f"  prefetch     {o.prefetch / 2**20:.0f} MiB budget, {self.readers_text()}",
         ]
         stats = self._stats

@@ -80,6 +80,7 @@ class LoaderOptions:
     stack: Mapping[str, Any] | None = None
     devices: tuple | None = None
     sharding: Any = None
+    executor: str = "thread"
 
     def __post_init__(self) -> None:
         """Every argument checked (and integers normalized to ``int``) now, so a bad value
@@ -117,6 +118,7 @@ class LoaderOptions:
         a.fill_null(self.fill_null)
         a.stack_spec(self.stack)
         put("devices", a.device_list(self.devices))
+        put("executor", a.executor(self.executor))
 
     @property
     def auto_shuffle(self) -> bool:

@@ -77,7 +77,10 @@ class ScanRowSource:
 
     kind = "scan"
 
-    def __init__(self, plan: Plan, options: Options, cache_dir: str | None, io_threads: int) -> None:
+    def __init__(self, plan: Plan, options: Options, cache_dir: str | None, io_threads: int,
+                 remote: Any = None) -> None:
+        """``remote``: where unit reads run when not here (``scaleout.executor.RayExecutor``:
+        ``remote.unit_reads(plan, options)`` gives ``read(i)``); counting stays local."""
         found = scans(plan)
         if len(found) != 1:
             raise InternalError(f"a scan row source needs a plan over one scan, got {len(found)}; the "
@@ -93,6 +96,7 @@ class ScanRowSource:
         self.io_threads = io_threads
         # the plan compiled once: every unit read (and counting, below) goes through it
         self.reader = UnitReader(plan, options, cache_dir=cache_dir)
+        self._read = remote.unit_reads(plan, options) if remote is not None else self.reader.read
         self.compiles = 1
         self._est: tuple[int, ...] | None = None
         self.counts = self._counts()
@@ -165,7 +169,7 @@ class ScanRowSource:
     def read_unit(self, i: int) -> pa.Table:
         """Rows of unit ``i`` (index into ``units``) after the whole plan, in order."""
         try:
-            table = self.reader.read(i)
+            table = self._read(i)
         except (ArrowloadError, OSError) as exc:
             changed = self.source.changed_files() if hasattr(self.source, "changed_files") else []
             if changed:
@@ -354,7 +358,7 @@ class TableRowSource:
 
 
 def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: str | None,
-                reuse: bool, stack: Mapping[str, Any] | None = None) -> TableRowSource:
+                reuse: bool, stack: Mapping[str, Any] | None = None, remote: Any = None) -> TableRowSource:
     """Run ``plan`` once into a random-access table: in memory while it fits
     ``memory_budget`` bytes, else into an Arrow IPC cache file under ``cache_dir`` (reused
     by later loaders while the snapshot and plan are unchanged when ``reuse``).
@@ -363,7 +367,8 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     in parallel straight into preallocated buffers); ``stack`` (the loader's ``stack=``,
     passed where its batches are gathered into host arrays) holds those groups row-major.
     Other plans, and selections that do not fit, stream through ``execute.iter_batches``
-    (the cache file always holds the plan's own columns)."""
+    (the cache file always holds the plan's own columns). ``remote``: where a plan over one
+    scan reads its units (see ``ScanRowSource``), as many side by side as it has CPUs."""
     found = scans(plan)
     snapshot = _digest(*(s.source.fingerprint() for s in found)) if found else ""
     what = plan_key(plan)
@@ -375,7 +380,9 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
             return cached
     if _one_scan(plan) and not _surely_spills(found, memory_budget):
         threads = usable_cores()
-        units = ScanRowSource(plan, options, cache_dir, threads)
+        units = ScanRowSource(plan, options, cache_dir, threads, remote)
+        if remote is not None:
+            threads = max(threads, remote.parallelism)
         try:
             table = rabuild.build(units.read_unit, units.counts, plan.schema, stack=stack,
                                   memory_budget=memory_budget, threads=threads)

@@ -62,7 +62,9 @@ class Stages:
     - ``combine(parts) -> batch``: consecutive parts (``.num_rows``, ``.nbytes``, ``.slice``)
       of exactly one batch as one batch;
     - ``transform(batch) -> batch`` (optional) and ``finish(batch) -> out`` on the producer
-      thread, in order;
+      thread, in order; or ``transform`` asynchronous (it has ``submit(batch) -> handle``,
+      ``result(handle) -> batch`` and ``window``: Ray tasks, ``scaleout.executor``): up to
+      ``window`` batches in flight, their bytes in the budget, finished in batch order;
     - ``deliver(out) -> out`` (optional) on the consumer's thread as each batch is taken;
     - ``decoded() -> {decoder: units}`` (optional): the reader's running count of units each
       decoder read, for ``LoaderStats.decoders`` (this iteration's share).
@@ -352,6 +354,9 @@ class Pipeline:
         self._consumer_cpu = 0.0
         self._consumer_mark: float | None = None
         self._native_at = 0.0
+        # an asynchronous transform's batches in flight, in order: (handle, bytes counted)
+        self._transforming: deque = deque()
+        self._transform_bytes = 0
         self.thread = threading.Thread(target=self._run, name=PRODUCER_NAME, daemon=True)
         self.started = time.perf_counter()
         self._cpu0 = time.process_time()
@@ -370,6 +375,8 @@ class Pipeline:
         cpu0 = time.thread_time()
         try:
             self._produce(cpu0)
+            while self._transforming and not self.stop.is_set():
+                self._emit_transformed()
             self.out.put(_DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, re-raised there
             self.out.put(_Failure(exc))
@@ -488,6 +495,8 @@ class Pipeline:
 
     def _emit(self, batch: Any, reserved: int = 0) -> bool:
         st = self.stages
+        if hasattr(st.transform, "submit"):
+            return self._submit(batch, reserved)
         if st.transform is not None:
             t0 = time.perf_counter()
             batch = st.transform(batch)
@@ -502,6 +511,36 @@ class Pipeline:
             return False
         self.out.put((out, batch.num_rows, nbytes))
         return True
+
+    def _submit(self, batch: Any, reserved: int) -> bool:
+        """Hand ``batch`` to the asynchronous transform, its bytes counted in the budget until
+        the consumer takes its result; then finish the oldest while more than ``window`` are
+        in flight. The batches in flight are this thread's own: they never make it wait."""
+        nbytes = batch.nbytes
+        if not self.budget.acquire(nbytes, own=reserved + self._transform_bytes):
+            return False
+        t0 = time.perf_counter()
+        self._transforming.append((self.stages.transform.submit(batch), nbytes))
+        self._transform_bytes += nbytes
+        self.stats.transform_s += time.perf_counter() - t0
+        while len(self._transforming) > self.stages.transform.window:
+            if self.stop.is_set():
+                return False
+            self._emit_transformed()
+        return True
+
+    def _emit_transformed(self) -> None:
+        """The oldest transform in flight: its result finished and queued for the consumer."""
+        handle, nbytes = self._transforming.popleft()
+        t0 = time.perf_counter()
+        batch = self.stages.transform.result(handle)
+        del handle
+        self._transform_bytes -= nbytes
+        self.stats.transform_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = self.stages.finish(batch)
+        self.stats.convert_s += time.perf_counter() - t0
+        self.out.put((out, batch.num_rows, nbytes))  # the consumer releases what _submit acquired
 
     # consumer ------------------------------------------------------------------
     def next(self):
