@@ -57,6 +57,11 @@ import pytest
 
 from arrowload.datagen import write_lake
 
+# Ray (tests/test_ray.py) binds every server to 127.0.0.1 only when it runs as a one-machine
+# "cluster" (its node address is then the loopback one); read by Ray when it is imported.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
 # The user cache dir (loader caches, remembered footer checks and decoder choices) is the
 # test session's own, never ~/.cache; every test gets an empty one (``_own_cache_dir``).
 os.environ["ARROWLOAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="arrowload-tests-cache-")

@@ -3,8 +3,9 @@
 plain pyarrow and the threaded loader; plus the Ray Train example on two CPU workers.
 
 One local Ray session for the module (``ray.init(num_cpus=2)``, no dashboard, usage stats
-off). Ray 2.60 resolves a loopback node address to the machine's own address and has no
-option to bind its servers to 127.0.0.1 only; nothing here connects anywhere else.
+off), every server of it on 127.0.0.1 only: conftest sets ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+before Ray is imported, which makes the node address the loopback one (checked below, and
+by the listening sockets: none on another address).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def ray_session():
     # the maps and transforms below are functions of this module, which Ray workers cannot
     # import by name: pickle them by value
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             configure_logging=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}, \
+        "Ray must run on loopback only (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing ray)"
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True
     ctx.enable_progress_bars = False
