@@ -50,14 +50,24 @@ __all__ = ["Loader", "LoaderOptions", "LoaderStats"]
 
 
 def _distributed_defaults() -> tuple[int, int]:
-    """rank / world_size from torch.distributed when initialized, else RANK / WORLD_SIZE,
-    else 0 / 1. torch is only consulted if the program already imported it."""
+    """rank / world_size from torch.distributed when initialized, else from jax
+    (``jax.process_index()`` / ``jax.process_count()``) when ``jax.distributed`` is
+    initialized, else RANK / WORLD_SIZE, else 0 / 1. torch and jax are only consulted if
+    the program already imported them; jax only once ``jax.distributed.is_initialized()``
+    (asking for the process count earlier would start jax's backends as a side effect)."""
     if "torch" in sys.modules:
         try:
             import torch.distributed as dist
             if dist.is_available() and dist.is_initialized():
                 return dist.get_rank(), dist.get_world_size()
         except Exception:  # noqa: BLE001 - a broken torch install must not break loading
+            pass
+    if "jax" in sys.modules:
+        try:
+            import jax
+            if jax.distributed.is_initialized():
+                return jax.process_index(), jax.process_count()
+        except Exception:  # noqa: BLE001 - a broken jax install must not break loading
             pass
     rank = os.environ.get("RANK")
     world = os.environ.get("WORLD_SIZE")
@@ -109,7 +119,7 @@ class Loader:
             rank = d_rank if rank is None else rank
             world = d_world if world is None else world
         where = "" if options.rank is not None and options.world_size is not None else \
-            "torch.distributed or the RANK / WORLD_SIZE environment variables"
+            "torch.distributed, jax.distributed or the RANK / WORLD_SIZE environment variables"
         self.rank, self.world_size = _arguments.rank_and_world(rank, world, where)
         # import the framework now (seconds for torch / jax), not inside the first batch's timing
         if options.output == "torch":
