@@ -230,6 +230,7 @@ def test_a_state_saved_after_loading_and_before_iterating_is_the_resumed_one():
     docs = [loader.state_dict() for loader in loaders]
     assert docs[0] == docs[1]
     assert docs[0]["segments"] == [{"world_size": 4, "position": 48}] and docs[0]["position"] == 0
+    assert "this epoch resumed after 4 ranks x 48 rows: rank 1 reads" in loaders[1].explain()
     # and that document resumes the same rows again
     again = build(0, 2)
     again.load_state_dict(docs[0])

@@ -471,6 +471,7 @@ class Loader:
             f"  shuffle      {self.shuffle_kind}{window} (seed {o.seed}, epoch {self.epoch})",
             f"  rows         {self.num_rows} selected; rank {self.rank} of {self.world_size}",
             f"  batches      {len(self)} of {o.batch_size} rows (drop_last={o.drop_last})",
+            *self._elastic_lines(),
             f"  source       {self.source_kind}, {len(self._source.counts)} units",
             f"  snapshot     {self.snapshot_id}{resumed}",
             f"  output       {o.output} (device {o.device})",
@@ -482,6 +483,13 @@ class Loader:
                          f"{stats.wait_s:.3f}s; {stats.settings_text()}")
             lines.append(f"  cpu          {stats.cpu_text()}")
         return "\n".join(lines)
+
+    def _elastic_lines(self) -> list[str]:
+        if not self._segments:
+            return []
+        before = "; then ".join(f"{g.world_size} ranks x {g.position} rows" for g in self._segments)
+        return [f"  elastic      this epoch resumed after {before}: rank {self.rank} reads "
+                f"{self._lane_rows(self._segments)} of the rows left"]
 
     def readers_text(self) -> str:
         """How the reader threads are sized, in words."""
