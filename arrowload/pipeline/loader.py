@@ -453,7 +453,8 @@ class Loader:
     def stats(self) -> LoaderStats:
         """Counters of the current (or last) iteration."""
         now, base = self._decoded_by(), self._decoded0
-        return dataclasses.replace(self._stats, decoders={k: v - base.get(k, 0) for k, v in now.items()})
+        return dataclasses.replace(self._stats, decoders={k: v - base.get(k, 0) for k, v in now.items()
+                                                          if v != base.get(k, 0)})
 
     def _decoded_by(self) -> dict[str, int]:
         reader = getattr(self._source, "reader", None)

@@ -213,7 +213,8 @@ class Profile:
         return fig
 
 
-_POSITION_FIELDS = ("epoch", "_start", "_position", "_batches_done", "_segments", "_next_segments", "_stats")
+_POSITION_FIELDS = ("epoch", "_start", "_position", "_batches_done", "_segments", "_next_segments", "_stats",
+                    "_decoded0")
 
 
 def profile(loader, n_batches: int | None = None, *, warm_imports: bool = True) -> Profile:
@@ -241,6 +242,7 @@ def profile(loader, n_batches: int | None = None, *, warm_imports: bool = True) 
         except ImportError:
             pass  # conversion raises the helpful error itself
     saved = {f: getattr(loader, f) for f in _POSITION_FIELDS}
+    decoded_before = loader._decoded_by()
     arrivals: list[float] = []
     batch_rows: list[int] = []
     stats = LoaderStats()
@@ -261,8 +263,13 @@ def profile(loader, n_batches: int | None = None, *, warm_imports: bool = True) 
         wall = time.perf_counter() - t0
     finally:
         it.close()
+        decoded = loader._decoded_by()
         for f, v in saved.items():
             setattr(loader, f, v)
+        # stats() counts units decoded since its iteration began: not the profile's
+        base = loader._decoded0
+        loader._decoded0 = {k: base.get(k, 0) + decoded.get(k, 0) - decoded_before.get(k, 0)
+                            for k in set(base) | set(decoded)}
     return Profile(stats=stats, batches=len(arrivals), rows=int(sum(batch_rows)), wall_s=wall,
                    first_batch_s=arrivals[0] if arrivals else wall, arrivals=np.asarray(arrivals, dtype=float),
                    batch_rows=np.asarray(batch_rows, dtype=np.int64), io_threads=loader.max_readers,
