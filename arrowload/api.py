@@ -208,8 +208,10 @@ class Dataset:
         cache under ``cache_dir``), ``"block"`` (row groups in random order, rows shuffled
         within windows of ``shuffle_window`` row groups; streams, for object storage) or
         True / ``"auto"`` (global where the source is local or in memory, block otherwise).
-        ``rank`` / ``world_size`` default to torch.distributed, then RANK / WORLD_SIZE, then
-        0 / 1; every rank gets the same number of rows. ``output``: "numpy", "torch", "jax"
+        ``rank`` / ``world_size`` default to torch.distributed, then jax (process index /
+        count, once ``jax.distributed`` is initialized), then RANK / WORLD_SIZE, then 0 / 1;
+        every rank gets the same number of rows. ``state_dict()`` is the same on every rank
+        and resumes at any world size (elastic). ``output``: "numpy", "torch", "jax"
         or "arrow". ``prefetch`` bounds the bytes read and not yet consumed (a batch larger
         than it is read alone); reads of the random-access table are sized from it, in
         whole batches. ``io_threads``: the most reader threads running ahead (default None:

@@ -551,6 +551,22 @@ def moto_s3_server():
                 os.environ[k] = v
 
 
+def per_rank_state(state: dict, version: int, rank: int) -> dict:
+    """The per-rank document an arrowload of loader-state ``version`` (1 to 3) wrote for
+    ``rank`` where the current one writes the global ``state`` (no elastic segments): the
+    same facts, with ``rank`` and without ``segments`` (and, below 3, without ``sources``;
+    below 2, without ``order``). Version 1 and 2 ``snapshot`` fields name the data another
+    way: the caller sets them."""
+    assert not state["segments"], "a state with elastic segments has no per-rank equivalent"
+    old = {k: v for k, v in state.items() if k != "segments"}
+    old.update(version=version, rank=rank)
+    if version < 3:
+        del old["sources"]
+    if version < 2:
+        del old["order"]
+    return old
+
+
 def state_after(loader, k: int) -> dict:
     """The loader's state after ``k`` batches of its epoch, through JSON as a user saves it
     (the iteration is then closed)."""

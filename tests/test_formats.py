@@ -102,7 +102,7 @@ def _ds(lake: str, pred: str = "label = 0") -> al.Dataset:
 
 @pytest.mark.parametrize("kind", ["none", "block", "global"])
 def test_loader_states_validate(lake, tmp_path, kind):
-    check = validator("loader_state", 3)  # what state_dict() writes: version 3
+    check = validator("loader_state", 4)  # what state_dict() writes: version 4
     loader = _ds(lake).loader(100, shuffle=kind, rank=1, world_size=2, drop_last=kind == "block",
                               cache_dir=str(tmp_path))
     states = [loader.state_dict()]
@@ -246,12 +246,36 @@ def test_plan_fingerprint_with_data_follows_the_snapshot(lake, tmp_path):
 # golden documents through the real readers
 
 
-def _example_loader(doc: dict):
-    """The loader the loader_state spec's recipe builds for ``doc``."""
+def _example_loader(doc: dict, rank: int | None = None, world_size: int | None = None):
+    """The loader the loader_state spec's recipe builds for ``doc`` (version 4 documents
+    name no rank: ``rank`` says which; ``world_size`` defaults to the document's)."""
     table = pa.table({"id": pa.array(np.arange(doc["num_rows"]), pa.int64())})
     return al.dataset(table).loader(doc["batch_size"], shuffle=doc["shuffle"], seed=doc["seed"],
-                                    shuffle_window=doc["window"] or 8, rank=doc["rank"],
-                                    world_size=doc["world_size"], drop_last=doc["drop_last"])
+                                    shuffle_window=doc["window"] or 8,
+                                    rank=doc["rank"] if rank is None else rank,
+                                    world_size=world_size or doc["world_size"], drop_last=doc["drop_last"])
+
+
+def _replay(doc: dict) -> tuple[dict, list[int]]:
+    """The v4 recipe: every segment of ``doc`` (then its current one) run on all its ranks
+    from the state of the one before. The state (checked identical on every rank) and the
+    ids every rank yielded."""
+    state, seen = None, []
+    for seg in doc["segments"] + [{"world_size": doc["world_size"], "position": doc["position"]}]:
+        docs = []
+        for rank in range(seg["world_size"]):
+            loader = _example_loader(doc, rank, seg["world_size"])
+            loader.set_epoch(doc["epoch"])
+            if state is not None:
+                loader.load_state_dict(state)
+            it = iter(loader)
+            for _ in range(-(-seg["position"] // doc["batch_size"])):
+                seen.extend(next(it)["id"].tolist())
+            it.close()
+            docs.append(json.loads(json.dumps(loader.state_dict())))
+        assert all(d == docs[0] for d in docs), "the state differs between ranks"
+        state = docs[0]
+    return state, seen
 
 
 def _load(path: str) -> dict:
@@ -263,6 +287,9 @@ def _load(path: str) -> dict:
                          ids=_rel)
 def test_loader_state_examples_resume_the_rest_of_their_epoch(path):
     doc = _load(path)
+    if doc["version"] >= 4:
+        _check_global_example(doc)
+        return
     reference = _example_loader(doc)
     reference.set_epoch(doc["epoch"])
     full = [b["id"] for b in reference]
@@ -275,11 +302,39 @@ def test_loader_state_examples_resume_the_rest_of_their_epoch(path):
     assert loader.state_dict()["batches"] == len(full)
 
 
+def _check_global_example(doc: dict) -> None:
+    """A version 4 document is what its recipe writes on every rank; loaded on every rank it
+    resumes the rest of the uninterrupted epoch (no segments), and over the whole epoch the
+    rows yielded are each selected row at most once, all but the last segment's remainder
+    (< world_size) and drop_last tails (< batch_size per rank)."""
+    state, seen = _replay(doc)
+    assert state == doc
+    world, bs = doc["world_size"], doc["batch_size"]
+    rest = []
+    for rank in range(world):
+        loader = _example_loader(doc, rank)
+        loader.load_state_dict(doc)
+        got = [b["id"].tolist() for b in loader]
+        rest.append(sum(got, []))
+        if not doc["segments"]:
+            reference = _example_loader(doc, rank)
+            reference.set_epoch(doc["epoch"])
+            full = [b["id"].tolist() for b in reference]
+            assert got == full[doc["batches"]:]
+    assert len({len(r) for r in rest}) == 1, "ranks resumed unequal shares"
+    every = seen + sum(rest, [])
+    assert len(every) == len(set(every)) and set(every) <= set(range(doc["num_rows"]))
+    left_out = doc["num_rows"] - len(every)
+    assert 0 <= left_out < world + (world * bs if doc["drop_last"] else 0)
+    if not doc["drop_last"]:
+        assert left_out < world
+
+
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "loader_state", "v*", "invalid", "*.json"))),
                          ids=_rel)
 def test_invalid_loader_states_are_refused_by_load_state_dict(path):
     version_dir = os.path.dirname(os.path.dirname(path))
-    loader = _example_loader(_load(os.path.join(version_dir, "examples", "block_start.json")))
+    loader = _example_loader(_load(os.path.join(version_dir, "examples", "block_start.json")), rank=0)
     with pytest.raises(al.StateMismatchError):
         loader.load_state_dict(_load(path))
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import arrowload as al
 from arrowload.datagen import write_lake
-from _support import state_after
+from _support import per_rank_state, state_after
 
 KINDS = ("none", "block", "global")
 
@@ -175,7 +175,8 @@ def test_a_position_past_the_end_is_refused_not_an_empty_epoch(lake, cache):
 @pytest.mark.parametrize("field,value", [
     ("position", "abc"), ("position", 64.0), ("position", True), ("position", None),
     ("epoch", "0"), ("epoch", False), ("batches", 1.0), ("seed", "5"), ("world_size", 2.0),
-    ("rank", True), ("batch_size", "64"), ("drop_last", 0), ("num_rows", None), ("window", "8"),
+    ("segments", {}), ("segments", [{"world_size": 2}]), ("segments", [{"world_size": 2, "position": "0"}]),
+    ("batch_size", "64"), ("drop_last", 0), ("num_rows", None), ("window", "8"),
     ("snapshot", 1), ("plan", None), ("shuffle", True),
 ])
 def test_a_field_of_the_wrong_type_is_named(lake, cache, field, value):
@@ -198,10 +199,17 @@ def test_unknown_and_missing_fields_are_named(lake, cache):
 
 def test_differences_are_said_in_words(lake, cache):
     state = state_after(_build(lake, cache), 1)
-    cases = {
+    old = per_rank_state(state, 3, 1)  # what arrowload wrote before states were global
+    for words, loader in {
         "world_size: the state was taken at world_size 2, this loader has world_size 3":
             _build(lake, cache, world=3),
         "rank: the state belongs to rank 1, this loader is rank 0": _build(lake, cache, rank=0),
+    }.items():
+        with pytest.raises(al.StateMismatchError) as info:
+            loader.load_state_dict(old)
+        assert words in str(info.value), str(info.value)
+        loader.load_state_dict(state)  # the global state loads there (elastic)
+    cases = {
         "shuffle: the state was taken with shuffle 'global', this loader shuffles 'block'":
             _build(lake, cache, kind="block"),
         "batch_size: the state was taken at batch_size 64, this loader has batch_size 32":
@@ -237,7 +245,7 @@ def test_batches_count_rounds_up_as_the_spec_says(lake, cache):
 def _tampered(draw, state: dict, rank_rows: int) -> tuple[dict, str]:
     bs = state["batch_size"]
     how = draw(st.sampled_from(["position_out", "position_off", "batches", "type", "epoch", "extra",
-                                "missing", "identity"]))
+                                "missing", "segments", "identity"]))
     bad = dict(state)
     if how == "position_out":
         p = draw(st.one_of(st.integers(-10 ** 6, -1), st.integers(rank_rows + 1, rank_rows + 10 ** 6)))
@@ -264,7 +272,14 @@ def _tampered(draw, state: dict, rank_rows: int) -> tuple[dict, str]:
         field = draw(st.sampled_from(sorted(state)))
         del bad[field]
         return bad, field
-    field = draw(st.sampled_from(["seed", "num_rows", "world_size", "rank", "batch_size"]))
+    if how == "segments":  # an earlier segment its ranks cannot have reached together
+        world = draw(st.integers(1, 4))
+        lane = state["num_rows"] // world
+        p = draw(st.one_of(st.integers(lane + 1, lane + 10 ** 4), st.integers(-100, -1),
+                           st.integers(1, max(1, lane - 1)).filter(lambda p: p % bs)))
+        bad["segments"] = [{"world_size": world, "position": p}]
+        return bad, "segments"
+    field = draw(st.sampled_from(["seed", "num_rows", "batch_size"]))
     bad[field] = state[field] + draw(st.integers(1, 3))
     return bad, field
 

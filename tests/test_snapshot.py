@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 import arrowload as al
 from arrowload.datagen import events_table, write_lake
 
-from _support import moto_s3_server
+from _support import moto_s3_server, per_rank_state
 
 PRED = "label = 0"
 KINDS = ["none", "block", "global"]
@@ -141,7 +141,7 @@ def test_resume_after_append_yields_the_rest_of_the_uninterrupted_epoch(lake, tm
         next(it)
     it.close()
     state = json.loads(json.dumps(taken.state_dict()))
-    assert state["version"] == 3 and state["snapshot"] == al.dataset(lake).snapshot_id
+    assert state["version"] == 4 and state["snapshot"] == al.dataset(lake).snapshot_id
     append(lake, "part-00003.parquet", kept)
     append(lake, "a-first.parquet", kept, start=2_000_000)  # sorts before the others
     resumed = loader(lake, kind, cache)
@@ -151,6 +151,9 @@ def test_resume_after_append_yields_the_rest_of_the_uninterrupted_epoch(lake, tm
     resumed.load_state_dict(state)  # ... until it loads the state: then it reads the state's files
     assert resumed.snapshot_id == state["snapshot"] and resumed.num_rows == taken.num_rows
     assert same_batches(ids(resumed), full[5:])
+    old = loader(lake, kind, cache)  # the same state as version 3 wrote it (per rank) resumes as before
+    old.load_state_dict(per_rank_state(state, 3, taken.rank))
+    assert old.snapshot_id == state["snapshot"] and same_batches(ids(old), full[5:])
     # the rule: a loader stays on the snapshot it resumed, for the next epochs too
     assert "a loaded state's files" in resumed.explain()
     resumed.set_epoch(1)
@@ -262,9 +265,8 @@ def test_version_2_states_still_refuse_appended_data(lake, tmp_path):
     it = iter(taken)
     next(it)
     it.close()
-    v3 = taken.state_dict()
-    v2 = {k: v for k, v in v3.items() if k != "sources"}
-    v2.update(version=2, snapshot=taken._source_snapshot())
+    v2 = per_rank_state(taken.state_dict(), 2, taken.rank)
+    v2.update(snapshot=taken._source_snapshot())
     fresh = loader(lake, "none", cache)
     fresh.load_state_dict(v2)
     assert len(list(fresh)) == len(fresh) - 1

@@ -27,7 +27,9 @@ from typing import Any
 from ..convert.batches import BatchOutput, concat_arrow
 from ..errors import InvalidArgumentError, LoaderClosedError, StateMismatchError
 from ..options import default_cache_dir
-from ..order import EpochOrder, ShuffleKind, SourceShape, num_batches, plan_tasks, rank_range
+from ..order import (EpochOrder, ShuffleKind, SourceShape, free_ranges, lane_rows, num_batches, plan_tasks,
+                     rank_range, resume_ranges)
+from ..order.elastic import Ranges, take
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, scans, walk, with_sources
 from ..scan.execute import as_record_batch
@@ -40,7 +42,7 @@ from .device import TorchDeviceStage, jax_place, wants_cuda
 from .options import LoaderOptions, reader_bound
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize
 from .stages import EpochIterator, Settings, Stages
-from .state import (DATA, IDENTITY, STATE_VERSION, Position, batches_for, check_identity, make_state,
+from .state import (DATA, STATE_VERSION, Position, batches_for, check_identity, identity_keys, make_state,
                     read_state, state_version)
 from .stats import LoaderStats
 
@@ -48,14 +50,24 @@ __all__ = ["Loader", "LoaderOptions", "LoaderStats"]
 
 
 def _distributed_defaults() -> tuple[int, int]:
-    """rank / world_size from torch.distributed when initialized, else RANK / WORLD_SIZE,
-    else 0 / 1. torch is only consulted if the program already imported it."""
+    """rank / world_size from torch.distributed when initialized, else from jax
+    (``jax.process_index()`` / ``jax.process_count()``) when ``jax.distributed`` is
+    initialized, else RANK / WORLD_SIZE, else 0 / 1. torch and jax are only consulted if
+    the program already imported them; jax only once ``jax.distributed.is_initialized()``
+    (asking for the process count earlier would start jax's backends as a side effect)."""
     if "torch" in sys.modules:
         try:
             import torch.distributed as dist
             if dist.is_available() and dist.is_initialized():
                 return dist.get_rank(), dist.get_world_size()
         except Exception:  # noqa: BLE001 - a broken torch install must not break loading
+            pass
+    if "jax" in sys.modules:
+        try:
+            import jax
+            if jax.distributed.is_initialized():
+                return jax.process_index(), jax.process_count()
+        except Exception:  # noqa: BLE001 - a broken jax install must not break loading
             pass
     rank = os.environ.get("RANK")
     world = os.environ.get("WORLD_SIZE")
@@ -107,7 +119,7 @@ class Loader:
             rank = d_rank if rank is None else rank
             world = d_world if world is None else world
         where = "" if options.rank is not None and options.world_size is not None else \
-            "torch.distributed or the RANK / WORLD_SIZE environment variables"
+            "torch.distributed, jax.distributed or the RANK / WORLD_SIZE environment variables"
         self.rank, self.world_size = _arguments.rank_and_world(rank, world, where)
         # import the framework now (seconds for torch / jax), not inside the first batch's timing
         if options.output == "torch":
@@ -150,6 +162,10 @@ class Loader:
         self._start = 0
         self._position = 0
         self._batches_done = 0
+        #: the earlier segments of this epoch the current (or last) iteration is laid out after,
+        #: and those the next one will be (a loaded state's; order.elastic)
+        self._segments: tuple = ()
+        self._next_segments: tuple = ()
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._stats = LoaderStats()
@@ -237,11 +253,22 @@ class Loader:
                           self.options.shuffle_window)
 
     def _rank_rows(self) -> tuple[int, int]:
-        """This rank's positions in the epoch sequence, trimmed for drop_last."""
+        """This rank's positions in a fresh epoch's sequence, trimmed for drop_last."""
         start, stop = rank_range(self.num_rows, self.rank, self.world_size)
         if self.options.drop_last:
             stop = start + (stop - start) // self.options.batch_size * self.options.batch_size
         return start, stop
+
+    def _rest(self, segments: tuple, position: int) -> Ranges:
+        """The positions this rank reads in an epoch laid out after ``segments`` (a fresh
+        epoch: none), from ``position`` rows into its lane (``order.elastic``)."""
+        o = self.options
+        if not segments:  # a fresh epoch's lane: one range
+            start, stop = self._rank_rows()
+            begin = min(start + position, stop)
+            return ((begin, stop),) if begin < stop else ()
+        return resume_ranges(self.num_rows, segments, self.world_size, self.rank, position,
+                             o.batch_size, o.drop_last)
 
     def __len__(self) -> int:
         start, stop = rank_range(self.num_rows, self.rank, self.world_size)
@@ -256,6 +283,7 @@ class Loader:
             self._start = 0
             self._position = 0
             self._batches_done = 0
+            self._segments = self._next_segments = ()
 
     # -- wiring the stages -------------------------------------------------------------
     def _source_shape(self) -> SourceShape:
@@ -311,19 +339,29 @@ class Loader:
             raise LoaderClosedError("this loader is closed; build a new one with Dataset.loader()")
         for it in list(self._active):
             it.close()
-        start, stop = self._rank_rows()
-        begin = min(start + self._start, stop)
-        self._position = begin - start
-        self._batches_done = batches_for(self._start, self.options.batch_size)
+        # a loaded state applies to this iteration; the next one starts the epoch afresh
+        self._segments, self._next_segments = self._next_segments, ()
+        self._position = min(self._start, self._lane_rows(self._segments))
+        ranges = self._rest(self._segments, self._position)
+        self._batches_done = batches_for(self._position, self.options.batch_size)
         self._start = 0
-        return self._iterate([(begin, stop)] if begin < stop else [], track=True)
+        return self._iterate(list(ranges), track=True)
+
+    def _lane_rows(self, segments: tuple) -> int:
+        """Rows of this rank's lane in the epoch laid out after ``segments``."""
+        o = self.options
+        if not segments:
+            start, stop = self._rank_rows()
+            return stop - start
+        free = sum(b - a for a, b in free_ranges(self.num_rows, segments, o.batch_size, o.drop_last))
+        return lane_rows(free, self.world_size, o.batch_size, o.drop_last)
 
     def _worker_iter(self, worker: int, workers: int) -> EpochIterator:
         """Batches ``worker, worker + workers, ...`` of this epoch (for torch DataLoader workers)."""
-        start, stop = self._rank_rows()
         b = self.options.batch_size
-        begin = min(start + self._start, stop)  # a loaded resume position applies here too
-        ranges = [(p, min(stop, p + b)) for p in range(begin + worker * b, stop, workers * b)]
+        rest = self._rest(self._next_segments, self._start)  # a loaded resume position applies here too
+        n = sum(q - p for p, q in rest)
+        ranges = [r for p in range(worker * b, n, workers * b) for r in take(rest, p, min(n, p + b))]
         return self._iterate(ranges, track=False)
 
     def _advance(self, rows: int) -> None:
@@ -339,16 +377,17 @@ class Loader:
         }
 
     def _setup(self, plan_key: str, kind: ShuffleKind) -> dict:
-        """The identity fields that name the plan and the loader's setup (not the data)."""
+        """The identity fields that name the plan and the loader's setup (not the data; the
+        rank and world of per-rank states of versions 1 to 3 included)."""
         return {
             "plan": plan_key,
             "seed": self.options.seed,
             "shuffle": kind.value,
             "window": self.options.shuffle_window if kind is ShuffleKind.BLOCK else None,
-            "world_size": self.world_size,
-            "rank": self.rank,
             "batch_size": self.options.batch_size,
             "drop_last": self.options.drop_last,
+            "world_size": self.world_size,
+            "rank": self.rank,
         }
 
     def _source_snapshot(self) -> str:
@@ -362,18 +401,31 @@ class Loader:
         return self._dataset.snapshot_id
 
     def state_dict(self) -> dict:
-        """Small JSON-serializable state: where this rank is in which epoch, plus what it was
-        taken on (the snapshot id and, per source, what reopens that snapshot: for files the
-        compact file list; the plan fingerprint, seed, shuffle, world). No pickles. See
-        ``formats/loader_state/v3/spec.md``."""
+        """Small JSON-serializable state, **the same on every rank** that yielded the same
+        number of batches of the epoch (lockstep training): the epoch, the rows each rank
+        yielded in it at this world size, the world sizes and positions of the epoch's
+        earlier elastic segments, and what it was taken on (the snapshot id and, per source,
+        what reopens that snapshot: for files the compact file list; the plan fingerprint,
+        seed, shuffle). No rank, no pickles: save it from any rank, load it on every rank, at
+        any world size. See ``formats/loader_state/v4/spec.md``."""
         sources = [s.source.state_snapshot() for s in scans(self._dataset.plan)]
-        return make_state(self._identity(), Position(self.epoch, self._position, self._batches_done), sources)
+        at = Position(self.epoch, self._position, self._batches_done, self._segments)
+        return make_state(self._identity(), self.world_size, at, sources)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields exactly the batches after ``state``'s position
-        in its epoch. Every field is checked (type, range, this rank's own rows); a state
-        taken with another plan or another setup is refused with ``StateMismatchError``
-        saying what differs.
+        in its epoch. Every field is checked (type, range, position on a batch boundary of
+        the lanes); a state taken with another plan or another setup is refused with
+        ``StateMismatchError`` saying what differs.
+
+        Elastic: a state (version 4, what ``state_dict`` writes) loads on every rank at any
+        world size. At the world size it was taken at, each rank continues its lane: exactly
+        the rest of the uninterrupted epoch. At another, the rows no rank has yielded yet in
+        this epoch are laid out for the new world (``order.elastic``): each rank gets the same
+        number of them, each row once; fewer than ``world_size`` rows (plus, with
+        ``drop_last``, a short last batch per rank) are left out, as in any epoch. The
+        iteration after that one, and ``set_epoch``, start epochs laid out for this world.
+        Per-rank states of versions 1 to 3 load only on the rank and world size they name.
 
         A state holds its snapshot. Where this loader's dataset now lists other files than
         the state was taken on (files appended to the folder since, even ones a filter drops),
@@ -384,15 +436,15 @@ class Loader:
         no file list and resume only on the data they were taken on."""
         version = state_version(state)
         if version >= 3 and state["snapshot"] != self._dataset.snapshot_id:
-            self._go_to_snapshot(state)
-        start, stop = self._rank_rows()
-        at = read_state(state, self._identity(version), stop - start)
+            self._go_to_snapshot(state, version)
+        at = read_state(state, self._identity(version), self.world_size, self.rank)
         self.epoch = at.epoch
         self._start = at.position
         self._position = at.position
         self._batches_done = at.batches
+        self._segments = self._next_segments = at.segments
 
-    def _go_to_snapshot(self, state: Mapping[str, Any]) -> None:
+    def _go_to_snapshot(self, state: Mapping[str, Any], version: int) -> None:
         """Rebind this loader to the snapshot of ``state`` (checked first: the plan and
         setup must be the state's, every file of it unchanged)."""
         origin = self._origin
@@ -411,7 +463,7 @@ class Loader:
         dataset = origin._with(plan)
         check_identity(state, self._setup(plan_fingerprint(plan, data=False),
                                           self._shuffle_kind(dataset.optimized_plan())),
-                       [k for k in IDENTITY if k not in DATA])
+                       [k for k in identity_keys(version) if k not in DATA])
         for it in list(self._active):
             it.close()
         self._adopt(self._bind(dataset))
@@ -433,6 +485,7 @@ class Loader:
             f"  shuffle      {self.shuffle_kind}{window} (seed {o.seed}, epoch {self.epoch})",
             f"  rows         {self.num_rows} selected; rank {self.rank} of {self.world_size}",
             f"  batches      {len(self)} of {o.batch_size} rows (drop_last={o.drop_last})",
+            *self._elastic_lines(),
             f"  source       {self.source_kind}, {len(self._source.counts)} units",
             f"  snapshot     {self.snapshot_id}{resumed}",
             f"  output       {o.output} (device {o.device})",
@@ -446,6 +499,13 @@ class Loader:
                          f"{stats.wait_s:.3f}s; {stats.settings_text()}")
             lines.append(f"  cpu          {stats.cpu_text()}")
         return "\n".join(lines)
+
+    def _elastic_lines(self) -> list[str]:
+        if not self._segments:
+            return []
+        before = "; then ".join(f"{g.world_size} ranks x {g.position} rows" for g in self._segments)
+        return [f"  elastic      this epoch resumed after {before}: rank {self.rank} reads "
+                f"{self._lane_rows(self._segments)} of the rows left"]
 
     def readers_text(self) -> str:
         """How the reader threads are sized, in words."""

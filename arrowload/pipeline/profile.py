@@ -213,7 +213,7 @@ class Profile:
         return fig
 
 
-_POSITION_FIELDS = ("epoch", "_start", "_position", "_batches_done", "_stats")
+_POSITION_FIELDS = ("epoch", "_start", "_position", "_batches_done", "_segments", "_next_segments", "_stats")
 
 
 def profile(loader, n_batches: int | None = None, *, warm_imports: bool = True) -> Profile:
