@@ -37,12 +37,18 @@ def check_header(doc: Any, where: str, fmt: str, version: int, fields: tuple[str
 def write_atomic(path: str, obj: dict) -> None:
     """Write ``obj`` as JSON to ``path`` through a temporary file renamed over it: a reader
     never sees half a document; the temporary file is removed if writing fails."""
+    write_bytes_atomic(path, json.dumps(obj).encode("utf-8"), suffix=".json")
+
+
+def write_bytes_atomic(path: str, data: bytes, *, suffix: str = ".part") -> None:
+    """Write ``data`` to ``path`` (a local file; its folder made if missing) through a
+    temporary file in the same folder renamed over it, removed if writing fails."""
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=suffix)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ..jsondoc import write_bytes_atomic
 from ..options import default_cache_dir
 from ..source.filesystem import FileEntry, canonical_local_path, file_entry, filesystem_for, protocol_of
 
@@ -266,15 +267,4 @@ def _create_local(path: str, data: bytes) -> bool:
 
 
 def _write_local(path: str, data: bytes) -> None:
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_bytes_atomic(path, data)
