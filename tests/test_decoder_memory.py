@@ -184,3 +184,41 @@ def test_threads_read_on_while_one_imports_polars(lake):
     """)
     truth = _truth(lake)
     assert out == {"x": truth["x"].to_pylist(), "y": truth["y"].to_pylist(), "polars": True}
+
+
+def test_a_decoder_remembered_as_dearer_is_not_imported_to_be_measured_again_on_a_short_run(lake, tmp_path):
+    """Where this situation's remembered measurements chose pyarrow, a fresh process does not
+    import polars to re-measure it until the reader has read REMEASURE_IMPORT_BYTES (its import
+    costs 0.2 CPU s and ~50 MiB); polars' remembered cost is kept in the document meanwhile."""
+    from test_real_files import run_isolated
+    cache = str(tmp_path / "cache")
+    script = """
+        import json, sys
+        import pyarrow as pa
+        import arrowload as al
+        from arrowload.scan import units
+        units.POLARS_BYTES = 0  # this small lake: polars a candidate at once unless remembered dearer
+        units.REMEASURE_IMPORT_BYTES = {remeasure}
+        plan = al.dataset({lake!r}).filter("k = 3").select("x", "y").optimized_plan()
+        reader = units.UnitReader(plan, al.Options(), cache_dir={cache!r})
+        rows = sum(reader.read(i).num_rows for i in range(reader.num_units))
+        print(json.dumps({{"rows": rows, "polars": "polars" in sys.modules,
+                          "decoded": reader.decoded_counts(), "units": reader.num_units}}))
+    """
+    first = run_isolated(script.format(remeasure=1 << 30, lake=lake, cache=cache))
+    assert first["polars"] and first["rows"] == _truth(lake).num_rows  # measured: imported
+    (path,) = glob.glob(os.path.join(cache, "decoders-*.json"))
+    with open(path) as f:
+        doc = json.load(f)
+    doc["chosen"], doc["costs"] = "pyarrow", {"pyarrow": 1e-9, "polars": 3e-9}
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+    short = run_isolated(script.format(remeasure=1 << 30, lake=lake, cache=cache))
+    assert short == {"rows": _truth(lake).num_rows, "polars": False, "decoded": {"pyarrow": short["units"]},
+                     "units": short["units"]}
+    with open(path) as f:
+        assert json.load(f)["costs"]["polars"] == 3e-9  # kept, though not measured in that process
+
+    long = run_isolated(script.format(remeasure=1, lake=lake, cache=cache))  # "long": past the threshold
+    assert long["polars"] and long["rows"] == _truth(lake).num_rows

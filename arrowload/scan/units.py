@@ -56,6 +56,11 @@ ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried
 # it prefilters. It joins the candidates at once where its import is paid already or an
 # epoch reads POLARS_BYTES, else once the reader has read POLARS_BYTES.
 POLARS_BYTES = 256 << 20
+# Where this situation's remembered measurements chose another decoder, polars (not imported
+# yet) is measured again only once the reader has read this much in the process: its import
+# (0.2 CPU s, ~50 MiB resident) is paid to catch a drifted choice on long runs only, not on
+# every short epoch (a 4M-row block epoch held 302 MiB over its start for 282 allowed).
+REMEASURE_IMPORT_BYTES = 1 << 30
 _ENV = "ARROWLOAD_DECODER"
 
 
@@ -252,22 +257,29 @@ class UnitReader:
                     self._polars_count_cols = tuple(n for n in dict.fromkeys(src.schema.names)
                                                     if n in split.rest_columns)
         self._read_bytes = 0
-        self._polars_later = False
-        if "polars" in names and pinned is None and "polars" not in sys.modules:
-            if sum(self._unit_bytes()) < POLARS_BYTES:
-                names.remove("polars")  # not yet: see POLARS_BYTES
-                self._polars_later = True
-        self._chooser = Chooser(names, exclusive=("polars",))
-        self._gate = Gate()
         self._memory_key = None
         self._started_remembered = False
-        if self._cache_dir and pinned is None and len(names) + self._polars_later > 1:
+        got = None
+        if self._cache_dir and pinned is None and len(names) > 1:
             self._situation = self._situation_of(eligible)
             self._memory_key = memory.situation_key(self._situation)
             got = memory.load(self._cache_dir, self._memory_key)
-            if got is not None:
-                self._chooser.remember(got.costs, got.measured)
-                self._started_remembered = True
+        self._remembered_costs = dict(got.costs) if got is not None else {}
+        # bytes this reader reads before polars joins the candidates (0: at once); see POLARS_BYTES
+        self._polars_after = 0
+        if "polars" in names and pinned is None and "polars" not in sys.modules:
+            if got is not None and got.chosen != "polars":
+                self._polars_after = REMEASURE_IMPORT_BYTES
+            elif sum(self._unit_bytes()) < POLARS_BYTES:
+                self._polars_after = POLARS_BYTES
+            if self._polars_after:
+                names.remove("polars")
+        self._polars_later = bool(self._polars_after)
+        self._chooser = Chooser(names, exclusive=("polars",))
+        self._gate = Gate()
+        if got is not None:
+            self._chooser.remember(got.costs, got.measured)
+            self._started_remembered = True
 
     def _situation_of(self, eligible: dict[str, bool]) -> dict:
         """What the decoders' measured costs depend on (``memory.py``): the machine, the
@@ -286,7 +298,8 @@ class UnitReader:
     def _remember(self) -> None:
         """Write the measured costs back (after a measurement, with a choice standing)."""
         c = self._chooser
-        costs, chosen = c.costs(), c.chosen
+        chosen = c.chosen
+        costs = {**self._remembered_costs, **c.costs()}  # a candidate not measured here keeps its cost
         if chosen is not None and chosen in costs:
             memory.save(self._cache_dir, self._memory_key, self._situation, chosen, costs, c.measured)
 
@@ -416,7 +429,7 @@ class UnitReader:
     def _count_read(self, size: int) -> None:
         with self._lock:
             self._read_bytes += size
-            if not self._polars_later or self._read_bytes < POLARS_BYTES:
+            if not self._polars_later or self._read_bytes < self._polars_after:
                 return
             self._polars_later = False
         self._chooser.add("polars")
