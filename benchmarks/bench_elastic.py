@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import statistics
+import os
 import sys
 import tempfile
 import time
@@ -58,6 +59,30 @@ def state_at(lake: Path, kind: str, cache: str, world: int, fraction: float) -> 
 
 
 def first_batch(lake: Path, kind: str, cache: str, state: dict | None) -> float:
+    """Seconds to the first batch in a fresh Python process (imports done before the clock
+    starts, as in a training program that imported its libraries already)."""
+    import json
+    import subprocess
+    sys.path.insert(0, str(HERE / "peers"))
+    from benchlib import bench_env
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(state, f)
+    try:
+        out = subprocess.run([sys.executable, __file__, "--one", str(lake), kind, cache, f.name],
+                             check=True, capture_output=True, text=True, env=bench_env())
+    finally:
+        os.unlink(f.name)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _one(lake: str, kind: str, cache: str, state_path: str) -> None:
+    import json
+    with open(state_path) as f:
+        state = json.load(f)
+    print(_first_batch_here(Path(lake), kind, cache, state))
+
+
+def _first_batch_here(lake: Path, kind: str, cache: str, state: dict | None) -> float:
     t0 = time.perf_counter()
     with build(lake, kind, cache, 0, 2) as loader:
         if state is not None:
@@ -70,6 +95,10 @@ def first_batch(lake: Path, kind: str, cache: str, state: dict | None) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--one":  # one run, in the fresh process first_batch started
+        _one(*argv[1:5])
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows instead of {FULL_ROWS:,}")
@@ -81,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--reps must be at least 3 (medians of fewer runs are noise)")
     rows = QUICK_ROWS if args.quick else FULL_ROWS
     lake = ensure_lake(rows)
-    command = shlex.join(["python", "benchmarks/bench_elastic.py", *(sys.argv[1:] if argv is None else argv)])
+    command = shlex.join(["python", "benchmarks/bench_elastic.py", *argv])
     lines = machine() + [
         f"- command: `{command}`",
         f"- data: benchmarks/data/events-{rows} ({rows:,} rows), columns f0..f15 + label, batch {BATCH}",
-        f"- method: rank 0 of 2, opening the dataset to the first batch; 1 warm-up + {args.reps} timed runs "
-        "per variant, rotated; medians",
+        f"- method: rank 0 of 2, opening the dataset to the first batch, a fresh process per run (imports "
+        f"before the clock); 1 warm-up + {args.reps} timed runs per variant, rotated; medians",
         "",
         "| shuffle | fresh start s | elastic 4 -> 2 at 90% s | ratio (target <= 1.1) | same world 2 -> 2 at 90% s |",
         "|---|---:|---:|---:|---:|",
