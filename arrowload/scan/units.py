@@ -47,7 +47,7 @@ from ..plan.rowselect import filter_rows
 from ..source import FileSource
 from ..source.retry import retry
 from . import execute, memory
-from .choose import Chooser, Gate, Measure, pool_cpu_readable
+from .choose import MEASURE_METHOD, Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
 
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
@@ -286,7 +286,7 @@ class UnitReader:
         decoder set, the columns read and the filter's shape -- never its literals."""
         schema = self.scan.source.schema
         typed = {f.name: str(f.type) for f in schema}
-        return {"machine": memory.machine(),
+        return {"machine": memory.machine(), "method": MEASURE_METHOD,
                 "decoders": [n for n in ORDER if eligible[n]],
                 "columns": [[n, typed.get(n, "?")] for n in self._all],
                 "filter": None if self._pred is None else {
