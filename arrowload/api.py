@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -372,7 +373,10 @@ class Dataset:
         in file order and no further than the file that completes ``n`` rows: the result has
         the columns and types of the files read, as pyarrow's and polars' scans take them
         from the first file (``schema`` unifies every file; they agree wherever the shards
-        do), whether or not other footers were read before."""
+        do), whether or not other footers were read before.
+
+        The result is a ``pyarrow.Table``; in a notebook it displays as an HTML table of
+        its rows (names, types, values), as ``arrowload head`` prints them."""
         limit = Limit(self._plan, n)  # checks n
         self._verify()
         plan = self._plan
@@ -383,7 +387,11 @@ class Dataset:
             sub = first(limit.n) if first is not None else None
             if sub is not None:
                 limit = Limit(Scan(sub), limit.n)
-        return execute.to_table(optimize(limit, self._options.optimizer), self._options)
+        table = execute.to_table(optimize(limit, self._options.optimizer), self._options)
+        if "IPython" in sys.modules:
+            from .display import show_as_rows
+            show_as_rows(table)
+        return table
 
     def to_arrow(self) -> pa.Table:
         """The whole selection as a ``pyarrow.Table`` (multi-threaded scan; with a progress
