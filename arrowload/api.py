@@ -338,13 +338,13 @@ class Dataset:
         changed = []
         prev = self._plan
         for name, after in steps:
-            if _explain.render_tree(after) != _explain.render_tree(prev) or \
-                    [s.notes for s in scans(after)] != [s.notes for s in scans(prev)]:
+            if (_explain.render_tree(after) != _explain.render_tree(prev) or
+                    [s.notes for s in scans(after)] != [s.notes for s in scans(prev)]) and name not in changed:
                 changed.append(name)
             prev = after
         off = [f.name for f in dataclasses.fields(self._options.optimizer)
                if not getattr(self._options.optimizer, f.name)]
-        lines += ["", "== rules ==", "  applied: " + (", ".join(changed) or "none")]
+        lines += ["", "== rules (al.OptimizerOptions flags) ==", "  applied: " + (", ".join(changed) or "none")]
         if off:
             lines.append("  switched off: " + ", ".join(off))
         for i, s in enumerate(scans(final)):

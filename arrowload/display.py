@@ -116,10 +116,10 @@ class ScanSummary:
     def reads_line(self) -> str:
         if self.error or not self.units:
             return ""
-        parts = [] if self.kind == "memory" else [f"{self.files[0]} of {self.files[1]} files"]
+        parts = [] if self.kind == "memory" else [f"{self.files[0]:,} of {self.files[1]:,} files"]
         if self.kind in ("parquet", "memory"):
-            parts.append(f"{self.units[0]} of {self.units[1]} {unit_name(self.kind)}")
-        parts.append(f"{self.columns[0]} of {self.columns[1]} columns")
+            parts.append(f"{self.units[0]:,} of {self.units[1]:,} {unit_name(self.kind)}")
+        parts.append(f"{self.columns[0]:,} of {self.columns[1]:,} columns")
         kb, tb = self.bytes or (None, None)
         if kb is not None and tb is not None:
             pct = f" ({100.0 * kb / tb:.1f}%)" if tb else ""
@@ -154,7 +154,7 @@ def summarize_scan(scan: Scan, under_sql: bool = False) -> ScanSummary:
         if scan.projection is not None or scan.columns is not None:
             s.pushed.append(f"projection ({s.columns[0]} of {s.columns[1]} columns read)")
         if scan.limit is not None:
-            s.pushed.append(f"limit {scan.limit}")
+            s.pushed.append(f"limit {scan.limit:,}")
         s.notes = list(scan.notes)
         s.unreadable = unreadable_footers(src)
     except Exception as exc:  # noqa: BLE001 - a display never raises
