@@ -263,7 +263,7 @@ def _sql(args: argparse.Namespace) -> int:
     tables = {name: _open(path, args.format, args) for name, path in _parse_tables(args.table).items()}
     ds = al.sql(args.query, external_access=not args.no_external_access, **tables)
     if args.explain:
-        print(ds.explain())
+        print(wrap_lines(ds.explain(), terminal_width()))
         return 0
     shown = ds.head(args.max_rows + 1)
     more = shown.num_rows > args.max_rows
@@ -277,9 +277,9 @@ def _explain(args: argparse.Namespace) -> int:
     ds = _selection(args)
     if args.batch_size is not None:
         with ds.loader(args.batch_size, shuffle=_shuffle(args.shuffle)) as loader:
-            print(loader.explain())
+            print(wrap_lines(loader.explain(), terminal_width()))
     else:
-        print(ds.explain())
+        print(wrap_lines(ds.explain(), terminal_width()))
     return 0
 
 
@@ -354,33 +354,39 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
 
-    print(f"bench: {kept.kind}: {kept.display}")
-    print(f"  columns  {', '.join(result['columns'])}")
+    width = terminal_width()
+    out = [f"bench: {kept.kind}: {shown_path(kept.display)}",
+           f"  columns  {', '.join(result['columns'])}"]
     if args.filter:
-        print(f"  filter   {args.filter}")
-    print(f"  reads    {kept.reads_line()}")
-    print(f"  loader   batch_size={args.batch_size}, shuffle={loader.shuffle_kind}, output={args.output}, "
-          f"io_threads={'auto' if args.io_threads is None else args.io_threads}; built in {build:.3f}s (counting the selection"
-          f"{', random-access table' if loader.source_kind != 'scan' else ''})")
-    print()
-    header = f"  {'one epoch':<26}{'rows':>12}{'seconds':>10}{'rows/s':>14}{'MB/s':>10}"
-    print(header)
+        out.append(f"  filter   {args.filter}")
+    out.append(f"  reads    {kept.reads_line()}")
+    out.append(f"  loader   batch_size={args.batch_size:,}, shuffle={loader.shuffle_kind}, output={args.output}, "
+               f"io_threads={'auto' if args.io_threads is None else args.io_threads}; built in {build:.3f}s "
+               f"(counting the selection{', random-access table' if loader.source_kind != 'scan' else ''})")
+    out.append("")
+    table = [("one epoch", "rows", "seconds", "rows/s", "MB/s")]
     if baseline is None:
         pass
     elif "skipped" in baseline:
-        print(f"  {'pyarrow scan (tuned)':<26}  skipped: {baseline['skipped']}")
+        out_skipped = f"  pyarrow scan (tuned): skipped: {baseline['skipped']}"
     else:
-        print(f"  {'pyarrow scan (tuned)':<26}{baseline['rows']:>12,}{baseline['seconds']:>10.3f}"
-              f"{baseline['rows_per_s']:>14,.0f}{baseline['mb_per_s']:>10.1f}")
+        table.append(("pyarrow scan (tuned)", f"{baseline['rows']:,}", f"{baseline['seconds']:.3f}",
+                      f"{baseline['rows_per_s']:,.0f}", f"{baseline['mb_per_s']:,.1f}"))
     lo = result["loader"]
-    print(f"  {'arrowload loader':<26}{lo['rows']:>12,}{lo['seconds']:>10.3f}"
-          f"{lo['rows_per_s']:>14,.0f}{lo['mb_per_s']:>10.1f}")
+    table.append(("arrowload loader", f"{lo['rows']:,}", f"{lo['seconds']:.3f}", f"{lo['rows_per_s']:,.0f}",
+                  f"{lo['mb_per_s']:,.1f}"))
+    sizes = [max(len(row[i]) for row in table) for i in range(5)]
+    for row in table:
+        out.append("  " + row[0].ljust(sizes[0]) + "".join(f"  {c:>{n}}" for c, n in zip(row[1:], sizes[1:])))
+    if baseline is not None and "skipped" in baseline:
+        out.append(out_skipped)
     if baseline and "skipped" not in baseline and baseline["rows_per_s"] > 0:
-        print(f"  loader / scan: {lo['rows_per_s'] / baseline['rows_per_s']:.2f}x the rows/s "
-              "(MB/s: decoded Arrow bytes delivered)")
-    print()
-    print("where the loader spends its time (infinitely fast consumer):")
-    print("\n".join("  " + line for line in str(prof).splitlines()[1:]))
+        out.append(f"  loader / scan: {lo['rows_per_s'] / baseline['rows_per_s']:.2f}x the rows/s "
+                   "(MB/s: decoded Arrow bytes delivered)")
+    out.append("")
+    out.append("where the loader spends its time (infinitely fast consumer):")
+    out.extend("  " + line for line in str(prof).splitlines()[1:])
+    print(wrap_lines("\n".join(out), width))
     return 0
 
 

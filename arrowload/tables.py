@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import shutil
 import textwrap
 from typing import Any
@@ -36,11 +37,18 @@ def cut(text: str | None, n: int, *, left: bool = False) -> str | None:
     return ELLIPSIS + text[len(text) - n + 1:] if left else text[: n - 1] + ELLIPSIS
 
 
+_UNIT = re.compile(r"(\d) (B|KiB|MiB|GiB|TiB|of \d)\b")
+_KEEP = "\x00"  # stands for a space that must not break while wrapping
+
+
 def wrap(text: str, width: int, indent: str = "  ", hanging: str = "  ") -> str:
     """``text`` broken at word boundaries into lines of at most ``width`` characters; a
-    single word longer than a line (a long path) is the only thing ever cut."""
-    return "\n".join(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + hanging,
-                                   break_long_words=True, break_on_hyphens=False)) or indent.rstrip()
+    number stays with its unit (``9.2 MiB``); a single word longer than a line (a long
+    path) is the only thing ever cut."""
+    kept = _UNIT.sub(lambda m: m.group(1) + _KEEP + m.group(2), text.replace(_KEEP, " "))
+    lines = textwrap.wrap(kept, width, initial_indent=indent, subsequent_indent=indent + hanging,
+                          break_long_words=True, break_on_hyphens=False)
+    return "\n".join(lines).replace(_KEEP, " ") or indent.rstrip()
 
 
 def wrap_lines(text: str, width: int) -> str:
@@ -83,7 +91,7 @@ def fmt_count(n: int | None, word: str | None = None) -> str:
         return "?" if word is None else f"? {word}s"
     if word is None:
         return f"{n:,}"
-    return f"{n:,} {word}" + ("" if n == 1 else "s")
+    return f"{n:,} {word}" + ("" if n == 1 else "es" if word.endswith(("s", "ch", "sh", "x")) else "s")
 
 
 # ---------------------------------------------------------------------------
