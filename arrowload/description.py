@@ -113,10 +113,15 @@ class Description(pl.DataFrame):
     def _repr_html_(self, **kwargs: Any) -> str:
         if not set(("column", "type")) <= set(self.columns):
             return pl.DataFrame._repr_html_(self, **kwargs)
-        return description_html(self, self._summary())
+        return description_html(self, self._summary(), getattr(self, "bounds", {}))
 
 
-def description_html(frame: pl.DataFrame, summary: str) -> str:
+def _is_number(value: Any) -> bool:
+    from decimal import Decimal
+    return isinstance(value, (int, float, Decimal)) and not isinstance(value, bool)
+
+
+def description_html(frame: pl.DataFrame, summary: str, bounds: dict[str, tuple[Any, Any]] | None = None) -> str:
     """The notebook display: one row per column, numbers right-aligned, the share of bytes
     read as a bar; long cells cut with the full text as a tooltip; everything escaped."""
     rows = display_rows(frame)
@@ -131,11 +136,12 @@ def description_html(frame: pl.DataFrame, summary: str) -> str:
     body = []
     for row, share in zip(rows, shares):
         cells = []
+        numeric = any(_is_number(v) for v in (bounds or {}).get(row.get("column"), ()))
         for h in header:
             text = row[h]
             short = cut(text, 28 if h not in ("source", "column", "type") else 40) or ""
             tip = f' title="{esc(text)}"' if short != text else ""
-            align = "right" if h in _RIGHT else "left"
+            align = "right" if h in _RIGHT or (numeric and h in ("min", "max")) else "left"
             cells.append(f'<td style="{cell};text-align:{align}"{tip}>{esc(short)}</td>')
         if with_bar:
             if share is None:
