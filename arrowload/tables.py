@@ -225,6 +225,8 @@ def cell_text(value: Any, limit: int = 64) -> str:
         return "null"
     if isinstance(value, float):
         return repr(value)
+    if type(value).__name__ == "float32":
+        return str(value)
     if isinstance(value, (list, tuple)):
         items = [cell_text(v, 16) for v in value[:4]]
         return "[" + ", ".join(items) + (", …" if len(value) > 4 else "") + "]"
@@ -244,6 +246,9 @@ def html_rows(table, *, title: str = "") -> str:
         picked = picked[:half] + [-1] + picked[-half:]
     rows = min(table.num_rows, MAX_HTML_ROWS)
     data = {i: table.column(i).slice(0, rows).to_pylist() for i in picked if i >= 0}
+    import pyarrow as pa
+    single = {i: pa.types.is_float32(table.schema.field(i).type) or pa.types.is_float16(table.schema.field(i).type)
+              for i in data}
     head, types = [], []
     for i in picked:
         if i < 0:
@@ -260,6 +265,9 @@ def html_rows(table, *, title: str = "") -> str:
                 cells.append(f'<td style="{_CELL}">{ELLIPSIS}</td>')
                 continue
             v = data[i][r]
+            if isinstance(v, float) and single[i]:
+                import numpy as np
+                v = np.float32(v)  # shown with float32's precision, as polars and the CLI do
             text = cell_text(v)
             full = cell_text(v, 1000)
             align = ";text-align:right" if _numeric(table.schema.field(i).type) else ""

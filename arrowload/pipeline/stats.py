@@ -111,7 +111,8 @@ class LoaderStats:
                 f"({rate:,.0f} rows/s); read {self.read_s:.3f}s, transform {self.transform_s:.3f}s, "
                 f"collate {self.collate_s:.3f}s, convert {self.convert_s:.3f}s, consumer waited "
                 f"{self.wait_s:.3f}s; {fmt_count(self.units_read, 'unit')}{self._decoders_text()}, "
-                f"~{size(self.bytes_read)} read, {size(self.bytes_decoded)} decoded, peak prefetch "
+                f"{'~' + size(self.bytes_read) if self.bytes_read else 'no file bytes'} read, "
+                f"{size(self.bytes_decoded)} decoded, peak prefetch "
                 f"{size(self.peak_prefetch_bytes)}")
         if self.readers_max:
             text += f"; {self.settings_text()}"
