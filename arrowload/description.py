@@ -86,7 +86,7 @@ class Description(pl.DataFrame):
     how: str
 
     @classmethod
-    def of(cls, frame: pl.DataFrame, bounds: dict[str, tuple[Any, Any]], how: str) -> "Description":
+    def of(cls, frame: pl.DataFrame, bounds: dict[str, tuple[Any, Any]], how: str) -> Description:
         out = cls._from_pydf(frame._df)
         out.bounds, out.how = bounds, how
         return out
@@ -97,7 +97,7 @@ class Description(pl.DataFrame):
         return f"{n}{fmt_count(self.height, 'column')} described {getattr(self, 'how', '')}".rstrip()
 
     def __str__(self) -> str:
-        if not set(("column", "type")) <= set(self.columns):
+        if not {"column", "type"} <= set(self.columns):
             return pl.DataFrame.__str__(self)
         from .tables import terminal_width, wrap
         width = terminal_width()
@@ -111,7 +111,7 @@ class Description(pl.DataFrame):
         return self.__str__()
 
     def _repr_html_(self, **kwargs: Any) -> str:
-        if not set(("column", "type")) <= set(self.columns):
+        if not {"column", "type"} <= set(self.columns):
             return pl.DataFrame._repr_html_(self, **kwargs)
         return description_html(self, self._summary(), getattr(self, "bounds", {}))
 
@@ -158,4 +158,4 @@ def description_html(frame: pl.DataFrame, summary: str, bounds: dict[str, tuple[
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
 
 
-__all__ = ["Description", "SHORT_HEADERS", "description_html", "display_rows", "text_table"]
+__all__ = ["SHORT_HEADERS", "Description", "description_html", "display_rows", "text_table"]

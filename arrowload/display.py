@@ -309,7 +309,7 @@ def loader_html(loader) -> str:
 # ---------------------------------------------------------------------------
 # rows in a notebook: ``Dataset.head()``
 
-_HEADS: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_HEADS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 _PREVIOUS: dict[int, Any] = {}  # id(shell) -> the HTML formatter of pyarrow.Table we wrap (or None)
 
 

@@ -149,7 +149,7 @@ class NotebookBar:
     once more when closed (the stored output of an executed notebook is that last state).
     Needs IPython only; ipywidgets plays no part."""
 
-    def __init__(self, total: int | float, desc: str = "", unit: str = "it", *, delay: float = 0.5,
+    def __init__(self, total: float, desc: str = "", unit: str = "it", *, delay: float = 0.5,
                  every: float = 0.5, unit_scale: bool = False, **ignored: Any) -> None:
         self.total, self.desc, self.unit, self.n = total, desc, unit, 0
         self.delay, self.every, self.unit_scale = delay, every, unit_scale
@@ -186,7 +186,7 @@ class NotebookBar:
         else:
             self._handle.update(bundle, raw=True)
 
-    def update(self, n: int | float = 1) -> None:
+    def update(self, n: float = 1) -> None:
         with self._lock:
             self.n += n
             now = time.monotonic()

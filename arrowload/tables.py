@@ -170,7 +170,7 @@ def fit_table(frame, width: int, *, drop: tuple[str, ...] = (), drop_late: tuple
     while True:
         limit = {c: cap if c in wide else min(cap, narrow) for c in frame.columns}
         short = frame.select(
-            pl.col(c).map_elements(lambda v, c=c: cut(v, limit[c], left=c in left), return_dtype=pl.String)
+            pl.col(c).map_elements(lambda v, c=c, limit=limit: cut(v, limit[c], left=c in left), return_dtype=pl.String)
             for c in frame.columns)
         short = short.rename({c: cut(c, max(limit[c], 5)) for c in short.columns})
         text = _render(short, cols=-1, dtypes=False, str_len=10_000, list_len=4)

@@ -219,7 +219,7 @@ def test_head_rows_html_hides_middle_columns_past_40():
 
 
 def test_head_displays_as_rows_in_ipython_and_stays_a_pyarrow_table(parquet_lake):
-    IPython = pytest.importorskip("IPython")
+    pytest.importorskip("IPython")
     from IPython.core.interactiveshell import InteractiveShell
 
     from arrowload import display
@@ -229,7 +229,7 @@ def test_head_displays_as_rows_in_ipython_and_stays_a_pyarrow_table(parquet_lake
         formatter.for_type(pa.Table, lambda t: "<i>someone's own</i>")  # a user's formatter stays in charge
         head = al.dataset(parquet_lake).select("id", "country").head(3)
         assert type(head) is pa.Table                                   # the contract: a pyarrow.Table
-        assert head.equals(pq.read_table(sorted(glob.glob(os.path.join(parquet_lake, "*.parquet")))[0],
+        assert head.equals(pq.read_table(min(glob.glob(os.path.join(parquet_lake, "*.parquet"))),
                                          columns=["id", "country"]).slice(0, 3))
         shown, _ = shell.display_formatter.format(head)
         StrictHTML.check(shown["text/html"])
