@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -337,13 +338,13 @@ class Dataset:
         changed = []
         prev = self._plan
         for name, after in steps:
-            if _explain.render_tree(after) != _explain.render_tree(prev) or \
-                    [s.notes for s in scans(after)] != [s.notes for s in scans(prev)]:
+            if (_explain.render_tree(after) != _explain.render_tree(prev) or
+                    [s.notes for s in scans(after)] != [s.notes for s in scans(prev)]) and name not in changed:
                 changed.append(name)
             prev = after
         off = [f.name for f in dataclasses.fields(self._options.optimizer)
                if not getattr(self._options.optimizer, f.name)]
-        lines += ["", "== rules ==", "  applied: " + (", ".join(changed) or "none")]
+        lines += ["", "== rules (al.OptimizerOptions flags) ==", "  applied: " + (", ".join(changed) or "none")]
         if off:
             lines.append("  switched off: " + ", ".join(off))
         for i, s in enumerate(scans(final)):
@@ -372,7 +373,10 @@ class Dataset:
         in file order and no further than the file that completes ``n`` rows: the result has
         the columns and types of the files read, as pyarrow's and polars' scans take them
         from the first file (``schema`` unifies every file; they agree wherever the shards
-        do), whether or not other footers were read before."""
+        do), whether or not other footers were read before.
+
+        The result is a ``pyarrow.Table``; in a notebook it displays as an HTML table of
+        its rows (names, types, values), as ``arrowload head`` prints them."""
         limit = Limit(self._plan, n)  # checks n
         self._verify()
         plan = self._plan
@@ -383,7 +387,11 @@ class Dataset:
             sub = first(limit.n) if first is not None else None
             if sub is not None:
                 limit = Limit(Scan(sub), limit.n)
-        return execute.to_table(optimize(limit, self._options.optimizer), self._options)
+        table = execute.to_table(optimize(limit, self._options.optimizer), self._options)
+        if "IPython" in sys.modules:
+            from .display import show_as_rows
+            show_as_rows(table)
+        return table
 
     def to_arrow(self) -> pa.Table:
         """The whole selection as a ``pyarrow.Table`` (multi-threaded scan; with a progress

@@ -19,12 +19,12 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
 import time
 import traceback
 
 from .order import SHUFFLE_CHOICES
+from .tables import fit_table, fmt_count, shown_path, terminal_width, wrap_lines
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -89,77 +89,19 @@ def _selection(args: argparse.Namespace):
     return ds
 
 
-def _show(table, rows: int | None = None, *, dtypes: bool = True, width: int | None = None,
-          str_len: int = 40) -> str:
-    """A table as text, long cells shortened (embeddings are 64 floats wide)."""
-    import polars as pl
-
-    from .convert.polars_frame import displayable
-    frame = table if isinstance(table, pl.DataFrame) else pl.from_arrow(displayable(table))
-    width = terminal_width() if width is None else width
-    with pl.Config(fmt_str_lengths=str_len, tbl_width_chars=width, fmt_table_cell_list_len=4,
-                   tbl_rows=rows if rows is not None else max(frame.height, 1), tbl_cols=-1,
-                   tbl_hide_dataframe_shape=True, tbl_hide_column_data_types=not dtypes):
-        return str(frame)
-
-
-def terminal_width() -> int:
-    """Columns of the terminal (``COLUMNS`` wins, as in every shell tool); 120 when output
-    goes to a pipe or file; never under 40."""
-    return max(40, shutil.get_terminal_size((120, 24)).columns)
-
-
-def _cut(text, n: int, *, left: bool = False):
-    """``text`` in at most ``n`` characters, the cut marked with an ellipsis (at the start
-    with ``left``: the end of a path is the part that tells files apart)."""
-    if text is None or len(text) <= n:
-        return text
-    return "…" + text[len(text) - n + 1:] if left else text[: n - 1] + "…"
-
-
 def _wrap(text: str, width: int, indent: str = "  ") -> str:
-    import textwrap
-    return "\n".join(textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
-                                    break_long_words=True, break_on_hyphens=False)) or indent.rstrip()
+    from .tables import wrap
+    return wrap(text, width, indent=indent)
 
 
-def fit_table(frame, width: int, *, drop: tuple[str, ...] = (), drop_late: tuple[str, ...] = (),
-              left: tuple[str, ...] = (), wide: tuple[str, ...] = ()):
-    """Render ``frame`` as a box table no wider than ``width``. In order, until it fits:
-    cells are cut (with "…") down to 20 characters, the columns in ``drop`` are left out,
-    cells outside the ``wide`` columns are cut down to 10, the columns in ``drop_late`` are
-    left out, and every cell is cut further. Returns ``(text, names left out)``."""
-    import polars as pl
-    frame = frame.with_columns(pl.col(c).cast(pl.String) for c in frame.columns)
-    dropped: list[str] = []
-    early = [c for c in drop if c in frame.columns]
-    late = [c for c in drop_late if c in frame.columns]
-    cap = narrow = 48
-    while True:
-        limit = {c: cap if c in wide else min(cap, narrow) for c in frame.columns}
-        cut = frame.select(
-            pl.col(c).map_elements(lambda v, c=c: _cut(v, limit[c], left=c in left), return_dtype=pl.String)
-            for c in frame.columns)
-        cut = cut.rename({c: _cut(c, max(limit[c], 5)) for c in cut.columns})
-        text = _show(cut, dtypes=False, width=10_000, str_len=10_000)
-        if max(map(len, text.splitlines()), default=0) <= width:
-            return text, dropped
-        if cap > 20:
-            cap = narrow = cap - 4
-        elif early:
-            name = early.pop(0)
-            frame = frame.drop(name)
-            dropped.append(name)
-        elif narrow > 10:
-            narrow -= 2
-        elif late:
-            name = late.pop(0)
-            frame = frame.drop(name)
-            dropped.append(name)
-        elif cap > 5:
-            cap = narrow = cap - 1
-        else:  # pragma: no cover - a few columns of 5 characters fit 40
-            return text, dropped
+def _fit_rows(table, width: int, lead: str, pick: str = "--columns A,B picks others") -> str:
+    """A result table fitted to ``width`` columns, then ``(lead)``, and where middle
+    columns are hidden, how many are shown and what shows the others."""
+    from .tables import fit_frame
+    text, shown = fit_frame(table, width)
+    if shown < table.num_columns:
+        lead += f"; {shown} of {table.num_columns} columns shown: {pick} or widen the terminal"
+    return text + "\n" + _wrap(f"({lead})", width, indent="")
 
 
 def _fmt_bytes(n) -> str:
@@ -193,7 +135,8 @@ def _demo(args: argparse.Namespace) -> int:
     n = sel.count()
     print(f"\ncount(): {n:,} rows ({time.perf_counter() - t0:.3f}s)")
     print("\nhead(3):")
-    print(_show(sel.head(3)))
+    head = sel.head(3)
+    print(_fit_rows(head, terminal_width(), fmt_count(head.num_rows, "row")))
     t0 = time.perf_counter()
     table = sel.to_arrow()
     print(f"\nto_arrow(): {table.num_rows:,} rows, {table.nbytes / 2**20:.1f} MiB "
@@ -238,6 +181,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     import polars as pl
 
+    from arrowload.description import text_table
     from arrowload.display import plural, summarize_scan, unit_name
     from arrowload.plan.nodes import scans
 
@@ -252,7 +196,7 @@ def _inspect(args: argparse.Namespace) -> int:
     uncompressed = desc["uncompressed_bytes"]
     if args.columns is None and desc.height and uncompressed.null_count() == 0:
         line += f" ({_fmt_bytes(int(uncompressed.sum()))} uncompressed)"
-    print(_wrap(f"{src.kind}: {src.display}", width, indent=""))
+    print(_wrap(f"{src.kind}: {shown_path(src.display)}", width, indent=""))
     print(_wrap(line, width))
     if src.partition_schema.names:
         print(_wrap("partitions: " + ", ".join(f"{f.name} ({f.type})" for f in src.partition_schema),
@@ -267,29 +211,24 @@ def _inspect(args: argparse.Namespace) -> int:
     rows = []
     for _, us in listed:
         path = us[0].path
-        shown = path[len(prefix):] if path.startswith(prefix) else path
+        shown = path[len(prefix):] if path.startswith(prefix) else shown_path(path)
         nrows = sum(u.num_rows for u in us) if all(u.num_rows is not None for u in us) else None
         size = sum(u.bytes_for(None) for u in us) if all(u.bytes_for(None) is not None for u in us) else None
-        row = {"file": shown, "rows": nrows, "bytes": _fmt_bytes(size) if size is not None else None}
+        row = {"file": shown, "rows": fmt_count(nrows) if nrows is not None else None,
+               "bytes": _fmt_bytes(size) if size is not None else None}
         if src.kind == "parquet":
-            row[unit_name(src.kind)] = len(us)
+            row[unit_name(src.kind)] = fmt_count(len(us))
         rows.append(row)
     print(f"\n{plural(len(files), 'file')}:")
     text, _ = fit_table(pl.DataFrame(rows), width, drop=(unit_name(src.kind), "bytes"), left=("file",),
                         wide=("file",))
     print(text)
     if len(listed) < len(files):
-        print(_wrap(f"... and {len(files) - len(listed)} more (--files 0 lists all)", width))
+        print(_wrap(f"... and {len(files) - len(listed):,} more (--files 0 lists all)", width))
 
     print("\n" + _wrap(f"schema and statistics "
                        f"({'one scan' if args.exact else 'from footers; --exact scans'}):", width, indent=""))
-    keep = [c for c in desc.columns if c in ("column", "type") or desc[c].null_count() < desc.height]
-    shown = desc.select(keep).with_columns(
-        pl.col(c).map_elements(_fmt_bytes, return_dtype=pl.String)
-        for c in ("compressed_bytes", "uncompressed_bytes") if c in keep)
-    shown = shown.rename({k: v for k, v in _SHORT_HEADERS.items() if k in keep})
-    text, dropped = fit_table(shown, width, drop=("uncompressed", "compressed", "distinct", "rows"),
-                              drop_late=("max", "min"), wide=("column", "type"))
+    text, dropped = text_table(desc, width)
     print(text)
     if dropped:
         print(_wrap(f"({', '.join(dropped)} left out to fit {width} columns: --columns A,B or a "
@@ -297,15 +236,11 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-_SHORT_HEADERS = {"null_count": "nulls", "approx_distinct": "distinct", "compressed_bytes": "compressed",
-                  "uncompressed_bytes": "uncompressed"}
-
-
 # -- head / sql / explain ----------------------------------------------------------------
 
 def _head(args: argparse.Namespace) -> int:
     table = _selection(args).head(args.n)
-    print(_show(table, rows=args.n))
+    print(_fit_rows(table, terminal_width(), fmt_count(table.num_rows, "row")))
     return 0
 
 
@@ -328,29 +263,23 @@ def _sql(args: argparse.Namespace) -> int:
     tables = {name: _open(path, args.format, args) for name, path in _parse_tables(args.table).items()}
     ds = al.sql(args.query, external_access=not args.no_external_access, **tables)
     if args.explain:
-        print(ds.explain())
+        print(wrap_lines(ds.explain(), terminal_width()))
         return 0
     shown = ds.head(args.max_rows + 1)
     more = shown.num_rows > args.max_rows
-    print(_show(shown.slice(0, args.max_rows)))
-    if more:
-        print(f"(first {args.max_rows} rows; --max-rows N shows more)")
-    else:
-        print(f"({plural_rows(shown.num_rows)})")
+    lead = f"first {args.max_rows:,} rows; --max-rows N shows more" if more else fmt_count(shown.num_rows, "row")
+    print(_fit_rows(shown.slice(0, args.max_rows), terminal_width(), lead,
+                    pick="SELECT fewer columns to see the others"))
     return 0
-
-
-def plural_rows(n: int) -> str:
-    return f"{n:,} row" + ("" if n == 1 else "s")
 
 
 def _explain(args: argparse.Namespace) -> int:
     ds = _selection(args)
     if args.batch_size is not None:
         with ds.loader(args.batch_size, shuffle=_shuffle(args.shuffle)) as loader:
-            print(loader.explain())
+            print(wrap_lines(loader.explain(), terminal_width()))
     else:
-        print(ds.explain())
+        print(wrap_lines(ds.explain(), terminal_width()))
     return 0
 
 
@@ -425,33 +354,39 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(result, indent=2))
         return 0
 
-    print(f"bench: {kept.kind}: {kept.display}")
-    print(f"  columns  {', '.join(result['columns'])}")
+    width = terminal_width()
+    out = [f"bench: {kept.kind}: {shown_path(kept.display)}",
+           f"  columns  {', '.join(result['columns'])}"]
     if args.filter:
-        print(f"  filter   {args.filter}")
-    print(f"  reads    {kept.reads_line()}")
-    print(f"  loader   batch_size={args.batch_size}, shuffle={loader.shuffle_kind}, output={args.output}, "
-          f"io_threads={'auto' if args.io_threads is None else args.io_threads}; built in {build:.3f}s (counting the selection"
-          f"{', random-access table' if loader.source_kind != 'scan' else ''})")
-    print()
-    header = f"  {'one epoch':<26}{'rows':>12}{'seconds':>10}{'rows/s':>14}{'MB/s':>10}"
-    print(header)
+        out.append(f"  filter   {args.filter}")
+    out.append(f"  reads    {kept.reads_line()}")
+    out.append(f"  loader   batch_size={args.batch_size:,}, shuffle={loader.shuffle_kind}, output={args.output}, "
+               f"io_threads={'auto' if args.io_threads is None else args.io_threads}; built in {build:.3f}s "
+               f"(counting the selection{', random-access table' if loader.source_kind != 'scan' else ''})")
+    out.append("")
+    table = [("one epoch", "rows", "seconds", "rows/s", "MB/s")]
     if baseline is None:
         pass
     elif "skipped" in baseline:
-        print(f"  {'pyarrow scan (tuned)':<26}  skipped: {baseline['skipped']}")
+        out_skipped = f"  pyarrow scan (tuned): skipped: {baseline['skipped']}"
     else:
-        print(f"  {'pyarrow scan (tuned)':<26}{baseline['rows']:>12,}{baseline['seconds']:>10.3f}"
-              f"{baseline['rows_per_s']:>14,.0f}{baseline['mb_per_s']:>10.1f}")
+        table.append(("pyarrow scan (tuned)", f"{baseline['rows']:,}", f"{baseline['seconds']:.3f}",
+                      f"{baseline['rows_per_s']:,.0f}", f"{baseline['mb_per_s']:,.1f}"))
     lo = result["loader"]
-    print(f"  {'arrowload loader':<26}{lo['rows']:>12,}{lo['seconds']:>10.3f}"
-          f"{lo['rows_per_s']:>14,.0f}{lo['mb_per_s']:>10.1f}")
+    table.append(("arrowload loader", f"{lo['rows']:,}", f"{lo['seconds']:.3f}", f"{lo['rows_per_s']:,.0f}",
+                  f"{lo['mb_per_s']:,.1f}"))
+    sizes = [max(len(row[i]) for row in table) for i in range(5)]
+    for row in table:
+        out.append("  " + row[0].ljust(sizes[0]) + "".join(f"  {c:>{n}}" for c, n in zip(row[1:], sizes[1:])))
+    if baseline is not None and "skipped" in baseline:
+        out.append(out_skipped)
     if baseline and "skipped" not in baseline and baseline["rows_per_s"] > 0:
-        print(f"  loader / scan: {lo['rows_per_s'] / baseline['rows_per_s']:.2f}x the rows/s "
-              "(MB/s: decoded Arrow bytes delivered)")
-    print()
-    print("where the loader spends its time (infinitely fast consumer):")
-    print("\n".join("  " + line for line in str(prof).splitlines()[1:]))
+        out.append(f"  loader / scan: {lo['rows_per_s'] / baseline['rows_per_s']:.2f}x the rows/s "
+                   "(MB/s: decoded Arrow bytes delivered)")
+    out.append("")
+    out.append("where the loader spends its time (infinitely fast consumer):")
+    out.extend("  " + line for line in str(prof).splitlines()[1:])
+    print(wrap_lines("\n".join(out), width))
     return 0
 
 

@@ -308,7 +308,10 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
     """Per-column statistics of ``dataset``'s output as a ``polars.DataFrame``, one row
     per column: ``column, type, rows, null_count, min, max, approx_distinct,
     compressed_bytes, uncompressed_bytes, source``. min / max are text (one column
-    holds every type), rendered the same way from footers and from scans.
+    holds every type), rendered the same way from footers and from scans; the typed
+    values are in the result's ``bounds`` (``{column: (min, max)}``). The frame is a
+    :class:`arrowload.description.Description`: its displays (notebook and ``repr``)
+    show every column with counts, byte units and the share of bytes read.
 
     ``exact=False`` (default): from Parquet footers only, no data page is read. ``source``
     says ``"footer"`` when the statistics describe exactly the selected rows,
@@ -350,6 +353,7 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
         sub = _exact_view(dataset, names, schema)
         rows, scanned = _exact(sub, names, schema)
     records = []
+    bounds: dict[str, tuple[Any, Any]] = {}
     for n in names:
         type_ = _type_of(schema, n)
         acc = accs.get(mapping.get(n)) if mapping.get(n) is not None else None
@@ -360,6 +364,7 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
                                "source": SOURCE_NONE}
         if exact:
             count, lo, hi, distinct = scanned[n]
+            bounds[n] = (lo, hi)
             rec.update(null_count=rows - count, min=format_value(lo, type_), max=format_value(hi, type_),
                        approx_distinct=min(distinct, count) if distinct is not None else None,
                        source=SOURCE_SCAN)
@@ -367,6 +372,7 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
             partition = mapping[n] in scan.source.partition_schema.names
             rec["null_count"] = acc.nulls
             if acc.minmax_known:
+                bounds[n] = (acc.lo, acc.hi)
                 rec["min"], rec["max"] = format_value(acc.lo, type_), format_value(acc.hi, type_)
             if len(acc.distinct) == 1 and acc.distinct[0] is not None:
                 rec["approx_distinct"] = acc.distinct[0]
@@ -379,8 +385,12 @@ def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool
         if table_line is not None:  # a lake table: which version, files and deleted rows
             rec["source"] += f" ({table_line(scan.selected_units())})"
         records.append(rec)
-    return pl.DataFrame(records, schema={
+        bounds.setdefault(n, (None, None))
+    from .description import Description
+    frame = pl.DataFrame(records, schema={
         "column": pl.String, "type": pl.String, "rows": pl.Int64, "null_count": pl.Int64,
         "min": pl.String, "max": pl.String, "approx_distinct": pl.Int64,
         "compressed_bytes": pl.Int64, "uncompressed_bytes": pl.Int64, "source": pl.String,
     })
+    how = "from one scan" if exact else "from footers"
+    return Description.of(frame, bounds, how)

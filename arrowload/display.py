@@ -9,6 +9,8 @@ never raises: a part that cannot be computed shows why instead.
 from __future__ import annotations
 
 import html
+import sys
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,10 +116,10 @@ class ScanSummary:
     def reads_line(self) -> str:
         if self.error or not self.units:
             return ""
-        parts = [] if self.kind == "memory" else [f"{self.files[0]} of {self.files[1]} files"]
+        parts = [] if self.kind == "memory" else [f"{self.files[0]:,} of {self.files[1]:,} files"]
         if self.kind in ("parquet", "memory"):
-            parts.append(f"{self.units[0]} of {self.units[1]} {unit_name(self.kind)}")
-        parts.append(f"{self.columns[0]} of {self.columns[1]} columns")
+            parts.append(f"{self.units[0]:,} of {self.units[1]:,} {unit_name(self.kind)}")
+        parts.append(f"{self.columns[0]:,} of {self.columns[1]:,} columns")
         kb, tb = self.bytes or (None, None)
         if kb is not None and tb is not None:
             pct = f" ({100.0 * kb / tb:.1f}%)" if tb else ""
@@ -152,7 +154,7 @@ def summarize_scan(scan: Scan, under_sql: bool = False) -> ScanSummary:
         if scan.projection is not None or scan.columns is not None:
             s.pushed.append(f"projection ({s.columns[0]} of {s.columns[1]} columns read)")
         if scan.limit is not None:
-            s.pushed.append(f"limit {scan.limit}")
+            s.pushed.append(f"limit {scan.limit:,}")
         s.notes = list(scan.notes)
         s.unreadable = unreadable_footers(src)
     except Exception as exc:  # noqa: BLE001 - a display never raises
@@ -302,3 +304,52 @@ def loader_html(loader) -> str:
     body += html_details("dataset", dataset_html(loader._dataset))
     sub = f"batch_size={loader.options.batch_size}, shuffle={loader.shuffle_kind}, output={loader.options.output}"
     return html_box("arrowload.Loader", sub, body)
+
+
+# ---------------------------------------------------------------------------
+# rows in a notebook: ``Dataset.head()``
+
+_HEADS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+_PREVIOUS: dict[int, Any] = {}  # id(shell) -> the HTML formatter of pyarrow.Table we wrap (or None)
+
+
+def _ipython_shell():
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # noqa: BLE001 - a broken IPython is no notebook
+        return None
+    return shell if shell is not None and hasattr(shell, "display_formatter") else None
+
+
+def _table_html(table) -> str | None:
+    if _HEADS.get(id(table)) is table:
+        return rows_html(table)
+    previous = _PREVIOUS.get(id(_ipython_shell()))
+    return previous(table) if previous is not None else None
+
+
+def rows_html(table) -> str:
+    """The notebook display of rows ``Dataset.head()`` returned (``tables.html_rows``)."""
+    from .tables import html_rows
+    try:
+        return html_rows(table, title="arrowload head()")
+    except Exception as exc:  # noqa: BLE001 - a display never raises
+        return f"<pre>{esc(f'{type(exc).__name__}: {exc}')}</pre>"
+
+
+def show_as_rows(table) -> None:
+    """In an IPython shell, make ``table`` (a ``pyarrow.Table`` from ``head()``) display as
+    an HTML table of rows. The result stays the very ``pyarrow.Table`` (the contract);
+    only IPython's HTML formatter learns to draw tables ``head()`` returned (weakly held:
+    other tables display as before, through any formatter registered earlier)."""
+    shell = _ipython_shell()
+    if shell is None:
+        return
+    _HEADS[id(table)] = table
+    if id(shell) not in _PREVIOUS:
+        import pyarrow as pa
+        formatter = shell.display_formatter.formatters["text/html"]
+        _PREVIOUS[id(shell)] = formatter.for_type(pa.Table, _table_html)

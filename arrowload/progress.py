@@ -1,8 +1,13 @@
 """Progress bars for long operations: counting a selection, building the random-access
 table, materializing a selection, loader epochs.
 
-A tiny wrapper over ``tqdm.auto`` (a widget in Jupyter when ipywidgets is installed,
-text on stderr otherwise). Whether bars show is decided once per bar:
+In a terminal a bar is ``tqdm``'s text on stderr. In a notebook kernel it is one display
+output (an HTML ``<progress>`` with tqdm's text beside it, and that text as the plain
+version) that is updated in place at most twice a second and once more, finished, when
+the work ends: the same with or without ipywidgets, live in Jupyter / VS Code and in an
+exported or ``nbclient``-executed notebook, whose stored output is the single final line
+(tqdm's text fallback would store a line per refresh). Work without a known total gets no
+bar (a count of "1.00rows" says nothing). Whether bars show is decided once per bar:
 
 - ``ARROWLOAD_PROGRESS=0`` (or ``false`` / ``off`` / ``no``) in the environment switches
   them off, ``=1`` on; it wins over everything else;
@@ -22,9 +27,11 @@ flash one. Without tqdm installed nothing is drawn.
 from __future__ import annotations
 
 import contextlib
+import html
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -102,9 +109,8 @@ def _tqdm_class():
     if _TQDM is None:
         try:
             with warnings.catch_warnings():
-                # tqdm.auto warns once when a notebook lacks ipywidgets, then falls back to text.
                 warnings.simplefilter("ignore")
-                from tqdm.auto import tqdm
+                from tqdm import tqdm  # text; a notebook draws a NotebookBar instead
         except ImportError:
             _TQDM = False
         else:
@@ -137,15 +143,90 @@ class _NoBar:
         self.close()
 
 
+class NotebookBar:
+    """A bar in a notebook kernel: one display output (``display_id``), drawn once
+    ``delay`` seconds have passed, updated in place at most every ``every`` seconds and
+    once more when closed (the stored output of an executed notebook is that last state).
+    Needs IPython only; ipywidgets plays no part."""
+
+    def __init__(self, total: float, desc: str = "", unit: str = "it", *, delay: float = 0.5,
+                 every: float = 0.5, unit_scale: bool = False, **ignored: Any) -> None:
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        self.delay, self.every, self.unit_scale = delay, every, unit_scale
+        self.postfix = ""
+        self._start = self._last = time.monotonic()
+        self._handle = None
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def text(self, elapsed: float | None = None) -> str:
+        elapsed = time.monotonic() - self._start if elapsed is None else elapsed
+        try:
+            from tqdm import tqdm
+        except ImportError:  # pragma: no cover - tqdm is a dependency
+            done = f"{self.n:,}/{self.total:,} {self.unit}"
+            return f"{self.desc}: {done} [{elapsed:.1f}s]" + (f", {self.postfix}" if self.postfix else "")
+        return tqdm.format_meter(self.n, self.total, elapsed, ncols=100, prefix=self.desc, unit=self.unit,
+                                 unit_scale=self.unit_scale, postfix=self.postfix or None)
+
+    def _bundle(self) -> dict[str, str]:
+        text = self.text()
+        value = min(self.n, self.total) if self.total else 0
+        return {"text/plain": text,
+                "text/html": f'<div class="arrowload-progress" style="font-family:monospace,monospace;'
+                             f'font-size:12px"><progress value="{value}" max="{self.total or 1}" '
+                             f'style="width:16em;vertical-align:middle"></progress> '
+                             f"{html.escape(text)}</div>"}
+
+    def _draw(self) -> None:
+        from IPython.display import display
+        bundle = self._bundle()
+        if self._handle is None:
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+    def update(self, n: float = 1) -> None:
+        with self._lock:
+            self.n += n
+            now = time.monotonic()
+            if now - self._start >= self.delay and (self._handle is None or now - self._last >= self.every):
+                self._last = now
+                self._draw()
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        self.postfix = s
+
+    def set_description(self, desc: str = "", refresh: bool = True) -> None:
+        self.desc = desc
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self._handle is not None:  # never drawn: the work took less than `delay`
+                self._draw()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def bar(total: int | float | None = None, desc: str = "", unit: str = "it", *,
         enabled: bool | None = None, delay: float = 0.5, **kwargs: Any):
-    """A progress bar (``tqdm.auto.tqdm``) or, when bars are off, a silent stand-in with
-    the same ``update`` / ``close`` / context-manager interface. ``enabled`` overrides
-    the global decision for this bar (None: decide by :func:`active`). Extra keywords go
-    to tqdm (``unit_scale=True``, ``leave=False`` ...)."""
+    """A progress bar or, when bars are off or ``total`` is unknown (None), a silent
+    stand-in with the same ``update`` / ``close`` / context-manager interface. In a
+    notebook kernel the bar is a :class:`NotebookBar`; elsewhere ``tqdm``. ``enabled``
+    overrides the global decision for this bar (None: decide by :func:`active`). Extra
+    keywords go to tqdm (``unit_scale=True``, ``leave=False`` ...)."""
     show = active() if enabled is None else (enabled and _tqdm_class() is not None)
-    if not show:
+    if not show or total is None:
         return _NoBar()
+    if _in_notebook():
+        return NotebookBar(total, desc, unit, delay=delay, **kwargs)
     kwargs.setdefault("dynamic_ncols", True)
     return _tqdm_class()(total=total, desc=desc, unit=unit, delay=delay, **kwargs)
 

@@ -221,7 +221,7 @@ def test_explain_says_hit_or_miss_and_never_writes(lake, tmp_path, monkeypatch):
     assert cached.to_arrow().column("id").to_pylist() == list(range(10))
     text = cached.explain()
     assert f"cache hit: {root}" in text and f"{ROWS:,} rows, written" in text
-    assert "prune_row_groups" in text  # the filter prunes the cached Parquet's row groups
+    assert "row_group_pruning" in text  # the filter prunes the cached Parquet's row groups
 
 
 # -- the loader over a cached dataset --------------------------------------------------------

@@ -105,7 +105,7 @@ def test_sql_explain(capsys, parquet_lake):
 def test_explain(run, parquet_lake):
     out = run("explain", parquet_lake, "--columns", "f0,label", "--filter", "id < 4000",
               "--batch-size", "256", "--shuffle", "block").stdout
-    assert "== scan 0" in out and "prune_row_groups" in out
+    assert "== scan 0" in out and "row_group_pruning" in out
     assert "== loader ==" in out and "block" in out
 
 

@@ -149,3 +149,114 @@ def test_unknown_column_is_a_key_error(parquet_lake):
         al.dataset(parquet_lake).describe(["nope"])
     with pytest.raises(al.ColumnNotFoundError):
         al.dataset(parquet_lake).describe("nope")
+
+
+# -- the displays: every column, typed bounds, units, the HTML bar ----------------------------
+
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "display")
+
+
+def _golden(name: str, text: str) -> None:
+    path = os.path.join(GOLDEN, name)
+    if os.environ.get("ARROWLOAD_UPDATE_GOLDEN") == "1":
+        os.makedirs(GOLDEN, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    with open(path, encoding="utf-8") as f:
+        assert text == f.read(), f"{name} differs from its golden snapshot (ARROWLOAD_UPDATE_GOLDEN=1 rewrites)"
+
+
+def test_describe_stays_a_polars_frame_with_typed_bounds(parquet_lake):
+    import polars as pl
+    ds = al.dataset(parquet_lake)
+    desc = ds.describe()
+    assert isinstance(desc, pl.DataFrame) and desc["min"].dtype == pl.String  # the contract holds
+    assert type(desc.select("column")) is pl.DataFrame                         # derived frames are plain
+    truth = duck(f"SELECT min(id) AS a, max(id) AS b, min(f0) AS c, max(f0) AS d, min(ts) AS e, "
+                 f"max(price) AS f FROM {parquet_scan(parquet_lake)}").to_pylist()[0]
+    assert desc.bounds["id"] == (truth["a"], truth["b"]) and isinstance(desc.bounds["id"][0], int)
+    assert desc.bounds["f0"] == pytest.approx((truth["c"], truth["d"]))
+    assert desc.bounds["ts"][0] == truth["e"] and desc.bounds["price"][1] == truth["f"]
+    assert desc.bounds["emb"] == (None, None)
+    exact = ds.describe(["label", "score"], exact=True)
+    assert exact.bounds["label"] == (0, 1) and isinstance(exact.bounds["score"][0], float)
+
+
+def test_describe_text_shows_every_column_whatever_polars_limits(parquet_lake, monkeypatch):
+    import polars as pl
+    monkeypatch.setenv("COLUMNS", "100")
+    ds = al.dataset(parquet_lake)
+    with pl.Config(tbl_rows=5):                    # polars' own display would hide 21 of 26
+        text = repr(ds.describe())
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 100
+    rows = [ln for ln in lines if ln.startswith("│ ") and not ln.startswith("│ column")]
+    assert [r.split("┆")[0].strip("│ ") for r in rows] == ds.schema.names
+    assert lines[0] == f"{ROWS:,} rows, {len(ds.schema.names)} columns described from footers"
+    assert '"' not in "".join(rows)                # values, not quoted strings
+
+
+def test_describe_html_bars_are_shares_of_bytes_read(parquet_lake):
+    import re
+
+    from test_display import StrictHTML
+    ds = al.dataset(parquet_lake)
+    desc = ds.describe()
+    markup = desc._repr_html_()
+    parsed = StrictHTML.check(markup)
+    for name in ds.schema.names:
+        assert f">{name}<" in markup
+    sizes = {f: pq.read_metadata(f) for f in glob.glob(os.path.join(parquet_lake, "*.parquet"))}
+    per_col: dict[str, int] = {}
+    for meta in sizes.values():
+        for rg in range(meta.num_row_groups):
+            for i in range(meta.num_columns):
+                ch = meta.row_group(rg).column(i)
+                top = ch.path_in_schema.split(".")[0]
+                per_col[top] = per_col.get(top, 0) + ch.total_compressed_size
+    total = sum(per_col.values())
+    shares = [float(s) for s in re.findall(r"</span>([\d.]+)%</td>", markup)]
+    assert len(shares) == len(ds.schema.names)
+    for name, share in zip(ds.schema.names, shares):
+        assert share == pytest.approx(100 * per_col[name] / total, abs=0.06), name
+    assert re.search(r"\d KiB|\d MiB", parsed.all_text) and f"{ROWS:,}" in parsed.all_text
+    assert "&quot;" not in markup
+
+
+def test_describe_golden_html_and_text(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")
+    table = pa.table({"id": pa.array([1, 2, 3, None], pa.int64()), "name": ["a<b", "c", None, "d"],
+                      "x": pa.array([0.5, -1.25, 3.0, 2.0], pa.float32())})
+    desc = al.dataset(table).describe(exact=True)
+    _golden("describe-exact.html", desc._repr_html_())
+    _golden("describe-exact.txt", repr(desc))
+
+
+def test_describe_exact_draws_no_bogus_bar(parquet_lake, monkeypatch):
+    from arrowload import progress
+    made = []
+
+    class Bar:
+        def __init__(self, total=None, desc="", unit="it", **kwargs):
+            self.total, self.n = total, 0
+            made.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def set_postfix_str(self, *a, **k):
+            pass
+
+        def close(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(progress, "_TQDM", Bar)
+    monkeypatch.setenv("ARROWLOAD_PROGRESS", "1")
+    al.dataset(parquet_lake).describe(["country", "label"], exact=True)
+    assert len(made) <= 1 and all(b.total is not None and b.n == b.total for b in made)

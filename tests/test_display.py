@@ -187,3 +187,55 @@ def test_profile_html_is_valid(parquet_lake, tmp_path):
     assert "img" in page.tags
     for stage in prof.stages():
         assert stage in page.all_text
+
+
+# -- head() in a notebook -----------------------------------------------------------------------
+
+def test_head_rows_html_golden_and_escaped():
+    from arrowload.display import rows_html
+    table = pa.table({"id": pa.array([1, 2, None], pa.int64()), "name<&>": ["<b>x</b>", "y" * 100, None],
+                      "emb": pa.array([[0.5, 1.0, 2.0, 3.0, 4.0], [], None], pa.list_(pa.float32()))})
+    markup = rows_html(table)
+    parsed = StrictHTML.check(markup)
+    assert "<b>" not in markup and "&lt;b&gt;x&lt;/b&gt;" in markup and "name&lt;&amp;&gt;" in markup
+    assert "3 rows, 3 columns" in parsed.all_text and "int64" in parsed.all_text
+    assert 'title="' + "y" * 100 + '"' in markup          # cut, with the full value as a tooltip
+    assert "[0.5, 1.0, 2.0, 3.0, …]" in parsed.all_text
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "display", "head.html")
+    if os.environ.get("ARROWLOAD_UPDATE_GOLDEN") == "1":
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(markup)
+    with open(path, encoding="utf-8") as f:
+        assert markup == f.read(), "head.html differs from its golden snapshot (ARROWLOAD_UPDATE_GOLDEN=1)"
+
+
+def test_head_rows_html_hides_middle_columns_past_40():
+    from arrowload.display import rows_html
+    table = pa.table({f"c{i}": [i] for i in range(50)})
+    parsed = StrictHTML.check(rows_html(table))
+    text = parsed.all_text
+    assert "c0" in text and "c19" in text and "c20" not in text.replace("c20…", "") and "c49" in text
+    assert "…" in text and "40 of 50 columns shown" in text
+
+
+def test_head_displays_as_rows_in_ipython_and_stays_a_pyarrow_table(parquet_lake):
+    pytest.importorskip("IPython")
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from arrowload import display
+    shell = InteractiveShell.instance()
+    try:
+        formatter = shell.display_formatter.formatters["text/html"]
+        formatter.for_type(pa.Table, lambda t: "<i>someone's own</i>")  # a user's formatter stays in charge
+        head = al.dataset(parquet_lake).select("id", "country").head(3)
+        assert type(head) is pa.Table                                   # the contract: a pyarrow.Table
+        assert head.equals(pq.read_table(min(glob.glob(os.path.join(parquet_lake, "*.parquet"))),
+                                         columns=["id", "country"]).slice(0, 3))
+        shown, _ = shell.display_formatter.format(head)
+        StrictHTML.check(shown["text/html"])
+        assert "arrowload-rows" in shown["text/html"] and ">country<" in shown["text/html"]
+        other, _ = shell.display_formatter.format(pa.table({"x": [1]}))
+        assert other.get("text/html") == "<i>someone's own</i>"
+    finally:
+        display._PREVIOUS.pop(id(shell), None)
+        InteractiveShell.clear_instance()

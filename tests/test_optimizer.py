@@ -257,7 +257,7 @@ def test_prune_row_groups_golden(lake):
         "  files       1 of 2",
         "  row groups  2 of 8",
         f"  columns     {n} of {n} read: " + ", ".join(before.source.schema.names),
-        "  prune_row_groups   row groups 8 -> 2",
+        "  row_group_pruning  row groups 8 -> 2",
     ])
     # the truth: row groups whose id statistics admit id < 700
     facts = lake_facts(lake)
@@ -282,7 +282,7 @@ def test_prune_partitions_golden(hive):
     assert text.splitlines()[0] == \
         "Scan parquet <lake> filter=\"country\" IN ('DE', 'FR') AND \"label\" = 1"
     assert f"  files       4 of {n_files}" in text
-    assert f"  prune_partitions   files {n_files} -> 4" in text
+    assert f"  partition_pruning  files {n_files} -> 4" in text
     kept = {u.path for u in after.selected_units()}
     assert kept == {p for p in lake_facts(hive) if "/country=DE/" in p or "/country=FR/" in p}
     assert_same_rows(before, after)
@@ -301,7 +301,7 @@ def test_prune_limit_golden(lake):
     after = prune_limit(before)
     assert golden(after, lake, stats=True).splitlines()[1:3] == [
         "  files       1 of 2", "  row groups  2 of 8"]
-    assert ("prune_limit", "units 8 -> 2 (limit 600)") in after.notes
+    assert ("limit_pushdown", "units 8 -> 2 (limit 600)") in after.notes
     assert_same_rows(before, after)
 
 
@@ -395,7 +395,7 @@ def test_explain_shows_before_after_rules_and_kept_vs_total(lake):
     assert before.splitlines()[1:] == [
         "Project [id, f0]", '  Filter "id" < 700', f"    Scan parquet {lake}", ""]
     assert f'Scan parquet {lake} project=[id, f0] filter="id" < 700' in text
-    assert "  applied: pushdown_predicates, pushdown_projection, prune_row_groups" in text
+    assert "  applied: predicate_pushdown, projection_pushdown, row_group_pruning" in text
     assert "switched off" not in text
 
     kept = [(f, rg) for f in facts.values() for rg in range(f.num_row_groups)
@@ -411,7 +411,7 @@ def test_explain_shows_before_after_rules_and_kept_vs_total(lake):
     scale = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2}
     assert float(m.group(1)) * scale[m.group(2)] == pytest.approx(kept_b, rel=0.01, abs=1)
     assert float(m.group(3)) * scale[m.group(4)] == pytest.approx(total_b, rel=0.01)
-    assert f"  rows        {500 * len(kept)} before the filter" in text
+    assert f"  rows        {500 * len(kept):,} before the filter" in text
 
     # running the query reads the kept row groups' id and f0 chunks (pyarrow's pre_buffer
     # also reads across holes of up to 8 KiB between them), inside those row groups only
@@ -430,9 +430,9 @@ def test_explain_names_switched_off_rules(lake):
         optimizer=al.OptimizerOptions(row_group_pruning=False, limit_pushdown=False))
     text = ds.filter("id < 700").limit(3).explain()
     assert "  switched off: limit_pushdown, row_group_pruning" in text
-    assert "prune_row_groups" not in text and "prune_limit" not in text
+    assert "  row_group_pruning " not in text and "  limit_pushdown " not in text  # no notes of theirs
     assert "  row groups  8 of 8" in text
-    assert "  applied: pushdown_predicates" in text
+    assert "  applied: predicate_pushdown" in text
     # the limit stays a node of its own when its pushdown is off
     after = text.split("== optimized plan ==")[1].split("==")[0]
     assert after.splitlines()[1:3] == ["Limit 3", f'  Scan parquet {lake} filter="id" < 700']
@@ -449,6 +449,6 @@ def test_explain_everything_off(lake):
 
 def test_explain_of_head_shows_limit_pruning(lake):
     text = al.dataset(lake).limit(5).explain()
-    assert "prune_limit        units 8 -> 1 (limit 5)" in text
+    assert "limit_pushdown     units 8 -> 1 (limit 5)" in text
     assert "  row groups  1 of 8" in text
-    assert "applied: pushdown_limit, prune_limit" in text
+    assert "applied: limit_pushdown" in text

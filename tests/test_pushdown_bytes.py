@@ -303,7 +303,7 @@ def test_selective_filter_reads_a_small_fraction(lake):
             if f.stats("id", rg).min < 5000]
     total_rgs = sum(f.num_row_groups for f in facts.values())
     kept_bytes = sum(f.chunk_bytes(set(cols), [rg]) for f, rg in kept)
-    assert f"prune_row_groups   row groups {total_rgs} -> {len(kept)}" in text
+    assert f"row_group_pruning  row groups {total_rgs} -> {len(kept)}" in text
     assert f"row groups  {len(kept)} of {total_rgs}" in text
     # exactly the kept row groups' chunks of these columns (plus the small holes between
     # them that pyarrow's pre_buffer reads across)
@@ -396,7 +396,7 @@ def test_partition_pruning_never_reads_other_partitions(hive):
     # footers known: the query opens the DE files only
     fs, ds = footers_loaded(root)
     sel = ds.filter("country = 'DE' AND label = 1").select(*cols)
-    assert "prune_partitions   files" in sel.explain()
+    assert "partition_pruning  files" in sel.explain()
     assert sel.to_arrow().equals(expected)
     assert set(fs.stats.opens) == mine
     needed = {"id", "label", "f0"}
@@ -417,7 +417,7 @@ def test_partition_and_row_group_pruning_combine(hive):
     fs, ds = footers_loaded(root)
     sel = ds.filter("country = 'FR' AND id < 9000").select("id", "country")
     text = sel.explain()
-    assert "prune_partitions" in text and "prune_row_groups" in text
+    assert "partition_pruning" in text and "row_group_pruning" in text
     expected = plain(root, partitioning="hive").to_table(
         filter=(pc.field("country") == "FR") & (pc.field("id") < 9000), columns=["id", "country"])
     assert sel.to_arrow().equals(expected)

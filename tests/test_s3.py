@@ -109,7 +109,7 @@ def test_read_matches_local_copy(how, lakes, s3_endpoint):
     assert got.num_rows > 0 and got.equals(expected)
     assert ds.filter("id < 1500").count() == 1500
     assert ds.head(3).equals(local.head(3))
-    assert "prune_row_groups" in ds.filter("id < 1500").explain()
+    assert "row_group_pruning" in ds.filter("id < 1500").explain()
 
 
 @pytest.mark.parametrize("how", WAYS)
@@ -120,7 +120,7 @@ def test_hive_partitions_on_s3(how, lakes, s3_endpoint):
     assert "country" in ds.schema.names
     sel = ds.filter("country IN ('DE', 'JP') AND f0 > 0").select("id", "country", "f0")
     text = sel.explain()
-    assert "prune_partitions" in text
+    assert "partition_pruning" in text
     expected = local.to_table(filter=pc.field("country").isin(["DE", "JP"]) & (pc.field("f0") > 0),
                               columns=["id", "country", "f0"])
     got = sel.to_arrow()

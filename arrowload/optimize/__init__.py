@@ -1,7 +1,9 @@
 """The optimizer: an ordered tuple of rules, each a pure function ``Plan -> Plan``.
 
 Each rule returns its input unchanged when it does not apply; each can be switched off
-by the ``OptimizerOptions`` flag named beside it. Results never depend on which rules
+by the ``OptimizerOptions`` flag named beside it. That flag is the rule's name wherever a
+person reads it: ``explain()``'s "applied" and "switched off" lines and its per-scan notes
+(``row_group_pruning   row groups 8 -> 2``), the docs; the function names are internal. Results never depend on which rules
 ran, only the cost does (tested rule by rule).
 """
 
@@ -32,12 +34,13 @@ RULES: tuple[tuple[str, Rule], ...] = (
 
 
 def optimize_steps(plan: Plan, options: OptimizerOptions) -> list[tuple[str, Plan]]:
-    """Each enabled rule's name with the plan after it ran (for ``explain()``)."""
+    """Each enabled rule's flag (its name in ``explain()``, in ``OptimizerOptions`` and in
+    the docs: one name per idea) with the plan after it ran."""
     steps = []
     for flag, rule in RULES:
         if getattr(options, flag):
             plan = rule(plan)
-            steps.append((rule.__name__, plan))
+            steps.append((flag, plan))
     return steps
 
 

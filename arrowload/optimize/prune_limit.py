@@ -18,7 +18,7 @@ def _prune(scan: Scan) -> Scan:
             return scan
         kept.append(u.index)
         rows += u.num_rows
-    return scan.keep_units(tuple(kept), "prune_limit",
+    return scan.keep_units(tuple(kept), "limit_pushdown",
                            f"units {len(units)} -> {len(kept)} (limit {scan.limit})")
 
 

@@ -23,7 +23,7 @@ def _prune(scan: Scan) -> Scan:
     kept_paths = {f.path for f in src.statistics_dataset(scan.units, statistics=False).get_fragments(filter=expr)}
     kept = tuple(u.index for u in units if u.path in kept_paths)
     files_after = len({u.file for u in units if u.path in kept_paths})
-    return scan.keep_units(kept, "prune_partitions", f"files {len(files_before)} -> {files_after}")
+    return scan.keep_units(kept, "partition_pruning", f"files {len(files_before)} -> {files_after}")
 
 
 def prune_partitions(plan: Plan) -> Plan:

@@ -147,10 +147,10 @@ def _prune(scan: Scan) -> Scan:
         sub = frag.subset(filter=expr, schema=schema)
         keep.update((frag.path, rg.id) for rg in sub.row_groups)
     kept = tuple(u.index for u in units if (u.path, u.row_group) in keep)
-    out = scan.keep_units(kept, "prune_row_groups", f"row groups {len(units)} -> {len(kept)}")
+    out = scan.keep_units(kept, "row_group_pruning", f"row groups {len(units)} -> {len(kept)}")
     if distrusted:  # say why a file was not pruned on a column (explain shows the notes)
         what = ", ".join(f"{n!r} in {k} file{'s' if k > 1 else ''}" for n, k in sorted(distrusted.items()))
-        out = out.replace(notes=out.notes + (("prune_row_groups", f"statistics not used (NaN, "
+        out = out.replace(notes=out.notes + (("row_group_pruning", f"statistics not used (NaN, "
                                                                  f"implausible or unreadable): {what}"),))
     return out
 

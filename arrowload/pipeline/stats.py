@@ -105,12 +105,15 @@ class LoaderStats:
 
     def __str__(self) -> str:
         rate = self.rows / self.wall_s if self.wall_s else 0.0
-        text = (f"{self.rows} rows in {self.batches} batches, {self.wall_s:.3f}s wall "
+        from ..plan.explain import _fmt_bytes as size
+        from ..tables import fmt_count
+        text = (f"{fmt_count(self.rows, 'row')} in {fmt_count(self.batches, 'batch')}, {self.wall_s:.3f}s wall "
                 f"({rate:,.0f} rows/s); read {self.read_s:.3f}s, transform {self.transform_s:.3f}s, "
                 f"collate {self.collate_s:.3f}s, convert {self.convert_s:.3f}s, consumer waited "
-                f"{self.wait_s:.3f}s; {self.units_read} units{self._decoders_text()}, ~{self.bytes_read / 2**20:.1f} MiB read, "
-                f"{self.bytes_decoded / 2**20:.1f} MiB decoded, peak prefetch "
-                f"{self.peak_prefetch_bytes / 2**20:.1f} MiB")
+                f"{self.wait_s:.3f}s; {fmt_count(self.units_read, 'unit')}{self._decoders_text()}, "
+                f"{'~' + size(self.bytes_read) if self.bytes_read else 'no file bytes'} read, "
+                f"{size(self.bytes_decoded)} decoded, peak prefetch "
+                f"{size(self.peak_prefetch_bytes)}")
         if self.readers_max:
             text += f"; {self.settings_text()}"
         cpu = self.cpu_text()

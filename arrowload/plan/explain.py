@@ -109,14 +109,14 @@ def render_scan_stats(scan: Scan) -> list[str]:
     pct = f" ({100.0 * kb / tb:.1f}%)" if kb is not None and tb else ""
     unit_name = "row groups" if scan.source.kind == "parquet" else "units"
     lines = [
-        f"  files       {s['files'][0]} of {s['files'][1]}",
-        f"  {unit_name:<11} {s['units'][0]} of {s['units'][1]}",
-        f"  columns     {s['columns'][0]} of {s['columns'][1]} read: {', '.join(scan.read_columns)}",
+        f"  files       {s['files'][0]:,} of {s['files'][1]:,}",
+        f"  {unit_name:<11} {s['units'][0]:,} of {s['units'][1]:,}",
+        f"  columns     {s['columns'][0]:,} of {s['columns'][1]:,} read: {', '.join(scan.read_columns)}",
         f"  bytes       ~{_fmt_bytes(kb)} of {_fmt_bytes(tb)}{pct} (compressed, from footers)",
     ]
     if s["rows"] is not None:
-        lines.append(f"  rows        {s['rows']} before the filter" if scan.predicate is not None
-                     else f"  rows        {s['rows']}")
+        lines.append(f"  rows        {s['rows']:,} before the filter" if scan.predicate is not None
+                     else f"  rows        {s['rows']:,}")
     table_line = getattr(scan.source, "table_line", None)
     if table_line is not None:
         lines.append(f"  table       {table_line(scan.selected_units())}")
