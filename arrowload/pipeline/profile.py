@@ -242,7 +242,7 @@ class Profile:
         n = self.readers_max
         busy = self.readers_busy
         producer = min(1.0, self.producer_s / wall)
-        waited = f"the consumer waited {wait:.0%} of the wall"
+        waited = f"the consumer waited {wait:.0%} of the time after the first batch"
         if producer >= SATURATED and producer >= busy / n:
             sh = self.shares()["producer"]
             worst = max(("collate", "transform", "convert"), key=lambda k: sh[k])
@@ -315,7 +315,8 @@ class Profile:
     def _contention(self) -> tuple[str, str] | None:
         """CPU contention: the step computes (its thread used a quarter of a core or more
         while it ran) but was kept off the core (less than 0.8 of one), or the process
-        kept (nearly) every core busy; and the loader's threads took a real part of it."""
+        kept (nearly) every core busy; and the loader's threads took a real part of it (a
+        tenth of the process's CPU, and a twentieth of a core at least)."""
         s = self.stats
         step_s = self.step_s
         if step_s <= 0 or s.cpu_s <= 0:
@@ -325,11 +326,17 @@ class Profile:
         starved = 0.25 <= got < 0.8
         loader_cpu = min(s.cpu_s, s.loader_cpu_s + s.native_cpu_s)
         loader_cores = loader_cpu / self.wall_s
-        if not (saturated or starved) or got < 0.25 or loader_cores < 0.05:
+        if not (saturated or starved) or got < 0.25 or loader_cores < 0.05 or loader_cpu < 0.1 * s.cpu_s:
             return None
-        finding = (f"CPU contention: the process used {s.cpu_s / self.wall_s:.1f} of {s.cores} cores and "
-                   f"{loader_cpu / s.cpu_s:.0%} went to loader threads ({loader_cores:.2f} cores) while your "
-                   f"step ran, getting {got:.2f} of a core")
+        used = s.cpu_s / self.wall_s
+        if saturated:
+            finding = (f"CPU contention: the process used {used:.1f} of {s.cores} cores and "
+                       f"{loader_cpu / s.cpu_s:.0%} went to loader threads ({loader_cores:.2f} cores) while your "
+                       f"step ran, getting {got:.2f} of a core")
+        else:
+            finding = (f"CPU contention: your step got {got:.2f} of a core while it ran; the process used "
+                       f"{used:.1f} of {s.cores} cores (other processes took the rest) and "
+                       f"{loader_cpu / s.cpu_s:.0%} of it went to loader threads ({loader_cores:.2f} cores)")
         if s.transform_s >= 0.5 * self.producer_s and s.transform_s > 0.1 * self.wall_s:
             return finding, "transform= takes most of it: make it cheaper, or run it elsewhere (executor='ray')"
         return finding, ".loader(..., io_threads=1, prefetch=64 << 20) leaves the step more of the cores"
@@ -379,11 +386,13 @@ class Profile:
         out = [("verdict", str(self.verdict()))]
         out += [("warning", w) for w in self.warnings()]
         out += self._share_lines()
-        cpu = self.stats.cpu_text()
-        if self.step_timed and self.step_s > 0:
-            cpu = (cpu + "; " if cpu else "") + (f"your step {fmt_seconds(self.step_s)} wall, "
-                                                 f"{self.step_cpu_s:.3f} s CPU")
-        if cpu:
+        s = self.stats
+        if s.wall_s:
+            cpu = (f"{s.cores_busy:.1f} of {s.cores} cores busy: loader threads {s.loader_cpu_s:.3f} s, native "
+                   f"pools {s.native_cpu_s:.3f} s (decoding), consumer {s.consumer_cpu_s:.3f} s")
+            if self.step_timed and self.step_s > 0:
+                cpu += (f"; your step {fmt_seconds(self.step_s)} wall, {self.step_cpu_s:.3f} s CPU "
+                        f"({self.step_cpu_s / self.step_s:.2f} of a core)")
             out.append(("cpu", cpu))
         out.append(("settings", self.stats.settings_text()))
         if self.layout:
