@@ -262,7 +262,8 @@ def test_plot_axes_title_and_bins(parquet_lake, tmp_path, n):
     assert np.allclose(np.diff(edges), edges[1] - edges[0])             # equal widths, the last too
     assert len(values) == len(edges) - 1
     assert np.isclose(np.sum(values * np.diff(edges)), prof.rows)        # every row, the last bin's too
-    assert rate_ax.get_xlim() == pytest.approx((0, prof.wall_s))
+    lo, hi = rate_ax.get_xlim()
+    assert lo == 0 and prof.wall_s <= hi <= 1.05 * prof.wall_s
     first = [ln for ln in rate_ax.get_lines() if "first batch" in ln.get_label()]
     assert first and np.allclose(first[0].get_xdata(), prof.first_batch_s)
     buf = io.BytesIO()

@@ -202,9 +202,15 @@ class Profile:
 
     @property
     def epoch_s(self) -> float | None:
-        """A whole epoch of this rank at this run's rate (None without a rate)."""
+        """A whole epoch of this rank: the time to the first batch, then the other rows at
+        the rate after it (the whole run's rate when it had one batch); None without one."""
         if not self.rows_per_rank or self.rows_per_s <= 0:
             return None
+        if self.batches > 1:
+            span = self.wall_s - self.first_batch_s
+            rest = self.rows - int(self.batch_rows[0])
+            if span > 0 and rest > 0:
+                return self.first_batch_s + max(0, self.rows_per_rank - int(self.batch_rows[0])) * span / rest
         return self.rows_per_rank / self.rows_per_s
 
     # -- judgement -------------------------------------------------------------------
@@ -378,7 +384,10 @@ class Profile:
     def _epoch_text(self) -> str:
         text = f"{self.batches_per_rank:,} batches, {self.rows_per_rank:,} rows per rank"
         if self.epoch_s is not None:
-            text += f"; epoch ~{fmt_seconds(self.epoch_s)} at this run's {fmt_rate(self.rows_per_s)}"
+            steady = f"{fmt_rate(self.rows_per_s)}" if self.batches < 2 else \
+                f"{fmt_seconds(self.first_batch_s)} to the first batch, then this run's rate after it"
+            text += f"; epoch ~{fmt_seconds(self.epoch_s)} ({steady}" + \
+                (", tentative)" if self.warnings() else ")")
         return text
 
     def lines(self) -> list[tuple[str, str]]:
@@ -438,7 +447,7 @@ class Profile:
         rows, _ = np.histogram(at, bins=edges, weights=self.batch_rows)
         return edges, rows / (edges[1] - edges[0])
 
-    def plot(self, *, figsize: tuple[float, float] = (10.0, 3.8)):
+    def plot(self, *, figsize: tuple[float, float] = (10.0, 4.4)):
         """A ``matplotlib.figure.Figure`` titled with the verdict: each thread group's time
         as shares of the wall (left; each bar adds up to 100%) and rows/s over the run in
         bins of equal width from 0 to the end, with each batch's arrival marked (right).
@@ -462,7 +471,8 @@ class Profile:
         for y, (key, label) in enumerate(groups):
             left = 0.0
             for part, share in sh[key].items():
-                name = f"{part} ({key})" if part in ("convert", "idle") else part
+                name = (f"convert ({key})" if part == "convert" else
+                        "idle / other" if part in ("idle", "other") else part)
                 ax1.barh(label, share, left=left, color=palette[part], edgecolor="white", linewidth=0.5,
                          label=None if name in seen or share <= 0 else name)
                 if share >= 0.12:
@@ -473,7 +483,6 @@ class Profile:
         ax1.xaxis.set_major_formatter(PercentFormatter(1.0))
         ax1.set_xlabel("share of the wall time (each bar adds up to 100%)")
         ax1.set_title("where the time went", fontsize="small")
-        ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize="x-small", frameon=False)
         edges, rate = self.throughput()
         if len(rate):
             ax2.stairs(rate, edges, fill=True, color="#4c72b0", alpha=0.35, label="rows/s per time bin")
@@ -481,18 +490,24 @@ class Profile:
         top = max(float(rate.max()) if len(rate) else 0.0, self.rows_per_s) * 1.15 or 1.0
         if 0 < len(self.arrivals) <= 400:
             ax2.plot(self.arrivals, np.full(len(self.arrivals), top * 0.97), "|", color="#333333", markersize=6,
-                     label="a batch arrives")
+                     label="a batch arrives", clip_on=False)
         ax2.axvline(self.first_batch_s, color="#c44e52", linestyle="--", linewidth=1,
                     label=f"first batch {fmt_seconds(self.first_batch_s)}")
         ax2.axhline(self.rows_per_s, color="#55a868", linestyle=":", label=f"mean {fmt_rate(self.rows_per_s)}")
-        ax2.set_xlim(0, self.wall_s if self.wall_s > 0 else 1.0)
+        ax2.set_xlim(0, 1.02 * self.wall_s if self.wall_s > 0 else 1.0)  # room for marks at the end
         ax2.set_ylim(0, top)
         ax2.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_rate(v).removesuffix(" rows/s")))
         ax2.set_xlabel("seconds since iteration started")
         ax2.set_ylabel("rows/s")
         who = "your step" if self.step_timed else "an infinitely fast consumer"
         ax2.set_title(f"throughput with {who}", fontsize="small")
-        ax2.legend(loc="lower right", fontsize="x-small")
+        handles, labels = [], []
+        for ax in (ax1, ax2):
+            h, lab = ax.get_legend_handles_labels()
+            handles += h
+            labels += lab
+        fig.legend(handles, labels, loc="outside lower center", ncol=7, fontsize="x-small", frameon=False,
+                   columnspacing=1.0)
         return fig
 
 
