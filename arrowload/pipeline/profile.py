@@ -82,7 +82,8 @@ class Profile:
     consumer waited for it (inside ``next()``), ``steps[i]`` how long the consumer spent on
     it before asking for the next one (the step; ~0 for the infinitely fast consumer);
     ``setup_s`` the time ``iter(loader)`` took; ``step_cpu_s`` the CPU the consumer's thread
-    used during the steps; ``step_timed``: a step ran (``step_fn`` or ``profiling()``).
+    used during the steps; ``step_runqueue_s`` how long it was runnable but waited for a
+    core during them (Linux schedstat; None elsewhere); ``step_timed``: a step ran (``step_fn`` or ``profiling()``).
     ``layout``: the first batch's keys (dtype, shape, device); ``rows_per_rank`` /
     ``batches_per_rank``: a whole epoch of this rank, for the epoch-time estimate."""
 
@@ -101,6 +102,7 @@ class Profile:
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     step_cpu_s: float = 0.0
     step_timed: bool = False
+    step_runqueue_s: float | None = None
     layout: tuple[KeyLayout, ...] = ()
     rows_per_rank: int = 0
     batches_per_rank: int = 0
@@ -319,28 +321,37 @@ class Profile:
                 f".loader(..., io_threads={cores})")
 
     def _contention(self) -> tuple[str, str] | None:
-        """CPU contention: the step computes (its thread used a quarter of a core or more
-        while it ran) but was kept off the core (less than 0.8 of one), or the process
-        kept (nearly) every core busy; and the loader's threads took a real part of it (a
-        tenth of the process's CPU, and a twentieth of a core at least)."""
+        """CPU contention: the step computes (its thread ran or waited to run a quarter of
+        its time or more) and was kept off the core (runnable but waiting for one 15% of its
+        time, from Linux schedstat; elsewhere: it got less than 0.8 of a core), or the process
+        kept (nearly) every core busy; and the loader's threads took a real part of the CPU (a
+        tenth of the process's, and a twentieth of a core at least)."""
         s = self.stats
         step_s = self.step_s
         if step_s <= 0 or s.cpu_s <= 0:
             return None
         got = self.step_cpu_s / step_s
         saturated = bool(s.cores) and s.cpu_s / self.wall_s >= 0.85 * s.cores
-        starved = 0.25 <= got < 0.8
+        if self.step_runqueue_s is not None:  # the truth: runnable, and off the core
+            off = self.step_runqueue_s / step_s
+            starved = off >= 0.15
+            computes = got + off >= 0.25  # a step that sleeps (GPU sync, I/O) neither runs nor queues
+        else:
+            off = None
+            starved = 0.25 <= got < 0.8
+            computes = got >= 0.25
         loader_cpu = min(s.cpu_s, s.loader_cpu_s + s.native_cpu_s)
         loader_cores = loader_cpu / self.wall_s
-        if not (saturated or starved) or got < 0.25 or loader_cores < 0.05 or loader_cpu < 0.1 * s.cpu_s:
+        if not (saturated or starved) or not computes or loader_cores < 0.05 or loader_cpu < 0.1 * s.cpu_s:
             return None
+        queued = f", waiting for a core {off:.0%} of its time" if off is not None else ""
         used = s.cpu_s / self.wall_s
         if saturated:
             finding = (f"CPU contention: the process used {used:.1f} of {s.cores} cores and "
                        f"{loader_cpu / s.cpu_s:.0%} went to loader threads ({loader_cores:.2f} cores) while your "
-                       f"step ran, getting {got:.2f} of a core")
+                       f"step ran, getting {got:.2f} of a core{queued}")
         else:
-            finding = (f"CPU contention: your step got {got:.2f} of a core while it ran; the process used "
+            finding = (f"CPU contention: your step got {got:.2f} of a core while it ran{queued}; the process used "
                        f"{used:.1f} of {s.cores} cores (other processes took the rest) and "
                        f"{loader_cpu / s.cpu_s:.0%} of it went to loader threads ({loader_cores:.2f} cores)")
         if s.transform_s >= 0.5 * self.producer_s and s.transform_s > 0.1 * self.wall_s:
@@ -355,6 +366,7 @@ class Profile:
                 "decoded_mb_per_s": self.decoded_mb_per_s, "stages": self.stages(), "shares": self.shares(),
                 "readers_busy": self.readers_busy, "readers_max": self.readers_max,
                 "step_s": self.step_s, "step_cpu_s": self.step_cpu_s, "step_timed": self.step_timed,
+                "step_runqueue_s": self.step_runqueue_s,
                 "verdict": {"kind": v.kind, "finding": v.finding, "advice": v.advice, "tentative": v.tentative},
                 "warnings": self.warnings(), "layout": [k.text() for k in self.layout],
                 "epoch_s": self.epoch_s, "stats": self.stats.as_dict()}
@@ -514,6 +526,16 @@ class Profile:
 # -- recording -------------------------------------------------------------------------
 
 
+def _runqueue_s() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a core (Linux
+    ``/proc/thread-self/schedstat``, second field); None where it is not available."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _Recorder:
     """Times one iteration from the consumer's side: ``iter()``, each ``next()`` (the wait)
     and the time from a batch's arrival to the next ``next()`` (the step)."""
@@ -533,6 +555,8 @@ class _Recorder:
         self._last_pos = 0
         self._arrived: float | None = None
         self._cpu_mark = 0.0
+        self.runq: float | None = 0.0 if _runqueue_s() is not None else None
+        self._runq_mark = 0.0
 
     def started(self) -> None:
         self.setup_s = time.perf_counter() - self.t0
@@ -543,6 +567,8 @@ class _Recorder:
         if self._arrived is not None:
             self.steps.append(now - self._arrived)
             self.step_cpu += time.thread_time() - self._cpu_mark
+            if self.runq is not None:
+                self.runq += (_runqueue_s() or 0.0) - self._runq_mark
             self._arrived = None
         return now
 
@@ -560,6 +586,8 @@ class _Recorder:
                 self.layout = ()
         self._arrived = now
         self._cpu_mark = time.thread_time()
+        if self.runq is not None:
+            self._runq_mark = _runqueue_s() or 0.0
 
     def finish(self) -> None:
         if self.end is None:
@@ -585,6 +613,7 @@ class _Recorder:
                        io_threads=loader.max_readers, output=o.output, shuffle=str(loader.shuffle_kind),
                        setup_s=self.setup_s, waits=np.asarray(self.waits, dtype=float),
                        steps=steps, step_cpu_s=self.step_cpu, step_timed=step_timed,
+                       step_runqueue_s=self.runq,
                        layout=self.layout, rows_per_rank=per_rank, batches_per_rank=len(loader),
                        batch_size=o.batch_size)
 
