@@ -278,5 +278,5 @@ def test_bad_arguments(parquet_lake, tmp_path):
         with pytest.raises(TypeError):
             loader.profile(2, step_fn=3)
         text = str(loader.profile(2))
-    for word in ("verdict", "readers", "producer", "consumer", "layout", "epoch"):
+    for word in ("bottleneck", "readers", "producer", "consumer", "layout", "epoch"):
         assert word in text

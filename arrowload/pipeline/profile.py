@@ -404,7 +404,7 @@ class Profile:
 
     def lines(self) -> list[tuple[str, str]]:
         """(label, text) pairs of the display, verdict first."""
-        out = [("verdict", str(self.verdict()))]
+        out = [("bottleneck", str(self.verdict()))]
         out += [("warning", w) for w in self.warnings()]
         out += self._share_lines()
         s = self.stats
