@@ -264,8 +264,46 @@ def dataset_html(ds) -> str:
 # Loaders
 
 
+def loader_layout(loader) -> list:
+    """The loader's batch layout (``pipeline.layout.KeyLayout`` per output key), predicted
+    from the plan's schema and the loader's own conversion of an empty batch; ``[]`` where it
+    cannot be computed (a display never raises)."""
+    from .pipeline.layout import predicted
+    try:
+        return predicted(loader)
+    except Exception:  # noqa: BLE001 - a display never raises
+        return []
+
+
+def loader_rate(loader) -> tuple[float, str] | None:
+    """(rows/s, where it comes from) of the loader's last run or last profile, or None."""
+    stats = loader.stats()
+    if stats.batches and stats.wall_s > 0:
+        return stats.rows / stats.wall_s, "the last run's"
+    prof = getattr(loader, "_last_profile", None)
+    if prof is not None and prof.rows_per_s > 0:
+        return prof.rows_per_s, "the last profile's"
+    return None
+
+
+def loader_epoch_text(loader) -> str:
+    """``196 batches, 200,000 rows per rank; epoch ~0.16 s at the last run's 1.25M rows/s``."""
+    from .order import rank_range
+    from .pipeline.stats import fmt_rate, fmt_seconds
+    o = loader.options
+    start, stop = rank_range(loader.num_rows, loader.rank, loader.world_size)
+    rows = stop - start
+    if o.drop_last:
+        rows = rows // o.batch_size * o.batch_size
+    text = f"{fmt_int(len(loader))} batches, {fmt_int(rows)} rows per rank"
+    rate = loader_rate(loader)
+    if rate is not None:
+        text += f"; epoch ~{fmt_seconds(rows / rate[0])} at {rate[1]} {fmt_rate(rate[0])}"
+    return text
+
+
 def loader_lines(loader) -> list[tuple[str, str]]:
-    """(label, value) pairs describing a Loader's setup and position."""
+    """(label, value) pairs describing a Loader's setup, batch layout and position."""
     o = loader.options
     rows: list[tuple[str, str]] = []
     try:
@@ -274,9 +312,12 @@ def loader_lines(loader) -> list[tuple[str, str]]:
         rows.append(("rows", f"{fmt_int(loader.num_rows)} selected; rank {loader.rank} of {loader.world_size}"))
         rows.append(("batches", f"{fmt_int(len(loader))} per epoch of {o.batch_size:,} rows "
                                 f"(drop_last={o.drop_last})"))
+        for i, k in enumerate(loader_layout(loader)):
+            rows.append(("layout" if i == 0 else "", k.text()))
+        rows.append(("epoch", loader_epoch_text(loader)))
         done = getattr(loader, "_batches_done", 0)
-        rows.append(("position", f"epoch {loader.epoch}, {done} of {len(loader)} batches delivered"))
-        rows.append(("source", f"{loader.source_kind}, {len(loader._source.counts)} units"))
+        rows.append(("position", f"epoch {loader.epoch}, {done:,} of {len(loader):,} batches delivered"))
+        rows.append(("source", f"{loader.source_kind}, {plural(len(loader._source.counts), 'unit')}"))
         rows.append(("output", f"{o.output}" + (f" on {o.device}" if o.device is not None else "")))
         rows.append(("prefetch", f"{fmt_bytes(o.prefetch)} budget, {loader.readers_text()}"))
         stats = loader.stats()
@@ -300,7 +341,15 @@ def loader_text(loader, first_line: str) -> str:
 
 
 def loader_html(loader) -> str:
-    body = html_table(None, loader_lines(loader))
+    pairs = loader_lines(loader)
+    layout = loader_layout(loader)
+    body = html_table(None, [(k, v) for k, v in pairs if k not in ("layout", "")])
+    if layout:
+        body += html_details(f"batch layout ({plural(len(layout), 'key')})",
+                             html_table(("key", "dtype", "shape", "device"),
+                                        [(k.key, k.dtype, "[" + ", ".join(str(d) for d in k.shape) + "]",
+                                          k.device) for k in layout]),
+                             open_=len(layout) <= 32)
     body += html_details("dataset", dataset_html(loader._dataset))
     sub = f"batch_size={loader.options.batch_size}, shuffle={loader.shuffle_kind}, output={loader.options.output}"
     return html_box("arrowload.Loader", sub, body)

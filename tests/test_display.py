@@ -239,3 +239,138 @@ def test_head_displays_as_rows_in_ipython_and_stays_a_pyarrow_table(parquet_lake
     finally:
         display._PREVIOUS.pop(id(shell), None)
         InteractiveShell.clear_instance()
+
+
+    assert prof.verdict().finding in page.all_text and prof.verdict().advice in page.all_text
+    for group in ("readers", "producer", "consumer", "layout", "epoch"):
+        assert group in page.all_text
+
+
+# -- the loader's batch layout and golden displays -------------------------------------------
+
+import re  # noqa: E402
+
+from arrowload.pipeline.layout import of_batch, predicted  # noqa: E402
+
+
+def _first(loader):
+    it = iter(loader)
+    try:
+        return next(it)
+    finally:
+        it.close()
+
+
+@pytest.mark.parametrize("kw", [
+    {"stack": {"x": ["f0", "f1", "f2"]}},
+    {"output": "arrow"},
+    {"pad_lists": True},
+    {"shuffle": "global"},
+    {"drop_last": True, "world_size": 2, "rank": 1},
+], ids=["stack", "arrow", "pad", "global", "ranks"])
+def test_layout_matches_the_first_batch(parquet_lake, tmp_path, kw):
+    """The layout shown before anything is read is the real first batch's (its keys,
+    dtypes, shapes and devices, read off the arrays themselves)."""
+    sel = al.dataset(parquet_lake).select("f0", "f1", "f2", "emb", "label", "text", "day")
+    with sel.loader(128, cache_dir=str(tmp_path), **kw) as loader:
+        shown = [k.text() for k in predicted(loader)]
+        batch = _first(loader)
+        text, html, explained = repr(loader), loader._repr_html_(), loader.explain()
+        prof = loader.profile(2)
+    if isinstance(batch, pa.RecordBatch):
+        truth = [f"{n} {batch.column(i).type} [{len(batch)}] cpu" for i, n in enumerate(batch.schema.names)]
+    else:
+        truth = []
+        for key, value in batch.items():
+            if isinstance(value, list):
+                truth.append(f"{key} list[{type(value[0]).__name__}] [{len(value)}] cpu")
+            else:
+                truth.append(f"{key} {value.dtype} [{', '.join(map(str, value.shape))}] cpu")
+    assert shown == truth
+    assert [k.text() for k in of_batch(batch)] == truth == [k.text() for k in prof.layout]
+    page = StrictHTML.check(html).all_text
+    for line in truth:
+        assert line in text and line in explained and line in str(prof)
+    for k in predicted(loader):
+        assert k.key in page and k.dtype in page and "[" + ", ".join(map(str, k.shape)) + "]" in page
+    n_batches = len(loader)
+    assert f"{n_batches:,} batches" in text and "rows per rank" in text
+
+
+def test_layout_torch(parquet_lake, tmp_path):
+    torch = pytest.importorskip("torch")
+    sel = al.dataset(parquet_lake).select("f0", "f1", "label")
+    with sel.loader(64, output="torch", stack={"x": ["f0", "f1"]}, cache_dir=str(tmp_path)) as loader:
+        shown = [k.text() for k in predicted(loader)]
+        batch = _first(loader)
+    assert isinstance(batch["x"], torch.Tensor)
+    assert shown == [f"{k} {str(v.dtype).removeprefix('torch.')} [{', '.join(map(str, v.shape))}] {v.device}"
+                     for k, v in batch.items()] == ["x float32 [64, 2] cpu", "label int8 [64] cpu"]
+
+
+def _normalize(text: str, lake: str) -> str:
+    text = text.replace(lake, "<lake>")
+    text = re.sub(r"\d[\d,.]*\s?(s|ms|min)\b", "<t>", text)                 # durations
+    text = re.sub(r"\d[\d.]*[kMG]? rows/s", "<rate>", text)                 # rates
+    return text
+
+
+GOLDEN_TEXT = """\
+arrowload.Loader(batch_size=64, shuffle='block', rank=0/1, rows=<rows>, batches=<batches>, output='numpy', source=scan)
+  shuffle   block, window of 8 units (seed 3)
+  rows      <rows,> selected; rank 0 of 1
+  batches   <batches> per epoch of 64 rows (drop_last=False)
+  layout    x float32 [64, 2] cpu
+            emb float32 [64, 8] cpu
+            label int8 [64] cpu
+  epoch     <batches> batches, <rows,> rows per rank
+  position  epoch 0, 0 of <batches> batches delivered
+  source    scan, 12 units
+  output    numpy
+  prefetch  256.0 MiB budget, reader threads autotuned, at most io_threads=2"""
+
+GOLDEN_AFTER = """\
+  epoch     <batches> batches, <rows,> rows per rank; epoch ~<t> at the last profile's <rate>"""
+
+GOLDEN_HTML = (
+    '<div class="arrowload-repr" style="font-family:monospace,monospace;font-size:12px"><div><strong>'
+    'arrowload.Loader</strong> <span>batch_size=64, shuffle=block, output=numpy</span></div><table>'
+    "<tbody><tr><td>shuffle</td><td>block, window of 8 units (seed 3)</td></tr>"
+    "<tr><td>rows</td><td><rows,> selected; rank 0 of 1</td></tr>"
+    "<tr><td>batches</td><td><batches> per epoch of 64 rows (drop_last=False)</td></tr>"
+    "<tr><td>epoch</td><td><batches> batches, <rows,> rows per rank</td></tr>"
+    "<tr><td>position</td><td>epoch 0, 0 of <batches> batches delivered</td></tr>"
+    "<tr><td>source</td><td>scan, 12 units</td></tr><tr><td>output</td><td>numpy</td></tr>"
+    "<tr><td>prefetch</td><td>256.0 MiB budget, reader threads autotuned, at most io_threads=2</td></tr>"
+    "</tbody></table><details open><summary>batch layout (3 keys)</summary><table><thead><tr>"
+    "<th>key</th><th>dtype</th><th>shape</th><th>device</th></tr></thead><tbody>"
+    "<tr><td>x</td><td>float32</td><td>[64, 2]</td><td>cpu</td></tr>"
+    "<tr><td>emb</td><td>float32</td><td>[64, 8]</td><td>cpu</td></tr>"
+    "<tr><td>label</td><td>int8</td><td>[64]</td><td>cpu</td></tr></tbody></table></details>")
+
+
+def test_loader_display_golden(parquet_lake, tmp_path):
+    """The loader's own part of its text and HTML displays, exactly (the dataset part is
+    the Dataset display's, tested above); counts from pyarrow, times normalized."""
+    sel = al.dataset(parquet_lake).filter("label = 1").select("f0", "f1", "emb", "label")
+    rows = pq.read_table(parquet_lake, columns=["label"]).column("label").to_pylist().count(1)
+    batches = -(-rows // 64)
+
+    def fill(golden: str) -> str:
+        return (golden.replace("<rows,>", f"{rows:,}").replace("<rows>", f"{rows:_}")
+                .replace("<batches>", str(batches)))
+
+    with sel.loader(64, shuffle="block", seed=3, io_threads=2, stack={"x": ["f0", "f1"]},
+                    cache_dir=str(tmp_path)) as loader:
+        text = repr(loader)
+        html = loader._repr_html_()
+        loader.profile(3)
+        after = repr(loader)
+    own = text.split("\n  dataset:")[0]
+    assert own == fill(GOLDEN_TEXT)
+    page = re.sub(r' style="[^"]*"', "", html.split("<details><summary>dataset")[0])
+    page = page.replace('<div class="arrowload-repr">', '<div class="arrowload-repr" style="font-family:monospace,'
+                        'monospace;font-size:12px">')
+    assert page == fill(GOLDEN_HTML)
+    epoch = [ln for ln in _normalize(after, parquet_lake).splitlines() if ln.startswith("  epoch")]
+    assert epoch == [fill(GOLDEN_AFTER)]

@@ -169,6 +169,8 @@ class Loader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._stats = LoaderStats()
+        self._profiling = None  # a profile.Profiling recording the next iteration
+        self._last_profile = None  # the last Profile taken of this loader (its rate: the epoch estimate)
         self._pool = BufferPool(max_bytes=max(options.prefetch, 64 << 20))
         # reads are converted whole on the reader threads unless batches must stay Arrow
         self._chunks = (ChunkConverter(self._convert, options.stack, self._pool)
@@ -335,6 +337,12 @@ class Loader:
 
     # -- iteration -----------------------------------------------------------------
     def __iter__(self) -> EpochIterator:
+        recording = getattr(self, "_profiling", None)
+        if recording is not None:  # inside loader.profiling(): the iteration is timed
+            return recording._wrap(self._iter_epoch)
+        return self._iter_epoch()
+
+    def _iter_epoch(self) -> EpochIterator:
         if self._closed:
             raise LoaderClosedError("this loader is closed; build a new one with Dataset.loader()")
         for it in list(self._active):
@@ -477,16 +485,21 @@ class Loader:
         return self._dataset.explain() + "\n\n" + self._describe()
 
     def _describe(self) -> str:
+        from ..display import loader_epoch_text, loader_layout
         o = self.options
         window = f", window {o.shuffle_window} units" if self.shuffle_kind is ShuffleKind.BLOCK else ""
         resumed = " (a loaded state's files)" if self._dataset is not self._origin else ""
+        layout = [k.text() for k in loader_layout(self)] or ["(unknown until the first batch)"]
         lines = [
             "== loader ==",
             f"  shuffle      {self.shuffle_kind}{window} (seed {o.seed}, epoch {self.epoch})",
-            f"  rows         {self.num_rows} selected; rank {self.rank} of {self.world_size}",
-            f"  batches      {len(self)} of {o.batch_size} rows (drop_last={o.drop_last})",
+            f"  rows         {self.num_rows:,} selected; rank {self.rank} of {self.world_size}",
+            f"  batches      {len(self):,} of {o.batch_size:,} rows (drop_last={o.drop_last})",
+            f"  layout       {layout[0]}",
+            *(f"               {t}" for t in layout[1:]),
+            f"  epoch        {loader_epoch_text(self)}",
             *self._elastic_lines(),
-            f"  source       {self.source_kind}, {len(self._source.counts)} units",
+            f"  source       {self.source_kind}, {len(self._source.counts):,} units",
             f"  snapshot     {self.snapshot_id}{resumed}",
             f"  output       {o.output} (device {o.device})",
             f"  executor     {o.executor}" + (f" ({self._remote.cpus} Ray CPUs: unit reads, maps and "
@@ -495,7 +508,7 @@ class Loader:
         ]
         stats = self._stats
         if stats.batches:
-            lines.append(f"  last run     {stats.rows} rows in {stats.wall_s:.3f}s, consumer waited "
+            lines.append(f"  last run     {stats.rows:,} rows in {stats.wall_s:.3f}s, consumer waited "
                          f"{stats.wait_s:.3f}s; {stats.settings_text()}")
             lines.append(f"  cpu          {stats.cpu_text()}")
         return "\n".join(lines)
@@ -518,20 +531,32 @@ class Loader:
         from ..display import loader_text
         return loader_text(self, (
             f"arrowload.Loader(batch_size={self.options.batch_size}, shuffle={self.shuffle_kind.value!r}, "
-            f"rank={self.rank}/{self.world_size}, rows={self.num_rows}, batches={len(self)}, "
+            f"rank={self.rank}/{self.world_size}, rows={self.num_rows:_}, batches={len(self):_}, "
             f"output={self.options.output!r}, source={self.source_kind})"))
 
     def _repr_html_(self) -> str:
         from ..display import loader_html
         return loader_html(self)
 
-    def profile(self, n_batches: int | None = None):
-        """Run ``n_batches`` batches (default: the whole epoch) into an infinitely fast
-        consumer and return a :class:`~arrowload.pipeline.profile.Profile`: seconds per stage
-        (read, collate, transform, convert, consumer wait), rows/s over time, the bottleneck,
-        and ``.plot()`` (matplotlib). The loader's position is the same afterwards."""
+    def profile(self, n_batches: int | None = None, *, step_fn=None):
+        """Run ``n_batches`` batches (default: the whole epoch) and return a
+        :class:`~arrowload.pipeline.profile.Profile`: a verdict naming the bottleneck and
+        the setting to change, each thread group's share of the wall (adding up to 100%),
+        the CPU the process and your step used, rows/s over time, the batch layout and
+        ``.plot()`` (matplotlib). Without ``step_fn`` the consumer is infinitely fast (the
+        loader's ceiling); with ``step_fn(batch)`` it is your step, timed. The loader's
+        position is the same afterwards. To profile the real loop instead, see
+        :meth:`profiling`."""
         from .profile import profile
-        return profile(self, n_batches)
+        return profile(self, n_batches, step_fn=step_fn)
+
+    def profiling(self):
+        """A context that records the first iteration of this loader started in it (the
+        training loop as it runs; its body is the step): ``with loader.profiling() as run:
+        for batch in loader: step(batch)``, then ``run.profile``. Batches, order and state
+        are those of a plain iteration."""
+        from .profile import Profiling
+        return Profiling(self)
 
     def progress(self, desc: str | None = None, *, enabled: bool | None = None):
         """Iterate this epoch under a progress bar (tqdm; shown where ``al.set_progress``
@@ -559,6 +584,7 @@ class Loader:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_active"] = None
+        state["_profiling"] = None
         return state
 
     def __setstate__(self, state):

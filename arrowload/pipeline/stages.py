@@ -453,7 +453,7 @@ class Pipeline:
             del fut
             self._drop_reader()
             self.stats.read_s += secs - convert_s
-            self.stats.convert_s += convert_s
+            self.stats.reader_convert_s += convert_s  # on the reader thread, not this one
             self.stats.units_read += 1
             self.stats.bytes_read += task.read_bytes
             t0 = time.perf_counter()

@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 class LoaderStats:
     """Where the loader spends its time; the first answer to "is my loader the bottleneck?".
 
-    Seconds are summed over threads (``read_s`` may exceed wall time with several readers).
+    Seconds are summed over threads: ``read_s`` (reads: I/O and decode) and
+    ``reader_convert_s`` (reads converted or gathered into host buffers, on the reader
+    threads) over the reader threads, so they may exceed the wall time with several
+    readers; ``collate_s``, ``transform_s`` and ``convert_s`` (the hand-off of each batch to
+    the output type) are the producer thread's, one thread, never more than the wall time.
     ``wait_s`` is the time the consumer spent waiting for a batch: near zero means the
     loader keeps up; close to the wall time means training waits on data.
 
@@ -45,6 +49,7 @@ class LoaderStats:
     transform_s: float = 0.0
     collate_s: float = 0.0
     convert_s: float = 0.0
+    reader_convert_s: float = 0.0
     wait_s: float = 0.0
     wall_s: float = 0.0
     peak_prefetch_bytes: int = 0
@@ -109,7 +114,8 @@ class LoaderStats:
         from ..tables import fmt_count
         text = (f"{fmt_count(self.rows, 'row')} in {fmt_count(self.batches, 'batch')}, {self.wall_s:.3f}s wall "
                 f"({rate:,.0f} rows/s); read {self.read_s:.3f}s, transform {self.transform_s:.3f}s, "
-                f"collate {self.collate_s:.3f}s, convert {self.convert_s:.3f}s, consumer waited "
+                f"collate {self.collate_s:.3f}s, convert {self.convert_s:.3f}s (+{self.reader_convert_s:.3f}s on "
+                f"the readers), consumer waited "
                 f"{self.wait_s:.3f}s; {fmt_count(self.units_read, 'unit')}{self._decoders_text()}, "
                 f"{'~' + size(self.bytes_read) if self.bytes_read else 'no file bytes'} read, "
                 f"{size(self.bytes_decoded)} decoded, peak prefetch "
@@ -120,4 +126,24 @@ class LoaderStats:
         return f"{text}; {cpu}" if cpu else text
 
 
-__all__ = ["LoaderStats"]
+
+def fmt_rate(per_s: float, unit: str = "rows") -> str:
+    """``1.25M rows/s``, ``820k rows/s``, ``12 rows/s``: three significant figures."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if per_s >= div:
+            v = per_s / div
+            return f"{v:.3g}{suffix} {unit}/s" if v < 1000 else f"{v:,.0f}{suffix} {unit}/s"
+    return f"{per_s:.3g} {unit}/s"
+
+
+def fmt_seconds(s: float) -> str:
+    """``0.012 s``, ``3.2 s``, ``1 min 05 s``."""
+    if s < 10:
+        return f"{s:.3f} s" if s < 1 else f"{s:.2f} s"
+    if s < 120:
+        return f"{s:.1f} s"
+    m, sec = divmod(int(round(s)), 60)
+    return f"{m} min {sec:02d} s" if m < 60 else f"{m // 60} h {m % 60:02d} min"
+
+
+__all__ = ["LoaderStats", "fmt_rate", "fmt_seconds"]
