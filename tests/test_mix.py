@@ -321,3 +321,28 @@ def test_repr_html_and_explain():
     assert "component" in text and "overlap" in text
     ld = m.loader(40, shuffle=True)
     assert "round-robin" in ld.explain()
+
+
+@pytest.mark.parametrize("shuffle", [True, "block", False])
+def test_host_arrays_path_gives_the_arrow_paths_batches(shuffle):
+    """Numeric columns are converted on the reader threads and scattered to their places
+    (one copy per component); output="arrow" takes Arrow's path: the same rows, in order."""
+    ids = np.arange(4000)
+    t = pa.table({"id": ids, "k": (ids * 7) % 3, "v": ids.astype(np.float32) / 3})
+    ds = al.dataset(t)
+    m = al.mix({str(k): ds.filter(f"k = {k}") for k in range(3)}, weights=[0.2, 0.5, 0.3],
+               stopping="all_exhausted", seed=5)
+    host = list(m.loader(77, shuffle=shuffle))
+    arrow = list(m.loader(77, shuffle=shuffle, output="arrow"))
+    assert len(host) == len(arrow) > 0
+    for h, a in zip(host, arrow):
+        assert isinstance(h["id"], np.ndarray)
+        np.testing.assert_array_equal(h["id"], a.column("id").to_numpy())
+        np.testing.assert_array_equal(h["v"], a.column("v").to_numpy())
+        np.testing.assert_array_equal(h["k"], a.column("k").to_numpy())
+        n = collections.Counter(h["k"].tolist())
+        assert all(abs(n[k] - w * 77) <= 1 for k, w in enumerate((0.2, 0.5, 0.3)))
+    ks = np.concatenate([h["k"] for h in host])
+    got = np.concatenate([h["id"] for h in host])
+    for k in range(3):  # all_exhausted: every row of each component drawn
+        assert set(got[ks == k].tolist()) == set(ids[(ids * 7) % 3 == k].tolist())

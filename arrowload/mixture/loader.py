@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -34,6 +35,7 @@ from ..order import ORDER_VERSION, EpochOrder, ShuffleKind, derive_key, plan_tas
 from ..order.mixture import Phase, Schedule, component_key, rank_blocks
 from ..order.tasks import read_rows
 from ..pipeline import arguments as _arguments
+from ..pipeline.chunks import HostChunk
 from ..pipeline.loader import Loader, _distributed_defaults
 from ..pipeline.rowsource import _parts
 from ..pipeline.stages import EpochIterator, Settings, SharedCache, Stages
@@ -115,6 +117,8 @@ class MixtureLoader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._orders: dict = {}
+        #: reads convert to host arrays on the reader threads (where every column has them)
+        self._host_ok = self._chunks is not None
 
     # -- the epoch's block stream ------------------------------------------------------
     def _fresh_phases(self) -> tuple[Phase, ...]:
@@ -221,8 +225,9 @@ class MixtureLoader:
         parts = [sched.blocks(b, b + 1) for b in blocks]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units) -> list:
-        """Rows of component ``c`` at stream indices ``pieces`` (in order), as Arrow batches."""
+    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units, conv=None) -> list:
+        """Rows of component ``c`` at stream indices ``pieces`` (in order), as parts: host
+        chunks converted by ``conv`` where its source can, else Arrow batches."""
         n = self.sizes[c]
         by_pass: list[tuple[int, list]] = []
         for lo, hi in pieces:
@@ -244,7 +249,7 @@ class MixtureLoader:
             order = self._order(c, p)
             get = functools.partial(_keyed, cache, p)
             for task in plan_tasks(order, ranges, self._shapes[c], self.options.batch_size, self.options.prefetch):
-                parts, _ = src.read(task, order, None, cache=get, map_units=map_units)
+                parts, _ = src.read(task, order, conv, cache=get, map_units=map_units)
                 out.extend(parts)
         return out
 
@@ -253,15 +258,12 @@ class MixtureLoader:
         mine = blocks[task.first:task.stop]
         starts, counts = self._locate(sched, mine)
         b = self.options.batch_size
-        tables, sizes = [], []
+        conv = self._chunks if self._host_ok else None
+        found = []
         for c in range(len(self.sizes)):
             pieces = [(int(s), int(s + k)) for s, k in zip(starts[:, c], counts[:, c]) if k]
-            batches = self._component_rows(c, pieces, caches[c], map_units) if pieces else []
-            if batches:
-                tables.append(pa.Table.from_batches(batches))
-                sizes.append(tables[-1].num_rows)
-            else:
-                sizes.append(0)
+            found.append(self._component_rows(c, pieces, caches[c], map_units, conv) if pieces else [])
+        sizes = [sum(p.num_rows for p in parts) for parts in found]
         base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         within = np.cumsum(counts, axis=0) - counts  # each block's first row in its component's rows
         idx = np.empty(len(mine) * b, dtype=np.int64)
@@ -270,10 +272,18 @@ class MixtureLoader:
             slots = np.concatenate([np.arange(k, dtype=np.int64) + base[c] + within[i, c]
                                     for c, k in enumerate(counts[i]) if k])
             idx[i * b:(i + 1) * b] = slots[sched.interleave(block)] if shuffled else slots
+        if conv is not None:
+            t0 = time.perf_counter()
+            chunk = _scatter(found, base, sizes, idx, conv.pool)
+            if chunk is not None:  # each component's host rows copied once to their places
+                return [chunk], time.perf_counter() - t0
+            self._host_ok = False  # columns without host arrays: Arrow from now on, this task again
+            return self._read(sched, blocks, caches, task, cache=cache, map_units=map_units)
+        tables = [pa.Table.from_batches(parts) for parts in found if parts]
         target = tables[0].schema
         tables = [t if t.schema.equals(target) else t.cast(target) for t in tables]
         joined = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        return _parts(joined.take(pa.array(idx, pa.int64())), self._chunks)
+        return _parts(joined.take(pa.array(idx, pa.int64())), conv)
 
     # -- state -------------------------------------------------------------------------
     def _identity(self) -> dict:
@@ -421,6 +431,34 @@ class MixtureLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _scatter(found: list[list], base: np.ndarray, sizes: list[int], idx: np.ndarray, pool) -> HostChunk | None:
+    """The task's rows as one host chunk: position ``p`` holds row ``idx[p]`` of the
+    components' rows concatenated, each component's host arrays copied once to their
+    places; ``None`` where a part is not a host chunk or a column not an array."""
+    chunks = []
+    for parts in found:
+        if not all(isinstance(p, HostChunk) for p in parts):
+            return None
+        chunks.append(parts)
+    n = len(idx)
+    where = np.empty(n, dtype=np.int64)
+    where[idx] = np.arange(n, dtype=np.int64)
+    first = next(parts[0] for parts in chunks if parts)
+    columns = {}
+    for name, sample in first.columns.items():
+        if not isinstance(sample, np.ndarray):
+            return None
+        out = pool.take((n, *sample.shape[1:]), sample.dtype)
+        for c, parts in enumerate(chunks):
+            at = int(base[c])
+            for part in parts:
+                out[where[at:at + part.num_rows]] = part.columns[name]
+                at += part.num_rows
+        columns[name] = out
+    row_bytes = sum(p.nbytes for parts in chunks for p in parts) / max(1, n)
+    return HostChunk(columns, n, row_bytes)
 
 
 def _keyed(cache: SharedCache, p: int, key, load):
