@@ -465,8 +465,6 @@ def _keyed(cache: SharedCache, p: int, key, load):
     return cache.get((p,) + tuple(key), load)
 
 
-_INT = (int,)
-
 
 def _int(doc: Mapping, key: str, low: int = 0, nullable: bool = False) -> Any:
     v = doc.get(key)
