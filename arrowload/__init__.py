@@ -39,6 +39,7 @@ from .errors import (
     UnsupportedError,
     UnsupportedTableFeatureError,
 )
+from .mixture import Mixture, mix
 from .options import OptimizerOptions, Options, ScanOptions
 from .pipeline.options import LoaderOptions
 from .plancache import CacheEntry, cache_entries, clear_cache
@@ -65,6 +66,7 @@ __all__ = sorted([
     "LakeTableError",
     "LoaderClosedError",
     "LoaderOptions",
+    "Mixture",
     "MemoryBudgetError",
     "MissingDependencyError",
     "OptimizerOptions",
@@ -90,6 +92,7 @@ __all__ = sorted([
     "dataset",
     "delta",
     "iceberg",
+    "mix",
     "progress_enabled",
     "set_progress",
     "sql",

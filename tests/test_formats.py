@@ -498,3 +498,76 @@ def test_fingerprint_ignores_sql_spelling_and_follows_meaning(texts):
 
     assert digest(plain) == digest(respelled), (plain, respelled)
     assert digest(plain) != digest(changed), (plain, changed)
+
+
+# ---------------------------------------------------------------------------
+# mixture states (formats/mixture_state/v1): the spec's recipe, the code's documents
+
+MIX_EXAMPLES = sorted(glob.glob(os.path.join(ROOT, "mixture_state", "v1", "examples", "*.json")))
+MIX_INVALID = sorted(glob.glob(os.path.join(ROOT, "mixture_state", "v1", "invalid", "*.json")))
+
+
+def _mix_recipe(stopping: str = "first_exhausted", seed: int = 0):
+    ids = np.arange(3000)
+    t = pa.table({"id": ids, "src": np.array(["a", "b", "c"])[(ids * 7) % 3]})
+    ds = al.dataset(t)
+    comps = {s: ds.filter(f"src = '{s}'").select("id", comp=f"'{s}'") for s in "abc"}
+    return al.mix(comps, weights={"a": 0.5, "b": 0.3, "c": 0.2}, seed=seed, stopping=stopping)
+
+
+def _mix_loader(doc: dict):
+    """The loader the mixture_state spec's recipe builds for ``doc`` (world size 1)."""
+    m = _mix_recipe(doc["stopping"], doc["seed"])
+    shuffle = {"global": True, "block": "block", "none": False}[doc["components"][0]["shuffle"]]
+    steps = None if doc["blocks"] is None or doc["stopping"] != "cycle" else doc["blocks"] // doc["world_size"]
+    return m.loader(doc["batch_size"], shuffle=shuffle, steps=steps)
+
+
+def _ids(loader) -> list[list[int]]:
+    return [list(map(int, b["id"])) for b in loader]
+
+
+@pytest.mark.parametrize("path", MIX_EXAMPLES, ids=_rel)
+def test_mixture_state_examples_resume_the_rest_of_their_epoch(path):
+    doc = _load(path)
+    ld = _mix_loader(doc)
+    ld.load_state_dict(doc)
+    rest = _ids(ld)
+    # the uninterrupted run at world size 1: the state's phases replayed, then its position
+    full = _mix_loader(doc)
+    full.set_epoch(doc["epoch"])
+    start = {**doc, "position": 0, "drawn": [0] * len(doc["drawn"]), "phases": doc["phases"][:1]}
+    start["blocks"] = doc["blocks"]
+    if len(doc["phases"]) > 1:  # re-weighted: the state at the phase's start, loaded with its weights
+        p = doc["phases"][1]
+        first = _mix_loader(doc)
+        first.set_epoch(doc["epoch"])
+        it = iter(first)
+        for _ in range(p["start"]):
+            next(it)
+        full.load_state_dict(first.state_dict(), weights=dict(zip("abc", p["weights"])))
+        skip = doc["position"] - p["start"]
+    else:
+        skip = doc["position"]
+    want = _ids(full)[skip:]
+    assert rest == want[:len(rest)] and len(rest) == len(want)
+    _validator_for(path).validate(ld.state_dict())
+
+
+@pytest.mark.parametrize("path", MIX_INVALID, ids=_rel)
+def test_invalid_mixture_states_are_refused_by_load_state_dict(path):
+    doc = _load(path)
+    ld = _mix_recipe().loader(50, shuffle=True)
+    with pytest.raises(al.StateMismatchError):
+        ld.load_state_dict(doc)
+
+
+def test_mixture_states_written_validate():
+    check = validator("mixture_state", 1)
+    ld = _mix_recipe("all_exhausted").loader(30, shuffle=True)
+    it = iter(ld)
+    for _ in range(3):
+        next(it)
+    check.validate(ld.state_dict())
+    ld.load_state_dict(ld.state_dict(), weights={"a": 1, "b": 1, "c": 2})
+    check.validate(ld.state_dict())

@@ -1,0 +1,529 @@
+"""The mixture's loader: each component read in its own order, drawn into batches at set
+proportions, with the Loader's stages (reader threads, byte budget, conversion, devices).
+
+Each component is bound as a :class:`~arrowload.pipeline.loader.Loader` binds a dataset
+(exact counts, the shuffle kind its source allows, the random-access table for global
+shuffle); its rows are read in passes, pass ``p`` of epoch ``e`` in the order
+``EpochOrder(counts, kind, component_key(seed, name), derive_key(e, p))``. The mixture's
+block stream (``order.mixture.Schedule``) says which rows of each component every batch
+holds; this rank reads the blocks ``order.mixture.rank_blocks`` deals it. A read (a
+:class:`MixTask`) covers a few consecutive batches of this rank: per component the stream
+positions they take, read through the component's row source (gathers of its table, units
+or windows of its scan), then one ``take`` puts every batch's rows in its interleaved order.
+
+The state (``formats/mixture_state/v1``) is positions only: the epoch, the blocks every rank
+consumed together, the epoch's phases (weights, and each component's rows drawn where a
+phase starts) and what it was taken on. It loads at any world size: the remaining blocks
+are dealt round-robin to the new ranks, each read once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..convert.batches import concat_arrow
+from ..errors import InvalidArgumentError, LoaderClosedError, StateMismatchError, UnsupportedError
+from ..order import ORDER_VERSION, EpochOrder, ShuffleKind, derive_key, plan_tasks
+from ..order.mixture import Phase, Schedule, component_key, rank_blocks
+from ..order.tasks import read_rows
+from ..pipeline import arguments as _arguments
+from ..pipeline.chunks import HostChunk
+from ..pipeline.loader import Loader, _distributed_defaults
+from ..pipeline.rowsource import _parts
+from ..pipeline.stages import EpochIterator, Settings, SharedCache, Stages
+from . import weights as _weights
+
+STATE_FORMAT = "arrowload.mixture_state"
+STATE_VERSION = 1
+#: strided blocks further apart than this (world sizes above it) are located one by one
+_STEP_LIMIT = 32
+#: reads of a component's units / windows kept for the next tasks (per component)
+_KEPT_READS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class MixTask:
+    """A read of this rank's batches ``[first, stop)`` (indices into its blocks)."""
+
+    rows: int
+    est_bytes: int
+    first: int
+    stop: int
+    read_bytes: int = 0
+    kind: str = "mix"
+
+
+class MixtureLoader:
+    """Batches of a :class:`~arrowload.mixture.Mixture`: every batch holds the floor or the
+    ceiling of ``weight x batch_size`` rows of each component; each component's rows come
+    in its own order and never repeat within one of its passes; ranks disjoint with equal
+    batch counts; ``state_dict`` / ``load_state_dict`` resume exactly (same world size) or
+    elastically (another), and ``load_state_dict(state, weights=...)`` continues with other
+    weights without repeating a row of any component's current pass.
+
+    Ranks: the epoch's batches (blocks) are dealt round-robin -- rank ``r`` of ``W`` takes
+    blocks ``r, r + W, ...`` -- so a global step is ``W`` consecutive blocks and holds the
+    proportions too. With a streaming (block / none) component, every rank reads each of
+    its windows and keeps its share: global shuffle (local or cached sources, the default
+    of ``shuffle=True`` there) reads no more than a rank needs.
+    """
+
+    def __init__(self, mixture, options, steps: int | None) -> None:
+        self.mixture = mixture
+        self.options = options
+        rank, world = options.rank, options.world_size
+        if rank is None or world is None:
+            d_rank, d_world = _distributed_defaults()
+            rank = d_rank if rank is None else rank
+            world = d_world if world is None else world
+        self.rank, self.world_size = _arguments.rank_and_world(rank, world, "")
+        if steps is not None:
+            steps = _arguments.integer("steps", steps, low=1, what="None or an integer >= 1 (batches per rank "
+                                       "per epoch)", example="1000")
+            if mixture.stopping != "cycle":
+                raise InvalidArgumentError(f"steps= sets the epoch of a stopping='cycle' mixture; this one stops "
+                                           f"at {mixture.stopping!r}: leave steps out", "steps")
+        self.steps = steps
+        sub = dataclasses.replace(options, rank=0, world_size=1)
+        self._components = [Loader(ds, sub) for ds in mixture.datasets]
+        self.sizes = tuple(c.num_rows for c in self._components)
+        mixture._sizes = self.sizes
+        self.weights = mixture.weights
+        for name, n, w in zip(mixture.names, self.sizes, self.weights):
+            if n == 0 and w > 0:
+                raise InvalidArgumentError(f"component {name!r} selects no rows but has weight {w:.3g}: give it "
+                                           "weight 0 or leave it out", "weights")
+        first = self._components[0]
+        self._output, self._chunks = first._output, first._chunks
+        self._device_stage = first._device_stage
+        self._transform = first._transform_stage()
+        self.max_readers = max(c.max_readers for c in self._components)
+        self._shapes = [c._source_shape() for c in self._components]
+        self.epoch = 0
+        self._phases = self._fresh_phases()
+        self._blocks = self._epoch_blocks(self._schedule())
+        self._start = 0
+        self._position = 0
+        self._batches_done = 0
+        self._loaded = False
+        self._closed = False
+        self._active: weakref.WeakSet = weakref.WeakSet()
+        self._orders: dict = {}
+        #: reads convert to host arrays on the reader threads (where every column has them)
+        self._host_ok = self._chunks is not None
+
+    # -- the epoch's block stream ------------------------------------------------------
+    def _fresh_phases(self) -> tuple[Phase, ...]:
+        return (Phase(0, tuple(self.weights), (0,) * len(self.sizes)),)
+
+    def _schedule(self, phases: tuple[Phase, ...] | None = None) -> Schedule:
+        return Schedule(self.sizes, phases or self._phases, self.options.batch_size, self.options.seed, self.epoch,
+                        self.mixture.stopping)
+
+    def _epoch_blocks(self, sched: Schedule) -> int | None:
+        if self.mixture.stopping == "cycle":
+            return None if self.steps is None else self.steps * self.world_size
+        return sched.num_blocks
+
+    def __len__(self) -> int:
+        """Batches of a fresh epoch for this rank."""
+        if self._blocks is None:
+            raise UnsupportedError("a stopping='cycle' mixture loader without steps= never ends: it has no "
+                                   "length; pass steps=N (batches per rank per epoch)")
+        return self._blocks // self.world_size
+
+    @property
+    def num_rows(self) -> int | None:
+        """Rows one epoch draws on all ranks (None: endless)."""
+        return None if self._blocks is None else self._blocks // self.world_size * self.world_size * \
+            self.options.batch_size
+
+    def set_epoch(self, epoch: int) -> None:
+        epoch = _arguments.integer("epoch", epoch, low=0, what="an integer >= 0")
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._phases = self._fresh_phases()
+            self._blocks = self._epoch_blocks(self._schedule())
+            self._start = self._position = self._batches_done = 0
+            self._loaded = False
+
+    def _order(self, c: int, p: int) -> EpochOrder:
+        key = (c, self.epoch, p)
+        found = self._orders.get(key)
+        if found is None:
+            comp = self._components[c]
+            found = EpochOrder(tuple(comp._source.counts), comp.shuffle_kind.value,
+                               component_key(self.options.seed, self.mixture.names[c]),
+                               derive_key(self.epoch, p), self.options.shuffle_window)
+            if len(self._orders) > 4 * len(self.sizes):
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[key] = found
+        return found
+
+    # -- iteration ---------------------------------------------------------------------
+    def __iter__(self):
+        if self._closed:
+            raise LoaderClosedError("this loader is closed; build a new one with Mixture.loader()")
+        for it in list(self._active):
+            it.close()
+        if not self._loaded:
+            self._phases = self._fresh_phases()
+            self._blocks = self._epoch_blocks(self._schedule())
+        self._loaded = False
+        position, self._start = self._start, 0
+        self._position = position
+        self._batches_done = 0
+        sched = self._schedule()
+        blocks = rank_blocks(position, self._blocks, self.world_size, self.rank)
+        o = self.options
+        caches = [SharedCache(_KEPT_READS) for _ in self.sizes]
+        stages = Stages(tasks=self._tasks(blocks), read=functools.partial(self._read, sched, blocks, caches),
+                        combine=self._chunks.combine if self._chunks is not None else concat_arrow,
+                        finish=self._output, transform=self._transform,
+                        deliver=self._device_stage.ready if self._device_stage is not None else None)
+        settings = Settings(batch_size=o.batch_size, prefetch=o.prefetch, max_readers=self.max_readers)
+        it = EpochIterator(stages, settings, on_batch=self._advance)
+        self._stats = it.stats
+        self._active.add(it)
+        return it
+
+    def _advance(self, rows: int) -> None:
+        self._position += self.world_size
+        self._batches_done += 1
+
+    def _row_bytes(self) -> float:
+        out = []
+        for s in self._shapes:
+            if s.table:
+                out.append(s.row_bytes)
+            else:
+                out.append(sum(s.unit_bytes) / max(1, sum(s.counts)))
+        return max(1.0, float(np.dot(out, self.weights)))
+
+    def _tasks(self, blocks: range) -> Iterator[MixTask]:
+        b = self.options.batch_size
+        row_bytes = self._row_bytes()
+        per = max(1, read_rows(self.options.prefetch, row_bytes, b) // b)
+        n = len(blocks)
+        for i in range(0, n, per):
+            j = min(n, i + per)
+            yield MixTask(rows=(j - i) * b, est_bytes=max(1, int(3 * (j - i) * b * row_bytes)), first=i, stop=j)
+
+    def _locate(self, sched: Schedule, blocks: range) -> tuple[np.ndarray, np.ndarray]:
+        """Stream index and rows of each component for each of ``blocks``."""
+        if blocks.step <= _STEP_LIMIT:
+            starts, counts = sched.blocks(blocks.start, blocks[-1] + 1)
+            return starts[::blocks.step], counts[::blocks.step]
+        parts = [sched.blocks(b, b + 1) for b in blocks]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units, conv=None) -> list:
+        """Rows of component ``c`` at stream indices ``pieces`` (in order), as parts: host
+        chunks converted by ``conv`` where its source can, else Arrow batches."""
+        n = self.sizes[c]
+        by_pass: list[tuple[int, list]] = []
+        for lo, hi in pieces:
+            while lo < hi:
+                p = lo // n
+                end = min(hi, (p + 1) * n)
+                if by_pass and by_pass[-1][0] == p:
+                    ranges = by_pass[-1][1]
+                    if ranges[-1][1] == lo - p * n:
+                        ranges[-1] = (ranges[-1][0], end - p * n)
+                    else:
+                        ranges.append((lo - p * n, end - p * n))
+                else:
+                    by_pass.append((p, [(lo - p * n, end - p * n)]))
+                lo = end
+        src = self._components[c]._source
+        out = []
+        for p, ranges in by_pass:
+            order = self._order(c, p)
+            get = functools.partial(_keyed, cache, p)
+            for task in plan_tasks(order, ranges, self._shapes[c], self.options.batch_size, self.options.prefetch):
+                parts, _ = src.read(task, order, conv, cache=get, map_units=map_units)
+                out.extend(parts)
+        return out
+
+    def _read(self, sched: Schedule, blocks: range, caches: list, task: MixTask, *, cache=None,
+              map_units=None) -> tuple[list, float]:
+        mine = blocks[task.first:task.stop]
+        starts, counts = self._locate(sched, mine)
+        b = self.options.batch_size
+        conv = self._chunks if self._host_ok else None
+        found = []
+        for c in range(len(self.sizes)):
+            pieces = [(int(s), int(s + k)) for s, k in zip(starts[:, c], counts[:, c]) if k]
+            found.append(self._component_rows(c, pieces, caches[c], map_units, conv) if pieces else [])
+        sizes = [sum(p.num_rows for p in parts) for parts in found]
+        base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        within = np.cumsum(counts, axis=0) - counts  # each block's first row in its component's rows
+        idx = np.empty(len(mine) * b, dtype=np.int64)
+        shuffled = self.options.shuffle is not False
+        for i, block in enumerate(mine):
+            slots = np.concatenate([np.arange(k, dtype=np.int64) + base[c] + within[i, c]
+                                    for c, k in enumerate(counts[i]) if k])
+            idx[i * b:(i + 1) * b] = slots[sched.interleave(block)] if shuffled else slots
+        if conv is not None:
+            t0 = time.perf_counter()
+            chunk = _scatter(found, base, sizes, idx, conv.pool)
+            if chunk is not None:  # each component's host rows copied once to their places
+                return [chunk], time.perf_counter() - t0
+            self._host_ok = False  # columns without host arrays: Arrow from now on, this task again
+            return self._read(sched, blocks, caches, task, cache=cache, map_units=map_units)
+        tables = [pa.Table.from_batches(parts) for parts in found if parts]
+        target = tables[0].schema
+        tables = [t if t.schema.equals(target) else t.cast(target) for t in tables]
+        joined = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        return _parts(joined.take(pa.array(idx, pa.int64())), conv)
+
+    # -- state -------------------------------------------------------------------------
+    def _identity(self) -> dict:
+        comps = []
+        for name, comp in zip(self.mixture.names, self._components):
+            kind = comp.shuffle_kind
+            comps.append({"name": name, "snapshot": comp.snapshot_id, "plan": comp._logical_key,
+                          "rows": comp.num_rows, "shuffle": kind.value,
+                          "window": self.options.shuffle_window if kind is ShuffleKind.BLOCK else None})
+        return {"components": comps, "seed": self.options.seed, "batch_size": self.options.batch_size,
+                "stopping": self.mixture.stopping, "order": ORDER_VERSION}
+
+    def state_dict(self) -> dict:
+        """Small JSON-serializable state, the same on every rank that yielded the same number
+        of batches (lockstep): the epoch, the blocks (batches) every rank consumed together,
+        the epoch's phases and each component's rows drawn, and what it was taken on. Loads
+        at any world size. See ``formats/mixture_state/v1/spec.md``."""
+        sched = self._schedule()
+        drawn = sched.stream_index(self._position)
+        return {"format": STATE_FORMAT, "version": STATE_VERSION, **self._identity(),
+                "epoch": self.epoch, "blocks": self._blocks, "position": self._position,
+                "world_size": self.world_size,
+                "phases": [{"start": p.start, "weights": list(p.weights), "offsets": list(p.offsets)}
+                           for p in self._phases],
+                "drawn": list(drawn)}
+
+    def load_state_dict(self, state: Mapping[str, Any], *, weights: Any = None) -> None:
+        """Resume where ``state`` was taken: the next iteration yields the rest of its epoch
+        (at the same world size exactly the batches the uninterrupted run would; at another,
+        the remaining batches dealt to the new ranks, each once). ``weights`` (a dict, a list
+        or a weights query, as ``al.mix``) continue with other weights from there: no
+        component repeats a row of its current pass, and the epoch's end follows the new
+        weights. A state taken on other components, data, seed, batch size or stopping is
+        refused with ``StateMismatchError`` saying what differs."""
+        doc = read_state(state)
+        mine = self._identity()
+        for key in ("seed", "batch_size", "stopping", "order"):
+            if doc[key] != mine[key]:
+                raise StateMismatchError(f"{key}: the state was taken with {doc[key]!r}, this loader has "
+                                         f"{mine[key]!r}; build the mixture loader as it was built")
+        theirs, ours = doc["components"], mine["components"]
+        if [c["name"] for c in theirs] != [c["name"] for c in ours]:
+            raise StateMismatchError(f"components: the state names {[c['name'] for c in theirs]}, this mixture "
+                                     f"has {[c['name'] for c in ours]}")
+        for t, o in zip(theirs, ours):
+            for key in ("snapshot", "plan", "rows", "shuffle", "window"):
+                if t[key] != o[key]:
+                    raise StateMismatchError(
+                        f"component {o['name']!r}: {key} is {t[key]!r} in the state and {o[key]!r} here; a "
+                        "mixture state resumes only on the same selections of the same data (reopen the "
+                        "snapshot the state names)")
+        phases = tuple(Phase(p["start"], tuple(float(w) for w in p["weights"]), tuple(p["offsets"]))
+                       for p in doc["phases"])
+        epoch = doc["epoch"]
+        try:
+            sched = Schedule(self.sizes, phases, self.options.batch_size, self.options.seed, epoch,
+                             self.mixture.stopping)
+            drawn = sched.stream_index(doc["position"])
+        except ValueError as exc:
+            raise StateMismatchError(f"phases: {exc}") from None
+        for i, (a, b) in enumerate(zip(phases, phases[1:])):
+            if tuple(b.offsets) != sched.stream_index(b.start):
+                raise StateMismatchError(f"phases[{i + 1}].offsets {list(b.offsets)} are not the rows drawn at "
+                                         f"block {b.start} ({list(sched.stream_index(b.start))})")
+        if list(drawn) != list(doc["drawn"]):
+            raise StateMismatchError(f"drawn: the state says {doc['drawn']}, its phases give {list(drawn)} at "
+                                     f"position {doc['position']}")
+        blocks = doc["blocks"]
+        if self.mixture.stopping != "cycle" and blocks != sched.num_blocks:
+            raise StateMismatchError(f"blocks: the state's epoch has {blocks} blocks, its phases give "
+                                     f"{sched.num_blocks}")
+        if blocks is not None and doc["position"] > blocks:
+            raise StateMismatchError(f"position {doc['position']} is past the epoch's {blocks} blocks")
+        position = doc["position"]
+        for it in list(self._active):
+            it.close()
+        self.epoch = epoch
+        if weights is not None:
+            new = _weights.normalized(_weights.resolve(self.mixture.names, weights, None, lambda: self.sizes))
+            for name, n, w in zip(self.mixture.names, self.sizes, new):
+                if n == 0 and w > 0:
+                    raise InvalidArgumentError(f"component {name!r} selects no rows but has weight {w:.3g}",
+                                               "weights")
+            kept = tuple(p for p in phases if p.start < position)
+            phases = kept + (Phase(position, new, tuple(drawn)),)
+            self.weights = new
+            sched = Schedule(self.sizes, phases, self.options.batch_size, self.options.seed, epoch,
+                             self.mixture.stopping)
+            if self.mixture.stopping != "cycle":
+                blocks = sched.num_blocks
+        else:
+            self.weights = phases[-1].weights
+        self._phases = phases
+        self._blocks = blocks
+        self._start = self._position = position
+        self._batches_done = 0
+        self._loaded = True
+
+    # -- introspection -------------------------------------------------------------------
+    def stats(self):
+        return dataclasses.replace(self._stats) if hasattr(self, "_stats") else None
+
+    def passes(self) -> tuple[float, ...]:
+        """Passes over each component this epoch draws (at this loader's batch size)."""
+        if self._blocks is None:
+            return tuple(float("inf") if w > 0 else 0.0 for w in self.weights)
+        drawn = self._schedule().stream_index(self._blocks // self.world_size * self.world_size)
+        return tuple(d / n if n else 0.0 for d, n in zip(drawn, self.sizes))
+
+    def explain(self) -> str:
+        o = self.options
+        epoch = ("endless (cycle, no steps=)" if self._blocks is None else
+                 f"{self._blocks} batches of {o.batch_size} rows in all; {len(self)} for rank {self.rank} of "
+                 f"{self.world_size} (round-robin)")
+        lines = ["== mixture loader ==", f"  stopping     {self.mixture.stopping} (seed {o.seed}, epoch {self.epoch})",
+                 f"  epoch        {epoch}",
+                 "  per batch    each component: floor or ceil of weight x batch_size rows, interleaved",
+                 "", f"  {'component':<16} {'rows':>12} {'weight':>8} {'passes':>8} {'shuffle':>8} source"]
+        for name, comp, w, p in zip(self.mixture.names, self._components, self.weights, self.passes()):
+            lines.append(f"  {name:<16} {comp.num_rows:>12} {w:>8.4f} {p:>8.3f} {comp.shuffle_kind.value:>8} "
+                         f"{comp.source_kind}")
+        if len(self._phases) > 1:
+            lines.append("  reweighted   at blocks " + ", ".join(str(p.start) for p in self._phases[1:]))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        n = "endless" if self._blocks is None else str(len(self))
+        return (f"arrowload.MixtureLoader({len(self.sizes)} components, batch_size={self.options.batch_size}, "
+                f"rank={self.rank}/{self.world_size}, batches={n}, stopping={self.mixture.stopping!r})")
+
+    def _repr_html_(self) -> str:
+        from ..display import html_pre
+        return html_pre(self.explain())
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self) -> None:
+        for it in list(self._active):
+            it.close()
+        for c in self._components:
+            c.close()
+        self._closed = True
+
+    def __enter__(self) -> "MixtureLoader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _scatter(found: list[list], base: np.ndarray, sizes: list[int], idx: np.ndarray, pool) -> HostChunk | None:
+    """The task's rows as one host chunk: position ``p`` holds row ``idx[p]`` of the
+    components' rows concatenated, each component's host arrays copied once to their
+    places; ``None`` where a part is not a host chunk or a column not an array."""
+    chunks = []
+    for parts in found:
+        if not all(isinstance(p, HostChunk) for p in parts):
+            return None
+        chunks.append(parts)
+    n = len(idx)
+    where = np.empty(n, dtype=np.int64)
+    where[idx] = np.arange(n, dtype=np.int64)
+    first = next(parts[0] for parts in chunks if parts)
+    columns = {}
+    for name, sample in first.columns.items():
+        if not isinstance(sample, np.ndarray):
+            return None
+        out = pool.take((n, *sample.shape[1:]), sample.dtype)
+        for c, parts in enumerate(chunks):
+            at = int(base[c])
+            for part in parts:
+                out[where[at:at + part.num_rows]] = part.columns[name]
+                at += part.num_rows
+        columns[name] = out
+    row_bytes = sum(p.nbytes for parts in chunks for p in parts) / max(1, n)
+    return HostChunk(columns, n, row_bytes)
+
+
+def _keyed(cache: SharedCache, p: int, key, load):
+    return cache.get((p,) + tuple(key), load)
+
+
+
+def _int(doc: Mapping, key: str, low: int = 0, nullable: bool = False) -> Any:
+    v = doc.get(key)
+    if v is None and nullable and key in doc:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise StateMismatchError(f"{key}: expected an integer >= {low}{' or null' if nullable else ''}, got {v!r}")
+    return v
+
+
+def read_state(state: Mapping[str, Any]) -> dict:
+    """``state`` checked field by field (``formats/mixture_state/v1``); ``StateMismatchError``
+    naming the field otherwise."""
+    if not isinstance(state, Mapping):
+        raise StateMismatchError(f"a mixture state is a dict (MixtureLoader.state_dict()), got {type(state).__name__}")
+    if state.get("format") != STATE_FORMAT:
+        raise StateMismatchError(f"format: expected {STATE_FORMAT!r}, got {state.get('format')!r} (a loader "
+                                 "state loads with Loader.load_state_dict)")
+    if state.get("version") != STATE_VERSION:
+        raise StateMismatchError(f"version: this arrowload reads mixture states of version {STATE_VERSION}, got "
+                                 f"{state.get('version')!r}")
+    fields = {"format", "version", "components", "seed", "batch_size", "stopping", "order", "epoch", "blocks",
+              "position", "world_size", "phases", "drawn"}
+    missing, extra = fields - set(state), set(state) - fields
+    if missing or extra:
+        raise StateMismatchError(f"fields: missing {sorted(missing)}, unknown {sorted(extra)}")
+    for key, low in (("seed", 0), ("batch_size", 1), ("order", 1), ("epoch", 0), ("position", 0),
+                     ("world_size", 1)):
+        _int(state, key, low)
+    _int(state, "blocks", 0, nullable=True)
+    if not isinstance(state["stopping"], str):
+        raise StateMismatchError(f"stopping: expected a string, got {state['stopping']!r}")
+    comps = state["components"]
+    if not isinstance(comps, list) or not comps:
+        raise StateMismatchError("components: expected a non-empty list")
+    for c in comps:
+        if not isinstance(c, Mapping) or set(c) != {"name", "snapshot", "plan", "rows", "shuffle", "window"}:
+            raise StateMismatchError(f"components: each is {{name, snapshot, plan, rows, shuffle, window}}, got {c!r}")
+        _int(c, "rows")
+        _int(c, "window", 1, nullable=True)
+    phases = state["phases"]
+    if not isinstance(phases, list) or not phases:
+        raise StateMismatchError("phases: expected a non-empty list")
+    for p in phases:
+        if not isinstance(p, Mapping) or set(p) != {"start", "weights", "offsets"}:
+            raise StateMismatchError(f"phases: each is {{start, weights, offsets}}, got {p!r}")
+        _int(p, "start")
+        ws, offs = p["weights"], p["offsets"]
+        if not isinstance(ws, list) or len(ws) != len(comps) or any(
+                isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0 for w in ws):
+            raise StateMismatchError(f"phases: weights must be {len(comps)} numbers >= 0, got {ws!r}")
+        if not isinstance(offs, list) or len(offs) != len(comps) or any(
+                isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in offs):
+            raise StateMismatchError(f"phases: offsets must be {len(comps)} integers >= 0, got {offs!r}")
+    drawn = state["drawn"]
+    if not isinstance(drawn, list) or len(drawn) != len(comps) or any(
+            isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in drawn):
+        raise StateMismatchError(f"drawn: expected {len(comps)} integers >= 0, got {drawn!r}")
+    return dict(state)
+
+
+__all__ = ["MixTask", "MixtureLoader", "STATE_FORMAT", "STATE_VERSION", "read_state"]

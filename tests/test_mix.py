@@ -1,0 +1,348 @@
+"""Data mixtures (``al.mix``): the arithmetic against its definition, the loader against
+DuckDB's answer for each component's SQL, resume and elastic resume against the
+uninterrupted run, and the bytes that component sizes cost through a counting filesystem.
+
+Every component here carries its own name in a ``comp`` column (a literal in its
+projection), so a batch says which component each row came from without arrowload's help.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import arrowload as al
+from arrowload.order.mixture import Apportion, Phase, Schedule, floor_sum, quantize, rank_blocks
+
+from _support import CountingLocalFileSystem, lake_facts
+from conftest import duck, parquet_scan
+
+COUNTRIES = ("US", "DE", "IN", "BR")
+
+
+def components(ds, countries=COUNTRIES):
+    return {c.lower(): ds.filter(f"country = '{c}'").select("id", "label", comp=f"'{c.lower()}'")
+            for c in countries}
+
+
+def duck_ids(lake: str, where: str) -> set:
+    return set(duck(f"SELECT id FROM {parquet_scan(lake)} WHERE {where}").column("id").to_pylist())
+
+
+def batches(loader) -> list[dict]:
+    return [{"id": list(map(int, b["id"])), "comp": list(b["comp"])} for b in loader]
+
+
+def by_component(bs: list[dict]) -> dict[str, list[int]]:
+    out = collections.defaultdict(list)
+    for b in bs:
+        for i, c in zip(b["id"], b["comp"]):
+            out[c].append(i)
+    return out
+
+
+# -- the arithmetic --------------------------------------------------------------------
+
+def test_floor_sum_against_the_sum():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n, m, a, b = (int(x) for x in (rng.integers(0, 60), rng.integers(1, 1 << 40),
+                                       rng.integers(0, 1 << 45), rng.integers(0, 1 << 45)))
+        assert floor_sum(n, m, a, b) == sum((a * i + b) // m for i in range(n))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=7).filter(lambda w: sum(w) > 1e-6),
+       st.integers(1, 700), st.integers(0, (1 << 62)), st.integers(1, 400))
+def test_every_block_holds_floor_or_ceil_of_weight_times_batch(weights, batch, theta, blocks):
+    """Per block: each component within +-1 of weight x B (floor or ceil), the block sums to
+    B; the closed form of the cumulative counts equals the sum of the blocks; cumulative
+    counts stay within 2 + log2(k + 1) / 4 rows of weight x B x k (the documented bound)."""
+    q = quantize(weights)
+    assert sum(q) == 1 << 32
+    ap = Apportion(q, batch, theta % (102_334_155 << 32))
+    w = np.array(q, dtype=np.float64) / (1 << 32)
+    starts, counts = ap.blocks(0, blocks)
+    assert (counts.sum(axis=1) == batch).all()
+    assert (np.abs(counts - w * batch) < 1 + 1e-9).all()
+    for k in {0, blocks // 2, blocks - 1}:
+        assert tuple(starts[k]) == ap.cumulative(k)
+    ks = np.arange(1, blocks + 1)[:, None]
+    dev = np.abs(starts + counts - w * batch * ks)
+    assert (dev <= 2 + np.log2(ks + 1) / 4).all(), dev.max()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=4), st.data(), st.integers(1, 64))
+def test_stopping_rules_end_where_the_definition_says(sizes, data, batch):
+    weights = tuple(data.draw(st.floats(0.05, 1.0)) for _ in sizes)
+    phase = (Phase(0, weights, (0,) * len(sizes)),)
+    first = Schedule(tuple(sizes), phase, batch, 1, 0, "first_exhausted")
+    k = first.num_blocks
+    assert all(d <= n for d, n in zip(first.stream_index(k), sizes))
+    assert any(d > n for d, n in zip(first.stream_index(k + 1), sizes))
+    every = Schedule(tuple(sizes), phase, batch, 1, 0, "all_exhausted")
+    k = every.num_blocks
+    assert all(d >= n for d, n in zip(every.stream_index(k), sizes))
+    assert k == 0 or any(d < n for d, n in zip(every.stream_index(k - 1), sizes))
+
+
+def test_rank_blocks_are_round_robin_and_equal():
+    got = [list(rank_blocks(3, 20, 4, r)) for r in range(4)]
+    assert got == [[3, 7, 11, 15], [4, 8, 12, 16], [5, 9, 13, 17], [6, 10, 14, 18]]
+    assert list(rank_blocks(0, 5, 2, 1)) == [1, 3]
+
+
+# -- the loader against DuckDB -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def lake_ds(parquet_lake):
+    return parquet_lake, al.dataset(parquet_lake)
+
+
+@pytest.mark.parametrize("shuffle", [True, "block", False])
+def test_batches_hold_the_weights_and_rows_match_duckdb(lake_ds, shuffle):
+    lake, ds = lake_ds
+    weights = {"us": 0.4, "de": 0.3, "in": 0.2, "br": 0.1}
+    m = al.mix(components(ds), weights=weights, stopping="all_exhausted", seed=3)
+    loader = m.loader(97, shuffle=shuffle)
+    bs = batches(loader)
+    assert len(bs) == len(loader) > 0
+    for b in bs:
+        n = collections.Counter(b["comp"])
+        for name, w in weights.items():
+            assert abs(n[name] - w * 97) <= 1, (n, name)
+    drawn = by_component(bs)
+    for name, ids in drawn.items():
+        truth = duck_ids(lake, f"country = '{name.upper()}'")
+        assert set(ids) == truth  # every component finished its first pass (all_exhausted)
+        q, r = divmod(len(ids), len(truth))
+        times = collections.Counter(collections.Counter(ids).values())
+        # each pass is a permutation: every row q or q + 1 times, r rows q + 1 times
+        assert times == ({q: len(truth) - r, q + 1: r} if r else {q: len(truth)})
+    passes = loader.passes()
+    assert all(p >= 1 for p in passes) and min(passes) == pytest.approx(1.0, abs=0.1)
+
+
+def test_first_exhausted_never_repeats_a_row(lake_ds):
+    lake, ds = lake_ds
+    m = al.mix(components(ds), weights=[1, 1, 1, 1], seed=1)
+    bs = batches(m.loader(64, shuffle=True))
+    drawn = by_component(bs)
+    for name, ids in drawn.items():
+        assert len(ids) == len(set(ids))
+        assert set(ids) <= duck_ids(lake, f"country = '{name.upper()}'")
+    smallest = min(COUNTRIES, key=lambda c: len(duck_ids(lake, f"country = '{c}'"))).lower()
+    assert len(drawn[smallest]) > len(duck_ids(lake, f"country = '{smallest.upper()}'")) - 64
+
+
+def test_rows_several_components_select_are_drawn_in_each(lake_ds):
+    lake, ds = lake_ds
+    comps = {"us": ds.filter("country = 'US'").select("id", "label", comp="'us'"),
+             "pos": ds.filter("label = 1").select("id", "label", comp="'pos'")}
+    bs = batches(al.mix(comps, stopping="all_exhausted").loader(50, shuffle=True))
+    drawn = by_component(bs)
+    us, pos = duck_ids(lake, "country = 'US'"), duck_ids(lake, "label = 1")
+    assert set(drawn["us"]) == us and set(drawn["pos"]) == pos
+    both = us & pos
+    assert both and both <= set(drawn["us"]) & set(drawn["pos"])
+
+
+def test_weights_from_a_sql_query_and_from_temperature(lake_ds):
+    lake, ds = lake_ds
+    where = "country IN ('US', 'DE', 'IN', 'BR')"
+    q = al.sql(f"SELECT lower(country) AS component, count(*) AS weight FROM t WHERE {where} GROUP BY 1", t=ds)
+    m = al.mix(components(ds), weights=q)
+    truth = {r["c"]: r["n"] for r in duck(f"SELECT lower(country) AS c, count(*) AS n FROM {parquet_scan(lake)} "
+                                          f"WHERE {where} GROUP BY 1").to_pylist()}
+    total = sum(truth.values())
+    assert m.weights == pytest.approx(tuple(truth[n] / total for n in m.names))
+    t = al.mix(components(ds), temperature=2.0)
+    roots = {n: math.sqrt(truth[n]) for n in t.names}
+    assert t.weights == pytest.approx(tuple(roots[n] / sum(roots.values()) for n in t.names))
+    assert t.sizes() == tuple(truth[n] for n in t.names)
+
+
+def test_component_sizes_read_only_the_filter_columns(parquet_lake):
+    facts = lake_facts(parquet_lake)
+    fs = CountingLocalFileSystem()
+    ds = al.dataset(parquet_lake, filesystem=fs)
+    ds.schema  # footers read
+    fs.reset()
+    m = al.mix(components(ds), temperature=1.0)  # temperature needs the sizes: counted here
+    sizes = m.sizes()
+    country_bytes = sum(f.chunk_bytes({"country"}, range(f.num_row_groups)) for f in facts.values())
+    # each component counts its rows reading the country column alone (once per component)
+    assert 0 < fs.stats.bytes_read <= len(COUNTRIES) * country_bytes, (fs.stats.bytes_read, country_bytes)
+    spans = {p: f.chunk_spans({"country"}) for p, f in facts.items()}
+    for r in fs.stats.reads:
+        assert any(a <= r.offset and r.offset + r.nbytes <= b for a, b in spans[r.path]), r
+    assert sizes == tuple(len(duck_ids(parquet_lake, f"country = '{c}'")) for c in COUNTRIES)
+    fs.reset()
+    assert al.mix(components(ds), temperature=1.0).sizes() == sizes
+    assert fs.stats.bytes_read == 0  # the selection index, cached by snapshot
+
+
+# -- resume, ranks, elastic, reweighting -----------------------------------------------------
+
+def _memory_mix(stopping="first_exhausted", seed=0, weights=(0.5, 0.3, 0.2), n=3000):
+    ids = np.arange(n)
+    t = pa.table({"id": ids, "src": np.array(["a", "b", "c"])[(ids * 7) % 3]})
+    ds = al.dataset(t)
+    comps = {s: ds.filter(f"src = '{s}'").select("id", comp=f"'{s}'") for s in "abc"}
+    return al.mix(comps, weights=dict(zip("abc", weights)), seed=seed, stopping=stopping)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["first_exhausted", "all_exhausted"]), st.sampled_from([True, "block", False]),
+       st.integers(1, 90), st.integers(0, 40), st.integers(0, 3))
+def test_resume_at_any_point_equals_the_uninterrupted_run(stopping, shuffle, batch, at, epoch):
+    m = _memory_mix(stopping)
+    full = m.loader(batch, shuffle=shuffle)
+    full.set_epoch(epoch)
+    want = batches(full)
+    k = min(at, len(want))
+    first = m.loader(batch, shuffle=shuffle)
+    first.set_epoch(epoch)
+    it = iter(first)
+    got = [next(it) for _ in range(k)]
+    assert [list(map(int, b["id"])) for b in got] == [b["id"] for b in want[:k]]
+    state = first.state_dict()
+    again = m.loader(batch, shuffle=shuffle)
+    again.load_state_dict(state)
+    assert batches(again) == want[k:]
+
+
+def test_ranks_are_disjoint_equal_and_round_robin():
+    m = _memory_mix("all_exhausted")
+    one = batches(m.loader(40, shuffle=True))
+    ranks = [batches(m.loader(40, shuffle=True, rank=r, world_size=3)) for r in range(3)]
+    assert len({len(r) for r in ranks}) == 1 and len(ranks[0]) == len(one) // 3
+    for r, got in enumerate(ranks):
+        assert got == one[r::3][:len(got)]
+    per_comp = [by_component(r) for r in ranks]
+    for name in "abc":  # first pass rows: disjoint across ranks
+        n = len({i for r in per_comp for i in r[name]})
+        assert n <= sum(len(r[name]) for r in per_comp)
+
+
+@pytest.mark.parametrize("old,new", [(4, 2), (2, 3), (3, 3)])
+def test_elastic_resume_reads_every_remaining_batch_once(old, new):
+    m = _memory_mix("all_exhausted")
+    one = batches(m.loader(30, shuffle=True))
+    loaders = [m.loader(30, shuffle=True, rank=r, world_size=old) for r in range(old)]
+    its = [iter(ld) for ld in loaders]
+    steps = 5
+    for it in its:
+        for _ in range(steps):
+            next(it)
+    states = [ld.state_dict() for ld in loaders]
+    assert all(s == states[0] for s in states)  # one global state
+    rest = []
+    for r in range(new):
+        ld = m.loader(30, shuffle=True, rank=r, world_size=new)
+        ld.load_state_dict(states[0])
+        rest.append(batches(ld))
+    done = steps * old
+    left = (len(one) - done) // new
+    assert all(len(r) == left for r in rest)
+    for r in range(new):
+        assert rest[r] == one[done + r::new][:left]
+
+
+def test_reweighting_on_resume_repeats_no_row_of_the_pass():
+    m = _memory_mix("first_exhausted", weights=(0.6, 0.2, 0.2))
+    ld = m.loader(50, shuffle=True)
+    it = iter(ld)
+    before = [next(it) for _ in range(8)]
+    before = [{"id": list(map(int, b["id"])), "comp": list(b["comp"])} for b in before]
+    state = ld.state_dict()
+    again = m.loader(50, shuffle=True)
+    again.load_state_dict(state, weights={"a": 0.1, "b": 0.45, "c": 0.45})
+    after = batches(again)
+    assert after
+    for b in after:
+        n = collections.Counter(b["comp"])
+        assert abs(n["a"] - 5) <= 1 and abs(n["b"] - 22.5) <= 1 and abs(n["c"] - 22.5) <= 1
+    drawn = by_component(before + after)
+    for name, ids in drawn.items():
+        assert len(ids) == len(set(ids)), name  # first_exhausted: one pass, no row twice
+    # the state taken after reweighting resumes too
+    s2 = again.state_dict()
+    assert len(s2["phases"]) == 2 and s2["phases"][1]["start"] == 8
+
+
+def test_cycle_runs_steps_and_counts_passes():
+    m = _memory_mix("cycle", weights=(0.8, 0.1, 0.1), n=300)
+    with pytest.raises(al.UnsupportedError):
+        len(m)
+    with pytest.raises(al.UnsupportedError):
+        len(m.loader(20))
+    ld = m.loader(20, shuffle=True, steps=30)
+    assert len(ld) == 30
+    bs = batches(ld)
+    assert len(bs) == 30
+    a = by_component(bs)["a"]
+    assert len(a) == 480 and len(set(a)) == 100  # 4.8 passes over 100 rows
+    assert collections.Counter(collections.Counter(a).values()) == {4: 20, 5: 80}
+    with pytest.raises(al.InvalidArgumentError, match="steps"):
+        _memory_mix().loader(20, steps=3)
+
+
+def test_refusals_name_what_differs():
+    m = _memory_mix()
+    ld = m.loader(40, shuffle=True)
+    state = ld.state_dict()
+    with pytest.raises(al.StateMismatchError, match="batch_size"):
+        m.loader(41, shuffle=True).load_state_dict(state)
+    with pytest.raises(al.StateMismatchError, match="drawn"):
+        m.loader(40, shuffle=True).load_state_dict({**state, "drawn": [1, 2, 3]})
+    with pytest.raises(al.InvalidArgumentError, match="no component named"):
+        m.with_weights({"a": 1, "zz": 2})
+    t = al.dataset(pa.table({"id": [1, 2]}))
+    with pytest.raises(al.SchemaMismatchError):
+        al.mix({"x": t, "y": t.select(id="CAST(id AS DOUBLE)")})
+    with pytest.raises(al.InvalidArgumentError, match="not both"):
+        al.mix({"x": t}, weights={"x": 1}, temperature=1.0)
+
+
+def test_repr_html_and_explain():
+    m = _memory_mix()
+    assert "3 components" in repr(m)
+    html = m._repr_html_()
+    assert "passes / epoch" in html and "<table" in html
+    text = m.explain()
+    assert "component" in text and "overlap" in text
+    ld = m.loader(40, shuffle=True)
+    assert "round-robin" in ld.explain()
+
+
+@pytest.mark.parametrize("shuffle", [True, "block", False])
+def test_host_arrays_path_gives_the_arrow_paths_batches(shuffle):
+    """Numeric columns are converted on the reader threads and scattered to their places
+    (one copy per component); output="arrow" takes Arrow's path: the same rows, in order."""
+    ids = np.arange(4000)
+    t = pa.table({"id": ids, "k": (ids * 7) % 3, "v": ids.astype(np.float32) / 3})
+    ds = al.dataset(t)
+    m = al.mix({str(k): ds.filter(f"k = {k}") for k in range(3)}, weights=[0.2, 0.5, 0.3],
+               stopping="all_exhausted", seed=5)
+    host = list(m.loader(77, shuffle=shuffle))
+    arrow = list(m.loader(77, shuffle=shuffle, output="arrow"))
+    assert len(host) == len(arrow) > 0
+    for h, a in zip(host, arrow):
+        assert isinstance(h["id"], np.ndarray)
+        np.testing.assert_array_equal(h["id"], a.column("id").to_numpy())
+        np.testing.assert_array_equal(h["v"], a.column("v").to_numpy())
+        np.testing.assert_array_equal(h["k"], a.column("k").to_numpy())
+        n = collections.Counter(h["k"].tolist())
+        assert all(abs(n[k] - w * 77) <= 1 for k, w in enumerate((0.2, 0.5, 0.3)))
+    ks = np.concatenate([h["k"] for h in host])
+    got = np.concatenate([h["id"] for h in host])
+    for k in range(3):  # all_exhausted: every row of each component drawn
+        assert set(got[ks == k].tolist()) == set(ids[(ids * 7) % 3 == k].tolist())
