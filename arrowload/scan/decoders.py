@@ -132,7 +132,9 @@ class _Base:
                 arrays.append(_constant(unit.partition.get(c), n, t))
             elif p is not None and p in facts.types:
                 col = table.column(p)
-                arrays.append(col if col.type.equals(t) else col.cast(t))
+                # check_metadata: also the names of nested fields (a list's child is "element"
+                # read by pyarrow, "item" by polars): every decoder's table is the same one
+                arrays.append(col if col.type.equals(t, check_metadata=True) else col.cast(t))
             else:
                 arrays.append(pa.nulls(n, t))
         out = pa.Table.from_arrays(arrays, names=list(columns))
