@@ -36,7 +36,7 @@ from ..order.mixture import Phase, Schedule, component_key, rank_blocks
 from ..order.tasks import read_rows
 from ..pipeline import arguments as _arguments
 from ..pipeline.chunks import HostChunk
-from ..pipeline.loader import Loader, _distributed_defaults
+from ..pipeline.loader import Loader, rank_and_world
 from ..pipeline.rowsource import _parts
 from ..pipeline.stages import EpochIterator, Settings, SharedCache, Stages
 from . import weights as _weights
@@ -79,12 +79,7 @@ class MixtureLoader:
     def __init__(self, mixture, options, steps: int | None) -> None:
         self.mixture = mixture
         self.options = options
-        rank, world = options.rank, options.world_size
-        if rank is None or world is None:
-            d_rank, d_world = _distributed_defaults()
-            rank = d_rank if rank is None else rank
-            world = d_world if world is None else world
-        self.rank, self.world_size = _arguments.rank_and_world(rank, world, "")
+        self.rank, self.world_size = rank_and_world(options.rank, options.world_size)
         if steps is not None:
             steps = _arguments.integer("steps", steps, low=1, what="None or an integer >= 1 (batches per rank "
                                        "per epoch)", example="1000")

@@ -76,6 +76,18 @@ def _distributed_defaults() -> tuple[int, int]:
     return 0, 1
 
 
+def rank_and_world(rank: int | None, world: int | None) -> tuple[int, int]:
+    """``rank`` / ``world_size`` as given, else from torch.distributed, jax.distributed or
+    the RANK / WORLD_SIZE environment variables (``_distributed_defaults``), checked."""
+    where = "" if rank is not None and world is not None else \
+        "torch.distributed, jax.distributed or the RANK / WORLD_SIZE environment variables"
+    if rank is None or world is None:
+        d_rank, d_world = _distributed_defaults()
+        rank = d_rank if rank is None else rank
+        world = d_world if world is None else world
+    return _arguments.rank_and_world(rank, world, where)
+
+
 def _total_memory() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -113,14 +125,7 @@ class Loader:
         from ..convert import ConvertOptions
         self._dataset = dataset
         self.options = options
-        rank, world = options.rank, options.world_size
-        if rank is None or world is None:
-            d_rank, d_world = _distributed_defaults()
-            rank = d_rank if rank is None else rank
-            world = d_world if world is None else world
-        where = "" if options.rank is not None and options.world_size is not None else \
-            "torch.distributed, jax.distributed or the RANK / WORLD_SIZE environment variables"
-        self.rank, self.world_size = _arguments.rank_and_world(rank, world, where)
+        self.rank, self.world_size = rank_and_world(options.rank, options.world_size)
         # import the framework now (seconds for torch / jax), not inside the first batch's timing
         if options.output == "torch":
             from ..convert.torch_out import import_torch

@@ -267,21 +267,29 @@ def pool_cpu_readable() -> bool:
 _READABLE = pool_cpu_readable()
 
 
-def _pool_cpu_ns() -> int:
+def _threads_cpu_ns(pool: bool, skip: frozenset = frozenset()) -> int:
+    """CPU of the process's threads in polars' pool (``pool``) or of the others not in
+    ``skip`` (native ids as strings), from /proc/self/task/*/schedstat."""
     total = 0
     for tid in os.listdir(_TASKS):
+        if tid in skip:
+            continue
         mine = _pool_tids.get(tid)
         try:
             if mine is None:
                 with open(f"{_TASKS}/{tid}/comm") as f:
                     mine = f.read().startswith(_POOL_PREFIXES)
                 _pool_tids[tid] = mine
-            if mine:
+            if mine == pool:
                 with open(f"{_TASKS}/{tid}/schedstat") as f:
                     total += int(f.read().split()[0])
         except (OSError, ValueError):
             continue  # the thread ended meanwhile
     return total
+
+
+def _pool_cpu_ns() -> int:
+    return _threads_cpu_ns(True)
 
 
 class PolarsCall:
@@ -317,23 +325,7 @@ class PolarsCall:
 def _native_cpu_ns() -> int:
     """CPU of the process's threads that are neither Python's nor polars' pool: pyarrow's I/O
     pool (pre-buffered reads run there, and their system time), allocator threads."""
-    known = {str(t.native_id) for t in threading.enumerate()}
-    total = 0
-    for tid in os.listdir(_TASKS):
-        if tid in known:
-            continue
-        pool = _pool_tids.get(tid)
-        try:
-            if pool is None:
-                with open(f"{_TASKS}/{tid}/comm") as f:
-                    pool = f.read().startswith(_POOL_PREFIXES)
-                _pool_tids[tid] = pool
-            if not pool:
-                with open(f"{_TASKS}/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-        except (OSError, ValueError):
-            continue
-    return total
+    return _threads_cpu_ns(False, frozenset(str(t.native_id) for t in threading.enumerate()))
 
 
 class Measure:
