@@ -9,9 +9,9 @@ rest of the epoch laid out anew, made of the unread tenth of each of the 4 old l
 resume at the same world size (2 -> 2 at 90%) for reference. Per shuffle kind (none, block,
 global), columns f0..f15 + label, batch 1024. Target (issue 14): elastic <= 1.1x fresh.
 
-Each timed run is a fresh loader in this process, the three variants rotated, after one
-warm-up of each (page cache and cache dir warm; what a restarted job on the same machine
-sees). Medians of ``--reps``.
+Each timed run is a fresh Python process (imports before the clock), the three variants
+rotated, after one warm-up of each (page cache and cache dir warm; what a restarted job on the
+same machine sees). Medians of ``--reps``.
 
     python benchmarks/bench_elastic.py --quick     # 1M rows
     python benchmarks/bench_elastic.py --write     # 4M rows, recorded in RESULTS.md
@@ -20,9 +20,9 @@ sees). Medians of ``--reps``.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
-import os
 import sys
 import tempfile
 import time
@@ -62,17 +62,14 @@ def first_batch(lake: Path, kind: str, cache: str, state: dict | None) -> float:
     """Seconds to the first batch in a fresh Python process (imports done before the clock
     starts, as in a training program that imported its libraries already)."""
     import json
-    import subprocess
     sys.path.insert(0, str(HERE / "peers"))
-    from benchlib import bench_env
+    from benchlib import run_fresh
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(state, f)
     try:
-        out = subprocess.run([sys.executable, __file__, "--one", str(lake), kind, cache, f.name],
-                             check=True, capture_output=True, text=True, env=bench_env())
+        return float(run_fresh(__file__, "--one", str(lake), kind, cache, f.name))
     finally:
         os.unlink(f.name)
-    return float(out.stdout.strip().splitlines()[-1])
 
 
 def _one(lake: str, kind: str, cache: str, state_path: str) -> None:

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,10 +67,8 @@ def _epoch_here(lake: str, variant: str, kind: str, cache: str) -> dict:
 
 def epoch(lake: Path, variant: str, kind: str, cache: str) -> dict:
     sys.path.insert(0, str(HERE / "peers"))
-    from benchlib import bench_env
-    out = subprocess.run([sys.executable, __file__, "--one", str(lake), variant, kind, cache],
-                         check=True, capture_output=True, text=True, env=bench_env())
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from benchlib import run_fresh
+    return json.loads(run_fresh(__file__, "--one", str(lake), variant, kind, cache))
 
 
 def main(argv: list[str] | None = None) -> int:

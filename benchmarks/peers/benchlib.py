@@ -457,6 +457,15 @@ def bench_env(**extra: str) -> dict:
     return env
 
 
+def run_fresh(script: str, *args: str) -> str:
+    """The last line ``python script *args`` prints, run in a fresh Python process with the
+    benchmarks' environment (``bench_env``): one timed run of a script's ``--one`` mode."""
+    import subprocess
+    out = subprocess.run([sys.executable, script, *args], check=True, capture_output=True, text=True,
+                         env=bench_env())
+    return out.stdout.strip().splitlines()[-1]
+
+
 # -- the fork server ------------------------------------------------------------------------
 
 PRELOAD = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.dataset", "pyarrow.parquet", "torch",
