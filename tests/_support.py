@@ -576,3 +576,18 @@ def state_after(loader, k: int) -> dict:
     state = json.loads(json.dumps(loader.state_dict()))
     it.close()
     return state
+
+
+def sorted_rows(table) -> list[tuple]:
+    """A table's rows as sorted tuples of their text, columns by name: a multiset to compare
+    reads whose row order is not defined (lake tables against their libraries' reads)."""
+    names = sorted(table.column_names)
+    return sorted(tuple(str(r[n]) for n in names) for r in table.select(names).to_pylist())
+
+
+def flat_ids(batches) -> list[int]:
+    """Every ``id`` of ``batches`` (a loader or a list of batches), in order."""
+    out = []
+    for b in batches:
+        out.extend(int(v) for v in b["id"])
+    return out

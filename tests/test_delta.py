@@ -28,6 +28,7 @@ import pytest
 
 import arrowload as al
 from _support import CountingLocalFileSystem, moto_s3_server, state_after
+from _support import flat_ids, sorted_rows
 
 
 # -- fixtures -------------------------------------------------------------------------
@@ -75,18 +76,6 @@ def versions(tmp_path_factory) -> tuple[str, list[float]]:
 def _truth(path: str, version: int | None = None) -> pa.Table:
     from deltalake import DeltaTable
     return DeltaTable(path, version=version).to_pyarrow_table()
-
-
-def _sorted_rows(table: pa.Table) -> list[tuple]:
-    names = sorted(table.column_names)
-    return sorted(tuple(str(r[n]) for n in names) for r in table.select(names).to_pylist())
-
-
-def _ids(batches) -> list[int]:
-    out = []
-    for b in batches:
-        out.extend(int(v) for v in b["id"])
-    return out
 
 
 Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
@@ -192,7 +181,7 @@ def test_every_version_reads_as_deltalake_does(versions, version):
     ds = al.delta(path, version=version)
     got = ds.to_arrow()
     assert got.schema.names == truth.schema.names
-    assert _sorted_rows(got) == _sorted_rows(truth)
+    assert sorted_rows(got) == sorted_rows(truth)
     assert ds.count() == truth.num_rows
     assert ds.plan.source.table == {"format": "delta", "uri": path, "version": version}
 
@@ -220,7 +209,7 @@ def test_timestamp_pins_the_version_committed_before_it(versions):
         when = dt.datetime.fromtimestamp(times[v] + 0.005, dt.timezone.utc)
         ds = al.delta(path, timestamp=when)
         assert ds.plan.source.table["version"] == v
-        assert _sorted_rows(ds.to_arrow()) == _sorted_rows(_truth(path, v))
+        assert sorted_rows(ds.to_arrow()) == sorted_rows(_truth(path, v))
     with pytest.raises(al.InvalidArgumentError, match="did not exist"):
         al.delta(path, timestamp=dt.datetime(2000, 1, 1))
 
@@ -229,7 +218,7 @@ def test_dataset_of_the_table_folder_is_the_latest_version(versions):
     path, _ = versions
     ds = al.dataset(path)
     assert ds.plan.source.table["version"] == 5
-    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(_truth(path))
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(_truth(path))
 
 
 @pytest.mark.parametrize("predicate", [
@@ -244,7 +233,7 @@ def test_filters_match_duckdb_over_the_truth(versions, predicate):
     expected = duckdb.sql(f"SELECT * FROM truth WHERE {predicate}").arrow()
     expected = expected.read_all() if hasattr(expected, "read_all") else expected
     ds = al.delta(path, version=3).filter(predicate)
-    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(expected)
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(expected)
     assert ds.count() == expected.num_rows
 
 
@@ -344,8 +333,8 @@ def test_column_mapped_table_reads_by_logical_names(mapped_table):
     ds = al.delta(path)
     assert ds.plan.source.column_renames  # the files hold physical names
     assert ds.schema.names == ["id", "part", "x y"]
-    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(written)
-    assert _sorted_rows(al.delta(path, version=0).to_arrow()) == _sorted_rows(written.slice(0, 50))
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(written)
+    assert sorted_rows(al.delta(path, version=0).to_arrow()) == sorted_rows(written.slice(0, 50))
     got = ds.filter('"x y" > 30 AND part = \'p\'').select("id").to_arrow()
     assert sorted(got["id"].to_pylist()) == [i for i in range(50) if i * 1.5 > 30 and i % 2 == 0]
     assert ds.filter('"x y" IS NULL').count() == 30
@@ -358,7 +347,7 @@ def test_column_mapped_table_through_the_loader(mapped_table):
     seen = []
     for rank in (0, 1):
         batches = list(ds.loader(7, shuffle="global", seed=3, world_size=2, rank=rank))
-        seen += _ids(batches)
+        seen += flat_ids(batches)
         assert all(len(b["id"]) == 7 for b in batches[:-1])
     assert len(loader) == -(-40 // 7)
     assert len(seen) == len(set(seen)) == 80
@@ -384,7 +373,7 @@ def test_deletion_vector_fixture_agrees_with_deltalake(dv_table):
 def test_deleted_rows_never_appear(dv_table):
     path, live = dv_table
     ds = al.delta(path)
-    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(live)
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(live)
     assert ds.count() == live.num_rows == 42 - 9
     assert sum(u.num_rows for u in ds.plan.source.units()) == live.num_rows
     assert sum(u.deleted for u in ds.plan.source.units()) == 9
@@ -392,7 +381,7 @@ def test_deleted_rows_never_appear(dv_table):
         sorted(i for i in live["id"].to_pylist() if i / 2 >= 50)
     assert ds.filter("x >= 50").count() == sum(1 for i in live["id"].to_pylist() if i / 2 >= 50)
     assert [r["id"] for r in ds.head(3).to_pylist()] == [0, 2, 3]
-    assert sorted(_ids(ds.to_batches())) == sorted(live["id"].to_pylist())
+    assert sorted(flat_ids(ds.to_batches())) == sorted(live["id"].to_pylist())
 
 
 @pytest.mark.parametrize("decoder", ["pyarrow", "dataset"])
@@ -400,9 +389,9 @@ def test_deleted_rows_never_appear_in_either_decoder(dv_table, decoder, monkeypa
     path, live = dv_table
     monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
     ds = al.delta(path)
-    got = _ids(ds.loader(5))
+    got = flat_ids(ds.loader(5))
     assert sorted(got) == sorted(live["id"].to_pylist())
-    got = _ids(ds.filter("s <> 'v3'").loader(4))
+    got = flat_ids(ds.filter("s <> 'v3'").loader(4))
     assert sorted(got) == sorted(i for i in live["id"].to_pylist() if i != 3)
 
 
@@ -414,7 +403,7 @@ def test_loader_is_exact_once_per_epoch_across_ranks(dv_table, shuffle):
     for rank in (0, 1):
         loader = ds.loader(4, shuffle=shuffle, seed=7, world_size=2, rank=rank)
         loader.set_epoch(1)
-        ids = _ids(loader)
+        ids = flat_ids(loader)
         assert len(ids) == 33 // 2 and len(loader) == -(-16 // 4)
         per_rank.append(ids)
     both = per_rank[0] + per_rank[1]
@@ -513,11 +502,11 @@ def test_delta_table_on_s3(versions, dv_table):
                     s3.put_file(os.path.join(folder, n), f"delta-lakes/{name}/{rel}")
         options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
         ds = al.dataset("s3://delta-lakes/events", storage_options=options)
-        assert _sorted_rows(ds.to_arrow()) == _sorted_rows(_truth(path))
+        assert sorted_rows(ds.to_arrow()) == sorted_rows(_truth(path))
         v2 = al.delta("s3://delta-lakes/events", version=2, storage_options=options)
         assert v2.count() == _truth(path, 2).num_rows
         dv = al.delta("s3://delta-lakes/dv", storage_options=options)
-        assert _sorted_rows(dv.to_arrow()) == _sorted_rows(live)
-        assert Counter(_ids(dv.loader(4, shuffle="block", seed=1))) == Counter(live["id"].to_pylist())
+        assert sorted_rows(dv.to_arrow()) == sorted_rows(live)
+        assert Counter(flat_ids(dv.loader(4, shuffle="block", seed=1))) == Counter(live["id"].to_pylist())
         with pytest.raises(al.LakeTableError, match="Delta Lake"):
             al.dataset("s3://delta-lakes/events/part=b/", storage_options=options)

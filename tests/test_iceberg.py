@@ -27,6 +27,7 @@ import pytest
 
 import arrowload as al
 from _support import moto_s3_server, state_after
+from _support import flat_ids, sorted_rows
 
 ROW_GROUP_ROWS = "64"  # small row groups, so that deletes and pruning cross row groups
 
@@ -100,18 +101,6 @@ def history(tmp_path_factory):
 
 def _truth(table, snapshot_id=None) -> pa.Table:
     return table.scan(snapshot_id=snapshot_id).to_arrow()
-
-
-def _sorted_rows(table: pa.Table) -> list[tuple]:
-    names = sorted(table.column_names)
-    return sorted(tuple(str(r[n]) for n in names) for r in table.select(names).to_pylist())
-
-
-def _ids(batches) -> list[int]:
-    out = []
-    for b in batches:
-        out.extend(int(v) for v in b["id"])
-    return out
 
 
 # -- merge-on-read deletes, committed with pyiceberg's own writers ------------------------
@@ -211,7 +200,7 @@ def test_every_snapshot_reads_as_pyiceberg_does(history, k):
     ds = al.iceberg(table, snapshot_id=snaps[k])
     got = ds.to_arrow()
     assert got.schema.names == truth.schema.names
-    assert _sorted_rows(got) == _sorted_rows(truth)
+    assert sorted_rows(got) == sorted_rows(truth)
     assert ds.count() == truth.num_rows
     assert len(ds.loader(32)) == -(-truth.num_rows // 32)
     assert ds.plan.source.table == {"format": "iceberg", "uri": table.location().removeprefix("file://"),
@@ -268,7 +257,7 @@ def test_dropped_and_added_again_column_never_reads_the_old_data(history):
     # statistics of the old "extra" (strings) are never used for the new one
     assert ds.filter("extra IS NULL").count() == old.num_rows
     assert ds.filter("extra IS NOT NULL").count() == 50
-    assert sorted(_ids(ds.filter("extra IS NULL").select("id").loader(64))) == sorted(old["id"].to_pylist())
+    assert sorted(flat_ids(ds.filter("extra IS NULL").select("id").loader(64))) == sorted(old["id"].to_pylist())
     desc = ds.describe()  # footer statistics, mapped per file
     extra = desc.filter(desc["column"] == "extra")
     assert extra["null_count"].item() == old.num_rows and extra["min"].item() == "8000"
@@ -305,11 +294,11 @@ def test_identity_partition_column_missing_from_a_file_reads_as_its_value(tmp_pa
     truth = _truth(table)
     assert sorted(truth.filter(pc.equal(truth["region"], "apac"))["id"].to_pylist()) == [10, 11, 12]
     ds = al.iceberg(table)
-    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(truth)
     assert ds.filter("region = 'apac'").count() == 3
-    assert sorted(_ids(ds.filter("region <> 'eu'").loader(2))) == [2, 10, 11, 12]
+    assert sorted(flat_ids(ds.filter("region <> 'eu'").loader(2))) == [2, 10, 11, 12]
     got = pa.Table.from_batches(list(ds.loader(5, output="arrow")))
-    assert _sorted_rows(got) == _sorted_rows(truth)
+    assert sorted_rows(got) == sorted_rows(truth)
 
 
 @pytest.mark.parametrize("decoder", ["pyarrow", "dataset"])
@@ -318,7 +307,7 @@ def test_field_id_mapping_in_either_decoder(history, decoder, monkeypatch):
     monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
     truth = _truth(table, snaps[6])
     batches = list(al.iceberg(table, snapshot_id=snaps[6]).loader(50, output="arrow"))
-    assert _sorted_rows(pa.Table.from_batches(batches)) == _sorted_rows(truth)
+    assert sorted_rows(pa.Table.from_batches(batches)) == sorted_rows(truth)
 
 
 @pytest.mark.parametrize("predicate", [
@@ -335,7 +324,7 @@ def test_filters_match_duckdb_over_the_truth(history, predicate):
     expected = duckdb.sql(f"SELECT * FROM truth WHERE {predicate}").arrow()
     expected = expected.read_all() if hasattr(expected, "read_all") else expected
     ds = al.iceberg(table, snapshot_id=snaps[6]).filter(predicate)
-    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(expected)
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(expected)
     assert ds.count() == expected.num_rows
 
 
@@ -367,7 +356,7 @@ def test_loader_is_exact_once_per_epoch_across_ranks(latest, shuffle):
     for rank in (0, 1):
         loader = ds.loader(16, shuffle=shuffle, seed=7, world_size=2, rank=rank)
         loader.set_epoch(1)
-        ids = _ids(loader)
+        ids = flat_ids(loader)
         assert len(ids) == n // 2 and len(loader) == -(-(n // 2) // 16)
         per_rank.append(ids)
     both = per_rank[0] + per_rank[1]
@@ -395,14 +384,14 @@ def test_snapshots_are_snapshot_ids_and_a_state_resumes_on_its_own_snapshot(hist
     assert a.snapshot_id == f"iceberg:{a.plan.source.table['uri']}@s{snaps[4]}" != b.snapshot_id
     assert a.pin().snapshot_id == a.snapshot_id
     for shuffle in (False, "block", "global"):
-        whole = _ids(a.select("id").loader(16, shuffle=shuffle, seed=1))
+        whole = flat_ids(a.select("id").loader(16, shuffle=shuffle, seed=1))
         state = state_after(a.select("id").loader(16, shuffle=shuffle, seed=1), 2)
         assert state["sources"] == [{"snapshot": a.snapshot_id, "table": a.plan.source.table}]
         # a loader built on the newer snapshot (the table moved on) resumes snapshot 4's epoch
         later = b.select("id").loader(16, shuffle=shuffle, seed=1)
         later.load_state_dict(state)
         assert later.snapshot_id == a.snapshot_id
-        assert _ids(later) == whole[2 * 16:]
+        assert flat_ids(later) == whole[2 * 16:]
     other = state_after(al.dataset(pa.table({"id": list(range(100))})).loader(16, seed=1), 1)
     with pytest.raises(al.StateMismatchError):
         b.select("id").loader(16, seed=1).load_state_dict(other)
@@ -426,7 +415,7 @@ def test_position_deleted_rows_never_appear(mor, k):
     table, snaps, _ = mor
     truth = _truth(table, snaps[k])
     ds = al.iceberg(table, snapshot_id=snaps[k])
-    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(truth)
     assert ds.count() == truth.num_rows
     src = ds.plan.source
     assert sum(u.num_rows for u in src.units()) == truth.num_rows
@@ -435,7 +424,7 @@ def test_position_deleted_rows_never_appear(mor, k):
     big = sorted(r["id"] for r in truth.to_pylist() if r["x"] >= 50)
     assert ds.filter("x >= 50").count() == len(big)
     assert sorted(ds.filter("x >= 50").select("id").to_arrow()["id"].to_pylist()) == big
-    assert sorted(_ids(ds.to_batches())) == sorted(live)
+    assert sorted(flat_ids(ds.to_batches())) == sorted(live)
 
 
 def test_sql_aggregates_over_position_deletes_match_duckdb(mor):
@@ -455,8 +444,8 @@ def test_position_deletes_in_either_decoder(mor, decoder, monkeypatch):
     monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
     live = _truth(table, snaps[1])["id"].to_pylist()
     ds = al.iceberg(table, snapshot_id=snaps[1])
-    assert sorted(_ids(ds.loader(7))) == sorted(live)
-    assert sorted(_ids(ds.filter("s <> 'v3'").loader(9))) == sorted(i for i in live if i != 3)
+    assert sorted(flat_ids(ds.loader(7))) == sorted(live)
+    assert sorted(flat_ids(ds.filter("s <> 'v3'").loader(9))) == sorted(i for i in live if i != 3)
 
 
 def test_explain_repr_and_describe_name_the_table_snapshot_and_deleted_rows(mor):
@@ -511,12 +500,12 @@ def test_metadata_json_path_and_table_folder(history, tmp_path):
     root = table.location().removeprefix("file://")
     truth = _truth(table)
     by_path = al.iceberg(table.metadata_location.removeprefix("file://"), snapshot_id=snaps[3])
-    assert _sorted_rows(by_path.to_arrow()) == _sorted_rows(_truth(table, snaps[3]))
+    assert sorted_rows(by_path.to_arrow()) == sorted_rows(_truth(table, snaps[3]))
     assert by_path.plan.source.fingerprint() == al.iceberg(table, snapshot_id=snaps[3]).plan.source.fingerprint()
-    assert _sorted_rows(al.iceberg(table.metadata_location).to_arrow()) == _sorted_rows(truth)  # a file:// URI
+    assert sorted_rows(al.iceberg(table.metadata_location).to_arrow()) == sorted_rows(truth)  # a file:// URI
     for ds in (al.dataset(root), al.iceberg(root)):  # the folder: its newest metadata file
         assert ds.plan.source.table["snapshot_id"] == snaps[-1]
-        assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+        assert sorted_rows(ds.to_arrow()) == sorted_rows(truth)
     with pytest.raises(al.InvalidArgumentError, match="no snapshot 12345"):
         al.iceberg(table, snapshot_id=12345)
     with pytest.raises(al.ArgumentTypeError):
@@ -591,8 +580,8 @@ def test_iceberg_table_on_s3(tmp_path):
         truth = _truth(table)
         ds = al.iceberg(table)
         assert ds.plan.source.table["uri"].startswith("s3://lake/wh")
-        assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
-        assert Counter(_ids(ds.loader(16, shuffle="block", seed=1))) == Counter(truth["id"].to_pylist())
+        assert sorted_rows(ds.to_arrow()) == sorted_rows(truth)
+        assert Counter(flat_ids(ds.loader(16, shuffle="block", seed=1))) == Counter(truth["id"].to_pylist())
         options = {"endpoint_url": url, "key": "testing", "secret": "testing"}
         by_uri = al.iceberg(table.metadata_location, storage_options=options)
         assert by_uri.filter("s = 'w'").count() == 50
@@ -631,13 +620,13 @@ def test_transform_partitions_read_as_pyiceberg_does(tmp_path):
     files = {t.file.file_path for t in table.scan().plan_files()}
     assert len(files) > 8  # one file per (bucket, day, prefix): really partitioned
     ds = al.iceberg(table)
-    assert _sorted_rows(ds.to_arrow()) == _sorted_rows(truth)
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(truth)
     assert ds.count() == truth.num_rows
     for predicate in ("id < 100", "name LIKE 'a%'", "ts >= TIMESTAMP '2023-11-16 00:00:00'"):
         expected = duckdb.sql(f"SELECT * FROM truth WHERE {predicate}").arrow()
         expected = expected.read_all() if hasattr(expected, "read_all") else expected
         got = ds.filter(predicate)
-        assert _sorted_rows(got.to_arrow()) == _sorted_rows(expected), predicate
+        assert sorted_rows(got.to_arrow()) == sorted_rows(expected), predicate
         assert got.count() == expected.num_rows
-    ids = [_ids(ds.select("id").loader(32, shuffle="block", seed=3, rank=r, world_size=2)) for r in range(2)]
+    ids = [flat_ids(ds.select("id").loader(32, shuffle="block", seed=3, rank=r, world_size=2)) for r in range(2)]
     assert not set(ids[0]) & set(ids[1]) and len(ids[0]) == len(ids[1]) == truth.num_rows // 2
