@@ -9,7 +9,6 @@ never raises: a part that cannot be computed shows why instead.
 from __future__ import annotations
 
 import html
-import sys
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any
 
 from .plan.explain import _fmt_bytes, render_tree, scan_stats, unreadable_footers
 from .plan.nodes import Plan, Scan, SqlQuery, scans, walk
+from .progress import ipython_shell
 
 MAX_SCHEMA_ROWS = 64
 
@@ -363,13 +363,7 @@ _PREVIOUS: dict[int, Any] = {}  # id(shell) -> the HTML formatter of pyarrow.Tab
 
 
 def _ipython_shell():
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
-    try:
-        shell = ipython.get_ipython()
-    except Exception:  # noqa: BLE001 - a broken IPython is no notebook
-        return None
+    shell = ipython_shell()
     return shell if shell is not None and hasattr(shell, "display_formatter") else None
 
 

@@ -70,14 +70,20 @@ def progress_enabled(enabled: bool | str = True) -> Iterator[None]:
         set_progress(before)
 
 
-def _in_notebook() -> bool:
+def ipython_shell():
+    """The running IPython shell where the program imported IPython, else None (never
+    imports it)."""
     ipython = sys.modules.get("IPython")
     if ipython is None:
-        return False
+        return None
     try:
-        shell = ipython.get_ipython()
+        return ipython.get_ipython()
     except Exception:  # noqa: BLE001 - a broken IPython is no notebook
-        return False
+        return None
+
+
+def _in_notebook() -> bool:
+    shell = ipython_shell()
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
