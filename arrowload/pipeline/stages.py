@@ -585,9 +585,6 @@ class Pipeline:
         now = time.perf_counter()
         s.wall_s = now - self.started
         s.cpu_s = time.process_time() - self._cpu0
-        if self._decoded is not None:
-            base = self._decoded0
-            s.decoders = {k: v - base.get(k, 0) for k, v in self._decoded().items() if v > base.get(k, 0)}
         s.loader_cpu_s = r.cpu_s + self._producer_cpu
         s.consumer_cpu_s = self._consumer_cpu
         s.readers = r.target
@@ -595,6 +592,15 @@ class Pipeline:
         if final or now - self._native_at >= NATIVE_CPU_EVERY_S:
             self._native_at = now
             s.native_cpu_s = self._native_cpu()
+            self._count_decoders()
+
+    def _count_decoders(self) -> None:
+        """This iteration's units per decoder (read with the native CPU, not per batch; and
+        when the iteration ends or is closed)."""
+        if self._decoded is not None:
+            base = self._decoded0
+            self.stats.decoders = {k: v - base.get(k, 0) for k, v in self._decoded().items()
+                                   if v > base.get(k, 0)}
 
     def _native_cpu(self) -> float:
         """CPU time since the start of threads Python does not know (pyarrow's decode and
@@ -609,6 +615,7 @@ class Pipeline:
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join()
         self.readers.close()
+        self._count_decoders()
         while not self.out.empty():
             try:
                 self.out.get_nowait()

@@ -265,7 +265,8 @@ class UnitReader:
             self._memory_key = memory.situation_key(self._situation)
             got = memory.load(self._cache_dir, self._memory_key)
         self._remembered_costs = dict(got.costs) if got is not None else {}
-        # bytes this reader reads before polars joins the candidates (0: at once); see POLARS_BYTES
+        # bytes this reader reads before polars joins the candidates (0: it is one, or never
+        # will be); see POLARS_BYTES and REMEASURE_IMPORT_BYTES
         self._polars_after = 0
         if "polars" in names and pinned is None and "polars" not in sys.modules:
             if got is not None and got.chosen != "polars":
@@ -274,7 +275,6 @@ class UnitReader:
                 self._polars_after = POLARS_BYTES
             if self._polars_after:
                 names.remove("polars")
-        self._polars_later = bool(self._polars_after)
         self._chooser = Chooser(names, exclusive=("polars",))
         self._gate = Gate()
         if got is not None:
@@ -429,9 +429,9 @@ class UnitReader:
     def _count_read(self, size: int) -> None:
         with self._lock:
             self._read_bytes += size
-            if not self._polars_later or self._read_bytes < self._polars_after:
+            if not self._polars_after or self._read_bytes < self._polars_after:
                 return
-            self._polars_later = False
+            self._polars_after = 0
         self._chooser.add("polars")
 
     def _read_with(self, name: str, measure: bool, i: int, fn: Callable, counting: bool):
@@ -470,7 +470,7 @@ class UnitReader:
             size = self._unit_bytes()[i]
             if self._chooser.done(picked, cpu, size) and self._memory_key is not None:
                 self._remember()
-            if self._polars_later:
+            if self._polars_after:
                 self._count_read(size)
 
     def _on_dataset(self, unit, fn: Callable, failed: str | None = None):
