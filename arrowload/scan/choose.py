@@ -44,8 +44,10 @@ MARGIN = 0.10
 
 _POOL_PREFIXES = ("polars", "async-executor", "tokio-rt-worker")
 #: How a read's CPU is measured (part of a remembered measurement's situation, so that
-#: measurements taken another way are not trusted): 2 counts the native I/O threads' CPU.
-MEASURE_METHOD = 2
+#: measurements taken another way are not trusted). 3: the reading thread plus polars' pool.
+#: (2 also counted pyarrow's native I/O threads: it made polars the choice for unfiltered reads
+#: on the 4M-row lake, where a whole epoch then took 0.65-0.98 s against 0.44 s with pyarrow.)
+MEASURE_METHOD = 3
 
 
 class Chooser:
@@ -264,32 +266,21 @@ def pool_cpu_readable() -> bool:
         return False
 
 
-_READABLE = pool_cpu_readable()
-
-
-def _threads_cpu_ns(pool: bool, skip: frozenset = frozenset()) -> int:
-    """CPU of the process's threads in polars' pool (``pool``) or of the others not in
-    ``skip`` (native ids as strings), from /proc/self/task/*/schedstat."""
+def _pool_cpu_ns() -> int:
     total = 0
     for tid in os.listdir(_TASKS):
-        if tid in skip:
-            continue
         mine = _pool_tids.get(tid)
         try:
             if mine is None:
                 with open(f"{_TASKS}/{tid}/comm") as f:
                     mine = f.read().startswith(_POOL_PREFIXES)
                 _pool_tids[tid] = mine
-            if mine == pool:
+            if mine:
                 with open(f"{_TASKS}/{tid}/schedstat") as f:
                     total += int(f.read().split()[0])
         except (OSError, ValueError):
             continue  # the thread ended meanwhile
     return total
-
-
-def _pool_cpu_ns() -> int:
-    return _threads_cpu_ns(True)
 
 
 class PolarsCall:
@@ -322,22 +313,12 @@ class PolarsCall:
             self.cpu_s = pool / 1e9
 
 
-def _native_cpu_ns() -> int:
-    """CPU of the process's threads that are neither Python's nor polars' pool: pyarrow's I/O
-    pool (pre-buffered reads run there, and their system time), allocator threads."""
-    return _threads_cpu_ns(False, frozenset(str(t.native_id) for t in threading.enumerate()))
-
-
 class Measure:
-    """CPU of one read: the reading thread's, the native threads' that are not polars' (a
-    decoder's I/O pool: pyarrow pre-buffers column chunks on its own threads, which the
-    reading thread's clock does not see; before, that made pyarrow look 10% cheaper than
-    polars per byte where a whole epoch cost 25% more CPU), plus what helper pools report
-    (``add_pool``; None marks the measurement as spoiled)."""
+    """CPU of one read: the reading thread's, plus what helper pools report (``add_pool``;
+    None marks the measurement as spoiled)."""
 
     def __init__(self) -> None:
         self._thread = time.thread_time()
-        self._native = _native_cpu_ns() if _READABLE else 0
         self._pool = 0.0
         self._spoiled = False
 
@@ -349,7 +330,4 @@ class Measure:
 
     def done(self) -> float | None:
         """CPU seconds of the read, or None where it cannot be known."""
-        if self._spoiled:
-            return None
-        native = (_native_cpu_ns() - self._native) / 1e9 if _READABLE else 0.0
-        return time.thread_time() - self._thread + native + self._pool
+        return None if self._spoiled else time.thread_time() - self._thread + self._pool
