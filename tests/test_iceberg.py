@@ -14,6 +14,7 @@ equality deletes.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -630,3 +631,87 @@ def test_transform_partitions_read_as_pyiceberg_does(tmp_path):
         assert got.count() == expected.num_rows
     ids = [flat_ids(ds.select("id").loader(32, shuffle="block", seed=3, rank=r, world_size=2)) for r in range(2)]
     assert not set(ids[0]) & set(ids[1]) and len(ids[0]) == len(ids[1]) == truth.num_rows // 2
+
+
+# -- files without field ids: the table's name mapping -------------------------------------
+
+@pytest.fixture(scope="module")
+def migrated(tmp_path_factory):
+    """A table migrated from plain Parquet: two files written without field ids (several
+    row groups each) registered with pyiceberg's ``add_files`` (the table keeps the name
+    mapping pyiceberg wrote); then a column renamed, a column added, and rows appended
+    with field ids. Returns (table, [snapshot ids])."""
+    from pyiceberg.types import LongType
+
+    root = tmp_path_factory.mktemp("migrated")
+    catalog = _catalog(root)
+    plain = []
+    for k in range(2):
+        ids = list(range(k * 200, (k + 1) * 200))
+        path = str(root / f"plain-{k}.parquet")
+        pq.write_table(pa.table({"id": pa.array(ids, pa.int64()), "name": [f"n{i}" for i in ids],
+                                 "x": pa.array([i / 4 for i in ids], pa.float64())}),
+                       path, row_group_size=64)
+        plain.append(path)
+    schema = pq.read_schema(plain[0])
+    assert all(not f.metadata for f in schema)  # no field ids, as a plain writer leaves them
+    table = catalog.create_table("ns.migrated", schema=schema)
+    table.add_files(plain)
+    snaps = [table.current_snapshot().snapshot_id]
+    with table.update_schema() as u:
+        u.rename_column("name", "label")
+        u.add_column("extra", LongType())
+    ids = list(range(400, 450))
+    table.append(pa.table({"id": pa.array(ids, pa.int64()), "label": [f"n{i}" for i in ids],
+                           "x": pa.array([i / 4 for i in ids], pa.float64()),
+                           "extra": pa.array([i * 10 for i in ids], pa.int64())}).cast(table.schema().as_arrow()))
+    snaps.append(table.current_snapshot().snapshot_id)
+    return table, snaps
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_files_without_field_ids_read_by_the_name_mapping(migrated, k):
+    """Columns of files written without field ids are found through the table's name
+    mapping (before: every column of such a file read as nulls), renamed ones too."""
+    table, snaps = migrated
+    truth = _truth(table, snaps[k])
+    assert truth["id"].null_count == 0 and truth.num_rows == (400 if k == 0 else 450)
+    ds = al.iceberg(table, snapshot_id=snaps[k])
+    got = ds.to_arrow()
+    assert got.schema.names == truth.schema.names
+    assert sorted_rows(got) == sorted_rows(truth)
+    assert ds.count() == truth.num_rows
+    assert sorted(flat_ids(ds.select("id").loader(64, shuffle=True, seed=1))) == sorted(truth["id"].to_pylist())
+
+
+@pytest.mark.parametrize("decoder", ["pyarrow", "dataset", "polars"])
+@pytest.mark.parametrize("predicate", ["label = 'n7' OR label > 'n43'", "x < 20 AND id >= 10", "extra IS NULL",
+                                       "extra > 4200"])
+def test_name_mapped_files_filter_as_duckdb_in_every_decoder(migrated, decoder, predicate, monkeypatch):
+    table, snaps = migrated
+    monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    truth = _truth(table, snaps[1])  # noqa: F841 - DuckDB reads it by name
+    expected = duckdb.sql(f"SELECT * FROM truth WHERE {predicate}").arrow()
+    expected = expected.read_all() if hasattr(expected, "read_all") else expected
+    ds = al.iceberg(table, snapshot_id=snaps[1]).filter(predicate)
+    assert expected.num_rows > 0
+    assert sorted_rows(pa.Table.from_batches(list(ds.loader(50, output="arrow")))) == sorted_rows(expected)
+    assert ds.count() == expected.num_rows
+
+
+def test_files_without_field_ids_and_no_name_mapping_are_refused(migrated, tmp_path):
+    """Without a name mapping a file without field ids cannot be read by the spec (pyiceberg
+    refuses it too): a typed error naming the file and the property, never nulls."""
+    table, snaps = migrated
+    meta = table.metadata_location.removeprefix("file://")
+    doc = json.loads(open(meta).read())
+    del doc["properties"]["schema.name-mapping.default"]
+    bare = tmp_path / "v99.metadata.json"
+    bare.write_text(json.dumps(doc))
+    from pyiceberg.table import StaticTable
+    static = StaticTable.from_metadata(str(bare))
+    with pytest.raises(Exception):
+        static.scan(snapshot_id=snaps[0]).to_arrow()
+    with pytest.raises(al.UnsupportedTableFeatureError, match="name mapping") as err:
+        al.iceberg(str(bare), snapshot_id=snaps[0]).to_arrow()
+    assert err.value.feature == "data files without field ids" and "plain-" in str(err.value)

@@ -15,6 +15,11 @@ The result is an :class:`IcebergSource`, a
   from that file under its old name; a column the file lacks (added later, or dropped
   and added again with a new id while the file holds the old one) reads as nulls, or as
   the file's identity partition value; ``file_columns(file)`` holds each file's map;
+- a file written without field ids (one a migration registered with ``add_files``, or
+  written by another engine) has its columns given ids by the table's **name mapping**
+  (the ``schema.name-mapping.default`` property: each field id with the names a file may
+  hold it under), as the spec says; such a file in a table without a name mapping is
+  refused (``UnsupportedTableFeatureError``), never read as nulls;
 - position deletes (Parquet delete files of ``file_path`` / ``pos``) remove rows per
   file (``Unit.deleted``), so ``count()``, ``len(loader)``, sharding and resume are exact.
 
@@ -25,6 +30,7 @@ the feature and the file: reading without them would return deleted or wrong row
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -112,6 +118,31 @@ def _logical_schema(schema) -> tuple[pa.Schema, list[tuple[str, int]]]:
     arrow = schema_to_pyarrow(schema, include_field_ids=False)
     fields = [pa.field(f.name, _plain(f.type)) for f in arrow]
     return pa.schema(fields), [(f.name, f.field_id) for f in schema.fields]
+
+
+NAME_MAPPING = "schema.name-mapping.default"
+
+
+def _name_mapping(properties: Mapping[str, str] | None, where: str) -> dict[str, int] | None:
+    """The table's name mapping (``schema.name-mapping.default``: a JSON list of
+    ``{"field-id": id, "names": [...], "fields": [...]}``) as top-level name -> field id,
+    or None where the table has none."""
+    raw = (properties or {}).get(NAME_MAPPING)
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+        out: dict[str, int] = {}
+        for entry in doc:
+            fid = entry.get("field-id")
+            if fid is None:  # a name the mapping leaves unmapped: never read by name
+                continue
+            for name in entry.get("names") or ():
+                out[str(name)] = int(fid)
+        return out
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise CorruptFileError(f"iceberg table {where!r}: its {NAME_MAPPING} property is not a valid "
+                               f"name mapping ({exc}); fix the property", where) from None
 
 
 def _struct_names(t: pa.DataType) -> Any:
@@ -315,8 +346,9 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
             record_counts[path] = df.record_count
     arrow, ids = _logical_schema(schema)
     table_id = {"format": "iceberg", "uri": where, "snapshot_id": sid}
+    mapping = _name_mapping(getattr(table.metadata, "properties", None), where)
     src = IcebergSource(paths.fs, paths.root, files, schema=arrow, field_ids=ids, table=table_id,
-                        record_counts=record_counts, scan_options=scan_options)
+                        record_counts=record_counts, scan_options=scan_options, name_mapping=mapping)
     # how to open another snapshot of the same table (at_snapshot); never saved in a state
     src._reopen = (table, storage_options, scan_options)
     return src
@@ -350,7 +382,8 @@ class IcebergSource(TableFileSource):
 
     def __init__(self, filesystem: pafs.FileSystem, root: str, files: Sequence[TableFile], *,
                  schema: pa.Schema, field_ids: Sequence[tuple[str, int]], table: dict,
-                 record_counts: Mapping[str, int], scan_options: ScanOptions | None = None) -> None:
+                 record_counts: Mapping[str, int], scan_options: ScanOptions | None = None,
+                 name_mapping: Mapping[str, int] | None = None) -> None:
         deleted = sum(len(f.deleted) for f in files if f.deleted is not None)
         display = (f"iceberg table {table['uri']} snapshot {table['snapshot_id']} ({plural(len(files), 'file')}, "
                    f"{plural(deleted, 'deleted row')})")
@@ -358,12 +391,16 @@ class IcebergSource(TableFileSource):
                          display=display, scan_options=scan_options)
         self._field_ids = tuple(field_ids)
         self._record_counts = dict(record_counts)
+        self._name_mapping = None if name_mapping is None else dict(name_mapping)
 
     def snapshot_label(self) -> str:
         return f"snapshot {self.table['snapshot_id']}"
 
     def _fingerprint_head(self) -> str:
-        return f"iceberg\n{self.table['uri']}\n{self.table['snapshot_id']}\n{self._logical.to_string()}\n"
+        head = f"iceberg\n{self.table['uri']}\n{self.table['snapshot_id']}\n{self._logical.to_string()}\n"
+        if self._name_mapping is not None:  # a table property: it may change without a snapshot
+            head += f"name-mapping {sorted(self._name_mapping.items())}\n"
+        return head
 
     snapshot_field = "snapshot_id"
 
@@ -402,6 +439,17 @@ class IcebergSource(TableFileSource):
                     by_id[int(raw)] = f
                 except ValueError:
                     pass
+        if not by_id and len(file_schema):  # written without field ids: the name mapping gives them
+            if self._name_mapping is None:
+                raise UnsupportedTableFeatureError(
+                    f"iceberg table {self.table['uri']!r}: data file {path!r} has no field ids and the table "
+                    f"has no name mapping ({NAME_MAPPING}) to find its columns by; set one (pyiceberg: "
+                    "table.transaction().set_properties(...)) or rewrite the file with field ids",
+                    feature="data files without field ids")
+            for f in file_schema:
+                fid = self._name_mapping.get(f.name)
+                if fid is not None and fid not in by_id:
+                    by_id[fid] = f
         names = set(file_schema.names)
         partition = self._partition_values[i]
         out: dict[str, str | None] = {}
