@@ -280,9 +280,13 @@ class Dataset:
         ``al.dataset(path)`` reopens. In-memory data is already its own snapshot."""
         return self._with(with_sources(self._plan, lambda i, src: src.pin()))
 
-    def save_manifest(self, path: str | os.PathLike) -> str:
+    def save_manifest(self, path: str | os.PathLike, *, storage_options: dict | None = None) -> str:
         """Write the snapshot manifest (``formats/snapshot_manifest/v1``) of this dataset's
-        files to the local file ``path``, atomically, and return its ``snapshot_id``.
+        files to ``path``, whole or not at all, and return its ``snapshot_id``. ``path`` is a
+        local file (written to a temporary file renamed over it) or a URI (``s3://``,
+        ``gs://``, ``az://`` ...: one upload, which object stores make visible whole);
+        ``storage_options`` as for ``al.dataset`` -- by default a URI on the dataset's own
+        store is written with the dataset's credentials.
         The manifest names the files (root URI; per file its path relative to the root,
         size, modification time, ETag / generation / inode where known, rows from its
         footer, partition values), the format and a schema digest; it reads every footer.
@@ -290,14 +294,24 @@ class Dataset:
         any process. The manifest holds the data, not the selection: filters, columns and
         maps of this dataset are not saved. A dataset over several sources or in-memory data
         has no manifest (``UnsupportedError``)."""
+        import json
+
         from .jsondoc import write_atomic
+        from .source.filesystem import protocol_of, write_object
         found = list({id(s.source): s.source for s in scans(self._plan)}.values())
         if len(found) != 1:
             from .errors import UnsupportedError
             raise UnsupportedError(f"a snapshot manifest names the files of one source; this dataset reads "
                                    f"{len(found)} sources: save a manifest per dataset")
         doc = found[0].manifest()
-        write_atomic(os.fspath(path), doc)
+        path = os.fspath(path)
+        if protocol_of(path) in (None, "file", "local"):
+            if storage_options:
+                raise InvalidArgumentError(f"storage_options apply to URIs only; got them with the local path "
+                                           f"{path!r}", "storage_options")
+            write_atomic(path[len("file://"):] if path.startswith("file://") else path, doc)
+        else:
+            write_object(path, json.dumps(doc).encode("utf-8"), storage_options, found[0])
         return doc["snapshot_id"]
 
     def _verify(self) -> None:

@@ -532,3 +532,31 @@ def test_s3_manifest_reopens_the_pinned_objects(s3, tmp_path):
     fs.rm(f"{BUCKET}/manifest/part-00000.parquet")
     with pytest.raises(al.SnapshotChangedError, match="part-00000.parquet.*is gone"):
         back.count()
+
+
+def test_s3_manifest_saved_to_the_store_itself(s3, tmp_path):
+    """``save_manifest`` writes to a URI (one upload): with the dataset's own credentials by
+    default, with ``storage_options`` where given; the manifest read back from the store
+    reopens exactly the pinned objects, from another process too."""
+    options, fs, local = s3
+    uri = _upload(fs, local, "saved")
+    ds = al.dataset(uri, storage_options=options).pin()
+    sid = ds.save_manifest(f"s3://{BUCKET}/manifests/a.json")
+    sid2 = ds.save_manifest(f"s3://{BUCKET}/manifests/b.json", storage_options=options)
+    assert sid == sid2 == ds.snapshot_id
+    doc = json.loads(fs.cat(f"{BUCKET}/manifests/a.json"))
+    assert doc["format"] == "arrowload.snapshot_manifest" and doc["root"] == uri
+    assert doc == json.loads(fs.cat(f"{BUCKET}/manifests/b.json"))
+    pq.write_table(_extra(True), str(tmp_path / "x.parquet"))
+    fs.put(str(tmp_path / "x.parquet"), f"{BUCKET}/saved/part-00009.parquet")  # appended after the pin
+    back = al.dataset(f"s3://{BUCKET}/manifests/a.json", storage_options=options)
+    assert back.snapshot_id == sid
+    assert back.to_arrow().sort_by("id").equals(pds.dataset(local).to_table().sort_by("id"))
+    assert al.dataset(uri, storage_options=options).count() > back.count()
+    code = ("import arrowload as al, sys, json; o = json.loads(sys.argv[2]); "
+            "print(al.dataset(sys.argv[1], storage_options=o).count())")
+    out = subprocess.run([sys.executable, "-c", code, f"s3://{BUCKET}/manifests/a.json", json.dumps(options)],
+                         check=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert int(out.stdout.strip()) == pq.read_table(local).num_rows
+    with pytest.raises(al.InvalidArgumentError, match="storage_options"):
+        ds.save_manifest(str(tmp_path / "local.json"), storage_options=options)

@@ -348,3 +348,24 @@ def _undecodable_message(fs: pafs.FileSystem, base: str, original: str, exc: Bas
         f"a file name under {original!r} is not valid UTF-8 ({exc})"
     return (f"{what}; pyarrow (and so arrowload) reads UTF-8 names only: rename them (e.g. with "
             "convmv) or point at the other files")
+
+
+def write_object(uri: str, data: bytes, storage_options: dict | None, like: Any = None) -> None:
+    """Write ``data`` to the object ``uri`` in one upload (object stores make an object
+    visible whole or not at all). ``like``: a source whose files live on the same store
+    (``root`` and ``filesystem``), whose filesystem -- credentials, endpoint -- is used
+    where no ``storage_options`` are given."""
+    proto = protocol_of(uri)
+    root = getattr(like, "root", None)
+    if storage_options is None and root is not None and protocol_of(str(root)) == proto:
+        fs, stripped = like.filesystem, uri.split("://", 1)[1]
+    else:
+        fs, stripped = filesystem_for(uri, storage_options)
+    try:
+        with fs.open_output_stream(stripped) as f:
+            f.write(data)
+    except Exception as exc:  # noqa: BLE001 - translated where it is a storage failure
+        typed = storage_error(exc, uri)
+        if typed is None:
+            raise
+        raise typed from exc
