@@ -9,7 +9,8 @@ time) beside wall seconds. Phases:
 - ``plan``: opening and planning ``dataset(lake).select(f0..f15, label)``: listing,
   footers, schema, optimizer, splits with their bytes, the row count from footers (after
   a ``gc.collect()``, so an earlier import's garbage is not charged here);
-- ``filter``: the first ``filter("country = 'US' AND label = 1")`` of the process;
+- ``filter``: the first ``filter("country = 'US' AND label = 1")`` of the process (``--filter``
+  gives another text);
 - ``first``: building ``loader(4096, stack={"x": f0..f15})`` and taking its first batch,
   against polars ``scan_parquet(...).select(...).collect_batches(chunk_size=4096)``'s first
   batch as the same ``[4096, 16]`` numpy array.
@@ -67,7 +68,7 @@ import arrowload as al
 d = al.dataset(LAKE); d.schema
 gc.collect()
 c0, w0 = _now()
-d.filter("country = 'US' AND label = 1")
+d.filter(FILTER)
 c1, w1 = _now()
 print(json.dumps({"cpu": c1 - c0, "wall": w1 - w0}))
 """,
@@ -108,13 +109,13 @@ print(json.dumps({"cpu": c1 - c0, "wall": w1 - w0}))
 }
 
 
-def run(code: str, lake: str, root: Path | None) -> dict:
+def run(code: str, lake: str, root: Path | None, filter_text: str = "country = 'US' AND label = 1") -> dict:
     env = bench_env()
     if root is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
     # from a neutral folder: ``python -c`` puts the working directory first on sys.path
-    out = subprocess.run([sys.executable, "-c", f"LAKE = {lake!r}\n" + code], capture_output=True,
-                         text=True, env=env, timeout=600, cwd=tempfile.gettempdir())
+    out = subprocess.run([sys.executable, "-c", f"LAKE = {lake!r}\nFILTER = {filter_text!r}\n" + code],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=tempfile.gettempdir())
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -127,6 +128,7 @@ def main(argv=None) -> int:
     ap.add_argument("--against", help="another arrowload checkout (repository root) to compare with")
     ap.add_argument("--phases", default="import,plan,filter,first")
     ap.add_argument("--no-polars", action="store_true")
+    ap.add_argument("--filter", default="country = 'US' AND label = 1", help="the filter phase's SQL text")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of the plan phase")
     args = ap.parse_args(argv)
     lake = os.path.abspath(args.lake)
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
         for phase in args.phases.split(","):
             for name, (codes, root) in contenders.items():
                 if phase in codes:
-                    results.setdefault((name, phase), []).append(run(codes[phase], lake, root))
+                    results.setdefault((name, phase), []).append(run(codes[phase], lake, root, args.filter))
     print(f"lake {lake}, {args.reps} fresh processes per cell, interleaved; medians")
     print(f"| phase | {' | '.join(contenders)} |")
     print("|---|" + "---:|" * len(contenders))

@@ -591,3 +591,19 @@ def flat_ids(batches) -> list[int]:
     for b in batches:
         out.extend(int(v) for v in b["id"])
     return out
+
+
+def tree_data(tree) -> list:
+    """A SQL syntax tree as comparable data: sqlglot's ``dump()`` (class, args, the type a
+    Cast carries) without the token positions it records; a simple tree
+    (``arrowload.plan.simplesql``) is first built as the sqlglot tree it stands for."""
+    if not hasattr(tree, "dump"):
+        tree = tree.to_sqlglot()
+
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k != "m"}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+    return strip(tree.dump())

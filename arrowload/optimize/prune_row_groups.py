@@ -24,6 +24,7 @@ import pyarrow.types as pat
 
 from ..plan.expr import SqlExpr, conjuncts
 from ..plan.nodes import Plan, Scan, transform_up
+from ..plan.simplesql import isa
 
 
 def _orderable(t: pa.DataType) -> bool:
@@ -94,21 +95,23 @@ def _nan_false(part, schema: pa.Schema) -> bool:
         return True
     if not isinstance(part, SqlExpr):
         return False
-    from sqlglot import exp  # a SQL predicate: sqlglot is loaded already
 
     def is_float(node) -> bool:
-        while isinstance(node, exp.Paren):
+        while isa(node, "Paren"):
             node = node.this
-        return isinstance(node, exp.Column) and node.name in floats
+        return isa(node, "Column") and node.name in floats
 
-    for node in part.tree.walk():
-        if isinstance(node, (exp.Not, exp.NEQ)) and any(is_float(c) for c in node.find_all(exp.Column)):
+    def columns(node):
+        return (n for n in node.walk() if isa(n, "Column"))
+
+    for node in part.node.walk():  # the planner's tree: simple or sqlglot's (simplesql.isa)
+        if isa(node, "Not", "NEQ") and any(is_float(c) for c in columns(node)):
             return False
-        if isinstance(node, (exp.GT, exp.GTE)) and is_float(node.this):
+        if isa(node, "GT", "GTE") and is_float(node.this):
             return False
-        if isinstance(node, (exp.LT, exp.LTE)) and is_float(node.expression):
+        if isa(node, "LT", "LTE") and is_float(node.expression):
             return False
-        if isinstance(node, exp.Like) and node.args.get("negate"):
+        if isa(node, "Like") and node.args.get("negate"):
             return False
     return True
 

@@ -20,6 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.types as pat
 
 from ..errors import ArgumentTypeError, ColumnNotFoundError, ExpressionError
+from . import simplesql
 from .arrowtypes import type_of
 from .rowselect import filter_rows
 
@@ -101,20 +102,30 @@ class SqlExpr(Expr):
     The parts ``pushable.equivalent`` proves to mean the same in pyarrow compile to a
     pyarrow expression (scan pushdown, pruning); everything else is evaluated by DuckDB
     over the Arrow batch (``duckeval``). Subqueries, table functions and file, network or
-    environment access are refused when it is built (``sandbox``). A bare column
-    (:meth:`column`) is answered without sqlglot; its ``tree`` is built on first use.
+    environment access are refused when it is built (``sandbox``).
+
+    Two trees: ``node`` is the tree the planner reads (pushability, compilation, pruning,
+    fingerprints): a simple tree (``simplesql``) for a simple filter, else sqlglot's; ``tree``
+    is sqlglot's, built from the simple one on first use (SQL text for DuckDB, ``explain``).
+    A simple filter and a bare column (:meth:`column`) never import sqlglot until then.
     """
 
     def __init__(self, tree, text: str | None = None, schema: pa.Schema | None = None) -> None:
-        from sqlglot import exp
-
-        from . import sandbox
-        self._tree = tree
+        self._node = tree
         self._text = text  # None: SQL generated from the tree when first asked for
         self.schema = schema
-        self.columns = frozenset(c.name for c in tree.find_all(exp.Column))
-        self._column = tree.name if isinstance(tree, exp.Column) else None
-        sandbox.check_expression(tree, text)
+        if simplesql.is_simple(tree):
+            self._tree = None  # no sandbox check: the simple grammar reads the row only
+        else:
+            from . import sandbox
+            self._tree = tree
+            sandbox.check_expression(tree, text)
+        if self._tree is None:
+            self.columns = frozenset(c.name for c in tree.find_all("Column"))
+        else:
+            from sqlglot import exp
+            self.columns = frozenset(c.name for c in tree.find_all(exp.Column))
+        self._column = tree.name if simplesql.isa(tree, "Column") else None
 
     @classmethod
     def parse(cls, text: str, schema: pa.Schema, what: str = "expression") -> "SqlExpr":
@@ -125,9 +136,15 @@ class SqlExpr(Expr):
     def bind(cls, tree, schema: pa.Schema, text: str | None = None) -> "SqlExpr":
         """Resolve the tree's column names against ``schema`` now, so an unknown column
         fails at the call that named it (unquoted names match case-insensitively)."""
+        from . import sqlexpr
+        if simplesql.is_simple(tree):
+            def resolve(node):
+                real = sqlexpr.resolve_column(node.name, schema, bool(node.this.args.get("quoted")))
+                return simplesql.column(real)
+            return cls(simplesql.map_columns(tree, resolve), text, schema)
         from sqlglot import exp
 
-        from . import sandbox, sqlexpr
+        from . import sandbox
         sandbox.check_expression(tree, text)
 
         def fix(node):
@@ -142,6 +159,7 @@ class SqlExpr(Expr):
     def column(cls, name: str) -> "SqlExpr":
         """The column ``name`` as it is (a quoted identifier), built without parsing."""
         self = cls.__new__(cls)
+        self._node = None
         self._tree = None
         self._column = name
         self._text = name
@@ -157,16 +175,22 @@ class SqlExpr(Expr):
         return self._text
 
     @property
+    def node(self):
+        """The tree the planner reads: simple (``simplesql``) or sqlglot's."""
+        if self._node is None:
+            self._node = simplesql.column(self._column)
+        return self._node
+
+    @property
     def tree(self):
-        """The sqlglot syntax tree (a bare column's is made here, on first use)."""
+        """The sqlglot syntax tree (built from the simple one on first use: imports sqlglot)."""
         if self._tree is None:
-            from sqlglot import exp
-            self._tree = exp.column(self._column, quoted=True)
+            self._tree = self.node.to_sqlglot()
         return self._tree
 
     @property
     def tree_built(self) -> bool:
-        """False for a plain column whose tree was never asked for (``column()``)."""
+        """False while no sqlglot tree was built (a bare column, a simple filter)."""
         return self._tree is not None
 
     def _field(self, schema: pa.Schema) -> int:
@@ -182,13 +206,13 @@ class SqlExpr(Expr):
         if i >= 0:  # a column as a predicate: booleans only
             return pat.is_boolean(schema.field(i).type)
         from . import pushable
-        return pushable.equivalent(self.tree, schema)
+        return pushable.equivalent(self.node, schema)
 
     def projectable_on(self, schema: pa.Schema) -> bool:
         if self._field(schema) >= 0:
             return True
         from . import pushable
-        return pushable.projection_equivalent(self.tree, schema)
+        return pushable.projection_equivalent(self.node, schema)
 
     def runs_in(self, schema: pa.Schema, predicate: bool = True) -> str:
         ok = self.pushable_on(schema) if predicate else self.projectable_on(schema)
@@ -208,8 +232,8 @@ class SqlExpr(Expr):
                                   "expression (its meaning in pyarrow compute would differ)")
         from . import sqlexpr
         if predicate:
-            return sqlexpr.compile_predicate(self.tree, schema, self._text)
-        return sqlexpr.compile_expression(self.tree, schema, self._text)
+            return sqlexpr.compile_predicate(self.node, schema, self._text)
+        return sqlexpr.compile_expression(self.node, schema, self._text)
 
     def check(self, schema: pa.Schema, predicate: bool = False) -> None:
         if predicate and self.pushable_on(schema):
@@ -247,6 +271,13 @@ class SqlExpr(Expr):
     def substitute(self, mapping: Mapping[str, Expr]) -> Expr | None:
         if not all(isinstance(mapping.get(c), SqlExpr) for c in self.columns):
             return None
+        if simplesql.is_simple(self.node) and all(simplesql.is_simple(mapping[c].node) for c in self.columns):
+            def rename(node):  # the same rewrite as below, on the simple tree
+                if node.name not in mapping:
+                    return node
+                e = mapping[node.name].node
+                return e if simplesql.isa(e, "Column") else simplesql.paren(e)
+            return SqlExpr(simplesql.map_columns(self.node, rename))
         from sqlglot import exp
 
         def fix(node):
@@ -258,9 +289,9 @@ class SqlExpr(Expr):
         return SqlExpr(tree)
 
     def __str__(self) -> str:
-        if self._tree is None:
+        if self._tree is None and self._column is not None:  # a bare column: "name"
             return quote_column(self._column)
-        return self._tree.sql(DIALECT)
+        return self.tree.sql(DIALECT)
 
     def __repr__(self) -> str:
         return f"SqlExpr({self})"
@@ -443,11 +474,12 @@ def conjuncts(e: Expr) -> list[Expr]:
     if isinstance(e, AndExpr):
         return [c for p in e.parts for c in conjuncts(p)]
     if isinstance(e, SqlExpr) and e.column_name() is None:
-        from sqlglot import exp
-        if isinstance(e.tree, (exp.And, exp.Paren)):
-            inner = e.tree.unnest() if isinstance(e.tree, exp.Paren) else e.tree
-            if isinstance(inner, exp.And):
-                return [c for t in inner.flatten() for c in conjuncts(SqlExpr(t, schema=e.schema))]
+        node = e.node
+        if simplesql.isa(node, "And", "Paren"):
+            inner = node.unnest()
+            if simplesql.isa(inner, "And"):
+                parts = simplesql.flatten_and(inner) if simplesql.is_simple(inner) else inner.flatten()
+                return [c for t in parts for c in conjuncts(SqlExpr(t, schema=e.schema))]
     return [e]
 
 
@@ -460,6 +492,9 @@ def conjoin(parts: list[Expr]) -> Expr | None:
     merged: list[Expr] = []
     if len(sql) == 1:
         merged.append(sql[0])
+    elif sql and all(simplesql.is_simple(p.node) for p in sql):
+        # the tree exp.and_ builds below, as a simple tree (no sqlglot)
+        merged.append(SqlExpr(simplesql.and_(*[simplesql.paren(p.node) for p in sql]), schema=sql[0].schema))
     elif sql:
         from sqlglot import exp
         merged.append(SqlExpr(exp.and_(*[exp.paren(p.tree.copy(), copy=False) for p in sql], copy=False),

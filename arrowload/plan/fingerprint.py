@@ -12,7 +12,8 @@ The digest is SHA-256 over a canonical JSON document (sorted keys, no whitespace
 built from each node's kind and fields:
 
 - expressions: SQL as its sqlglot syntax tree (DuckDB dialect) with identifiers normalized
-  and parentheses dropped (the tree's shape holds the precedence); pyarrow and polars
+  and parentheses dropped (the tree's shape holds the precedence); a simple filter's tree
+  (``simplesql``, parsed without sqlglot) has the same shape and gives the same data; pyarrow and polars
   expressions as their libraries print them;
 - sources: format (``kind``), schema and hive partition schema; with ``data=True`` also the
   source's own snapshot identity (``Source.fingerprint()``: for files the canonical
@@ -40,6 +41,7 @@ import pyarrow as pa
 
 from .expr import AndExpr, ArrowExpr, Expr, PolarsExpr, SqlExpr
 from .nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
+from .simplesql import isa
 
 FORMAT = "arrowload.plan_fingerprint"
 VERSION = 1
@@ -109,16 +111,17 @@ def canonical_sql(text: str) -> Any:
 
 
 def sql_tree(tree, resolved: bool = False) -> Any:
-    """A sqlglot tree as plain data: ``[kind, {arg: value}]`` with arguments sorted, quoting
-    and parentheses dropped (the tree's shape already holds the precedence they spelled).
-    Unless ``resolved`` (names already bound to real column names), identifiers are
-    normalized as DuckDB resolves them (case-insensitively: lower case), except output
-    aliases, whose case names the result's columns."""
+    """A sqlglot tree (or a simple one, ``simplesql``: the same data) as plain data:
+    ``[kind, {arg: value}]`` with arguments sorted, quoting and parentheses dropped (the
+    tree's shape already holds the precedence they spelled). Unless ``resolved`` (names
+    already bound to real column names), identifiers are normalized as DuckDB resolves
+    them (case-insensitively: lower case), except output aliases, whose case names the
+    result's columns."""
+    if resolved:  # names already bound to the schema's columns: exact, nothing to normalize
+        return _node(tree)  # read only: no copy, and no sqlglot for a simple tree
     from sqlglot import exp
     from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
     tree = tree.copy()
-    if resolved:  # names already bound to the schema's columns: exact, nothing to normalize
-        return _node(tree)
     for alias in tree.find_all(exp.Alias):  # an alias names an output column: its case stays
         ident = alias.args.get("alias")
         if isinstance(ident, exp.Identifier):
@@ -127,13 +130,12 @@ def sql_tree(tree, resolved: bool = False) -> Any:
 
 
 def _node(node: Any) -> Any:
-    from sqlglot import exp
-    if isinstance(node, exp.Paren):
+    if isa(node, "Paren"):
         return _node(node.this)
-    if isinstance(node, exp.Expression):
+    if isa(node, "Expression"):  # sqlglot's nodes and simplesql's alike
         args = {}
         for key in sorted(node.args):
-            if isinstance(node, exp.Identifier) and key == "quoted":
+            if key == "quoted" and isa(node, "Identifier"):
                 continue
             value = node.args[key]
             if value is None or value is False or (isinstance(value, list) and not value):
@@ -152,15 +154,11 @@ def _expr(e: Expr | None) -> Any:
         return None
     if isinstance(e, AndExpr):
         return {"and": [_expr(p) for p in e.parts]}
-    if isinstance(e, SqlExpr):
-        if not e.tree_built:  # a plain column (select("f0")): its tree's data, without sqlglot
-            return {"sql": ["column", {"this": ["identifier", {"this": e.column_name()}]}]}
-        return {"sql": sql_tree(e.tree, resolved=True)}
+    if isinstance(e, SqlExpr):  # the planner's tree: simple or sqlglot's, the same data
+        return {"sql": sql_tree(e.node, resolved=True)}
     tree = getattr(e, "tree", None)
-    if tree is not None:
-        from sqlglot import exp
-        if isinstance(tree, exp.Expression):
-            return {"sql": sql_tree(tree, resolved=True)}
+    if tree is not None and isa(tree, "Expression"):
+        return {"sql": sql_tree(tree, resolved=True)}
     if isinstance(e, ArrowExpr):
         return {"arrow": str(e.expr)}
     if isinstance(e, PolarsExpr):

@@ -28,12 +28,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.types as pat
-from sqlglot import exp
 
 from . import pushable
 from .expr import Expr, SqlExpr, conjoin, conjuncts
+from .simplesql import isa
 
-_FLIP = {exp.EQ: exp.EQ, exp.NEQ: exp.NEQ, exp.LT: exp.GT, exp.GT: exp.LT, exp.LTE: exp.GTE, exp.GTE: exp.LTE}
+# node class names (sqlglot's trees and simple ones alike: ``simplesql.isa``)
+_FLIP = {"EQ": "EQ", "NEQ": "NEQ", "LT": "GT", "GT": "LT", "LTE": "GTE", "GTE": "LTE"}
 _KINDS = ("int", "str", "bool", "date")
 
 
@@ -58,10 +59,10 @@ def _polars_type(t: pa.DataType, pl):
     return pl.Date
 
 
-def _column(node: exp.Expression, schema: pa.Schema) -> tuple[str, pa.DataType] | None:
-    while isinstance(node, exp.Paren):
+def _column(node, schema: pa.Schema) -> tuple[str, pa.DataType] | None:
+    while isa(node, "Paren"):
         node = node.this
-    if isinstance(node, exp.Column) and node.name in schema.names and schema.names.count(node.name) == 1:
+    if isa(node, "Column") and node.name in schema.names and schema.names.count(node.name) == 1:
         t = schema.field(node.name).type
         if polars_kind(t) is not None:
             return node.name, t
@@ -69,7 +70,7 @@ def _column(node: exp.Expression, schema: pa.Schema) -> tuple[str, pa.DataType] 
     return None
 
 
-def _value(node: exp.Expression, t: pa.DataType) -> Any:
+def _value(node, t: pa.DataType) -> Any:
     """The Python value of literal ``node`` compared with a column of type ``t``."""
     if not pushable.literal_fits(node, t):
         raise _No("literal")
@@ -77,7 +78,7 @@ def _value(node: exp.Expression, t: pa.DataType) -> Any:
     if kind == "int":
         return int(pushable._number(node))
     if kind == "bool":
-        while isinstance(node, exp.Paren):
+        while isa(node, "Paren"):
             node = node.this
         return bool(node.this)
     typed = pushable._typed_string(node)
@@ -86,10 +87,10 @@ def _value(node: exp.Expression, t: pa.DataType) -> Any:
     return typed[1] if kind == "str" else dt.date.fromisoformat(typed[1])
 
 
-_OPS = {exp.EQ: "==", exp.NEQ: "!=", exp.LT: "<", exp.LTE: "<=", exp.GT: ">", exp.GTE: ">="}
+_OPS = {"EQ": "==", "NEQ": "!=", "LT": "<", "LTE": "<=", "GT": ">", "GTE": ">="}
 
 
-def _compare(cls, a: exp.Expression, b: exp.Expression, schema: pa.Schema) -> tuple:
+def _compare(cls, a, b, schema: pa.Schema) -> tuple:
     ca, cb = _column(a, schema), _column(b, schema)
     if ca is not None and cb is not None:
         if not ca[1].equals(cb[1]):
@@ -102,39 +103,39 @@ def _compare(cls, a: exp.Expression, b: exp.Expression, schema: pa.Schema) -> tu
     raise _No("no column")
 
 
-def _shape(node: exp.Expression, schema: pa.Schema) -> tuple:
+def _shape(node, schema: pa.Schema) -> tuple:
     """The predicate as a small tree of whitelisted shapes (polars not needed yet):
     ``("and"|"or", a, b)``, ``("not", a)``, ``("true"|"false",)``, ``("col", name)``,
     ``("cmp", op, name, ("col", name) | ("val", value, type))``, ``("null", name)``,
     ``("in", name, values, type)``; raises ``_No`` outside the whitelist."""
-    if isinstance(node, exp.Paren):
+    if isa(node, "Paren"):
         return _shape(node.this, schema)
-    if isinstance(node, (exp.And, exp.Or)):
-        return ("and" if isinstance(node, exp.And) else "or",
+    if isa(node, "And", "Or"):
+        return ("and" if isa(node, "And") else "or",
                 _shape(node.this, schema), _shape(node.expression, schema))
-    if isinstance(node, exp.Not):
+    if isa(node, "Not"):
         return ("not", _shape(node.this, schema))
-    if isinstance(node, exp.Boolean):
+    if isa(node, "Boolean"):
         return ("true",) if node.this else ("false",)
-    if isinstance(node, exp.Column):
+    if isa(node, "Column"):
         c = _column(node, schema)
         if c is None or not pat.is_boolean(c[1]):
             raise _No("a non-boolean column as a predicate")
         return ("col", c[0])
-    if type(node) in _OPS:
-        return _compare(type(node), node.this, node.expression, schema)
-    if isinstance(node, exp.Is):
+    if type(node).__name__ in _OPS:
+        return _compare(type(node).__name__, node.this, node.expression, schema)
+    if isa(node, "Is"):
         c = _column(node.this, schema)
-        if c is None or not isinstance(node.expression, exp.Null):
+        if c is None or not isa(node.expression, "Null"):
             raise _No("IS")
         return ("null", c[0])
-    if isinstance(node, exp.In):
+    if isa(node, "In"):
         c = _column(node.this, schema)
         if c is None or node.args.get("query") is not None or node.args.get("unnest") is not None \
                 or not node.expressions:
             raise _No("IN")
         return ("in", c[0], [_value(e, c[1]) for e in node.expressions], c[1])
-    if isinstance(node, exp.Between):
+    if isa(node, "Between"):
         c = _column(node.this, schema)
         if c is None or node.args.get("symmetric"):
             raise _No("BETWEEN")
@@ -166,7 +167,7 @@ def _build(shape: tuple, pl):
             ">": left.__gt__, ">=": left.__ge__}[op](right)
 
 
-def translatable(tree: exp.Expression, schema: pa.Schema) -> bool:
+def translatable(tree, schema: pa.Schema) -> bool:
     """Whether predicate ``tree`` is in the whitelist (polars is not imported)."""
     if not pushable.equivalent(tree, schema):
         return False
@@ -177,7 +178,7 @@ def translatable(tree: exp.Expression, schema: pa.Schema) -> bool:
     return True
 
 
-def to_polars(tree: exp.Expression, schema: pa.Schema):
+def to_polars(tree, schema: pa.Schema):
     """Predicate ``tree`` (bound, DuckDB dialect) as a polars expression keeping the same
     rows, or None when it is not in the whitelist."""
     if not translatable(tree, schema):
@@ -203,7 +204,7 @@ class PolarsSplit:
     def polars(self):
         expr = None
         for part in self._parts:
-            e = to_polars(part.tree, self._schema)
+            e = to_polars(part.node, self._schema)
             expr = e if expr is None else expr & e
         return expr
 
@@ -216,7 +217,7 @@ def split_for_polars(predicate: Expr, schema: pa.Schema) -> PolarsSplit | None:
     same meaning and the rest; None when no conjunct translates. Polars is not imported."""
     done, rest = [], []
     for part in conjuncts(predicate):
-        if isinstance(part, SqlExpr) and translatable(part.tree, schema):
+        if isinstance(part, SqlExpr) and translatable(part.node, schema):
             done.append(part)
         else:
             rest.append(part)

@@ -32,9 +32,12 @@ from decimal import Decimal, InvalidOperation
 import numpy as np
 import pyarrow as pa
 import pyarrow.types as pat
-from sqlglot import exp
 
-_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+from .simplesql import isa, type_name
+
+# Nodes are told apart by class name (``simplesql.isa``): these functions read sqlglot's
+# trees and simple ones (``simplesql``) alike, without importing sqlglot.
+_COMPARISONS = ("EQ", "NEQ", "GT", "GTE", "LT", "LTE")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _TIMESTAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?)?$")
 _UNIT_DIGITS = {"s": 0, "ms": 3, "us": 6, "ns": 9}
@@ -58,24 +61,24 @@ def _kind(t: pa.DataType) -> str | None:
     return None
 
 
-def _column_type(node: exp.Expression, schema: pa.Schema) -> pa.DataType | None:
-    while isinstance(node, exp.Paren):
+def _column_type(node, schema: pa.Schema) -> pa.DataType | None:
+    while isa(node, "Paren"):
         node = node.this
-    if isinstance(node, exp.Column) and node.name in schema.names:
+    if isa(node, "Column") and node.name in schema.names:
         return schema.field(node.name).type
     return None
 
 
-def _number(node: exp.Expression) -> Decimal | None:
+def _number(node) -> Decimal | None:
     """The value of a numeric literal (``-`` allowed), else None."""
-    while isinstance(node, exp.Paren):
+    while isa(node, "Paren"):
         node = node.this
     neg = False
-    while isinstance(node, exp.Neg):
+    while isa(node, "Neg"):
         neg, node = not neg, node.this
-        while isinstance(node, exp.Paren):
+        while isa(node, "Paren"):
             node = node.this
-    if not (isinstance(node, exp.Literal) and not node.is_string):
+    if not (isa(node, "Literal") and not node.is_string):
         return None
     try:
         v = Decimal(node.this)
@@ -86,27 +89,26 @@ def _number(node: exp.Expression) -> Decimal | None:
     return -v if neg else v
 
 
-def _string(node: exp.Expression) -> str | None:
-    while isinstance(node, exp.Paren):
+def _string(node) -> str | None:
+    while isa(node, "Paren"):
         node = node.this
-    if isinstance(node, exp.Literal) and node.is_string:
+    if isa(node, "Literal") and node.is_string:
         return node.this
     return None
 
 
-def _typed_string(node: exp.Expression) -> tuple[str, str] | None:
+def _typed_string(node) -> tuple[str, str] | None:
     """``DATE '...'`` / ``TIMESTAMP '...'`` / a plain string literal: (kind, text)."""
-    while isinstance(node, exp.Paren):
+    while isa(node, "Paren"):
         node = node.this
     s = _string(node)
     if s is not None:
         return "str", s
-    if isinstance(node, exp.Cast) and _string(node.this) is not None:
-        t = node.to.this
-        T = exp.DataType.Type
-        if t == T.DATE:
+    if isa(node, "Cast") and _string(node.this) is not None:
+        t = type_name(node.args["to"])
+        if t == "DATE":
             return "date", _string(node.this)
-        if t in (T.TIMESTAMP, T.DATETIME):
+        if t in ("TIMESTAMP", "DATETIME"):
             return "ts", _string(node.this)
     return None
 
@@ -131,7 +133,7 @@ def _valid_date(text: str) -> bool:
         return False
 
 
-def literal_fits(node: exp.Expression, t: pa.DataType) -> bool:
+def literal_fits(node, t: pa.DataType) -> bool:
     """True when literal ``node`` compared with a column of type ``t`` means the same in
     pyarrow (after ``sqlexpr``'s literal typing) as in DuckDB."""
     kind = _kind(t)
@@ -153,9 +155,9 @@ def literal_fits(node: exp.Expression, t: pa.DataType) -> bool:
             return False
         return v.as_tuple().exponent >= -t.scale and abs(v) < Decimal(10) ** (t.precision - t.scale)
     if kind == "bool":
-        while isinstance(node, exp.Paren):
+        while isa(node, "Paren"):
             node = node.this
-        return isinstance(node, exp.Boolean)
+        return isa(node, "Boolean")
     typed = _typed_string(node)
     if typed is None:
         return False
@@ -177,13 +179,13 @@ def literal_fits(node: exp.Expression, t: pa.DataType) -> bool:
     return False
 
 
-def _text(node: exp.Expression) -> str:
-    while isinstance(node, (exp.Paren, exp.Neg)):
+def _text(node) -> str:
+    while isa(node, "Paren", "Neg"):
         node = node.this
-    return node.this if isinstance(node, exp.Literal) else ""
+    return node.this if isa(node, "Literal") else ""
 
 
-def _compare_ok(a: exp.Expression, b: exp.Expression, schema: pa.Schema) -> bool:
+def _compare_ok(a, b, schema: pa.Schema) -> bool:
     ta, tb = _column_type(a, schema), _column_type(b, schema)
     if ta is not None and tb is not None:  # column against column: same type, no NaN
         return ta.equals(tb) and _kind(ta) in ("int", "str", "bool", "date", "ts", "dec")
@@ -194,36 +196,36 @@ def _compare_ok(a: exp.Expression, b: exp.Expression, schema: pa.Schema) -> bool
     return False
 
 
-def equivalent(node: exp.Expression, schema: pa.Schema) -> bool:
+def equivalent(node, schema: pa.Schema) -> bool:
     """True when predicate ``node`` compiles to pyarrow with exactly DuckDB's answer."""
-    if isinstance(node, exp.Paren):
+    if isa(node, "Paren"):
         return equivalent(node.this, schema)
-    if isinstance(node, (exp.And, exp.Or)):
+    if isa(node, "And", "Or"):
         return equivalent(node.this, schema) and equivalent(node.expression, schema)
-    if isinstance(node, exp.Not):
+    if isa(node, "Not"):
         return equivalent(node.this, schema)
-    if isinstance(node, exp.Boolean):
+    if isa(node, "Boolean"):
         return True
-    if isinstance(node, exp.Column):
+    if isa(node, "Column"):
         t = _column_type(node, schema)
         return t is not None and pat.is_boolean(t)
-    if isinstance(node, _COMPARISONS):
+    if isa(node, *_COMPARISONS):
         return _compare_ok(node.this, node.expression, schema)
-    if isinstance(node, exp.Is):
+    if isa(node, "Is"):
         t = _column_type(node.this, schema)
-        return isinstance(node.expression, exp.Null) and t is not None and _kind(t) is not None
-    if isinstance(node, exp.In):
+        return isa(node.expression, "Null") and t is not None and _kind(t) is not None
+    if isa(node, "In"):
         t = _column_type(node.this, schema)
         if t is None or _kind(t) in (None, "float") or node.args.get("query") is not None \
                 or node.args.get("unnest") is not None or not node.expressions:
             return False
         return all(literal_fits(e, t) for e in node.expressions)
-    if isinstance(node, exp.Between):
+    if isa(node, "Between"):
         t = _column_type(node.this, schema)
         if t is None or _kind(t) is None or node.args.get("symmetric"):
             return False
         return literal_fits(node.args["low"], t) and literal_fits(node.args["high"], t)
-    if isinstance(node, exp.Like):
+    if isa(node, "Like"):
         t = _column_type(node.this, schema)
         pattern = _string(node.expression)
         return (t is not None and _kind(t) == "str" and pattern is not None
@@ -231,11 +233,11 @@ def equivalent(node: exp.Expression, schema: pa.Schema) -> bool:
     return False
 
 
-def projection_equivalent(node: exp.Expression, schema: pa.Schema) -> bool:
+def projection_equivalent(node, schema: pa.Schema) -> bool:
     """True when computed column ``node`` is the same in pyarrow: a bare column reference,
     or a boolean predicate of the grammar above."""
-    while isinstance(node, exp.Paren):
+    while isa(node, "Paren"):
         node = node.this
-    if isinstance(node, exp.Column):
+    if isa(node, "Column"):
         return node.name in schema.names
-    return equivalent(node, schema) and not isinstance(node, exp.Boolean)
+    return equivalent(node, schema) and not isa(node, "Boolean")

@@ -1,5 +1,6 @@
-"""Compile SQL expressions (parsed by sqlglot, DuckDB dialect) into ``pyarrow.compute``
-expressions, with SQL's typing rules.
+"""Compile SQL expressions (parsed by sqlglot, DuckDB dialect, or for a simple filter by
+``simplesql`` into a tree of the same shape) into ``pyarrow.compute`` expressions, with
+SQL's typing rules.
 
 Only trees that ``pushable.equivalent`` proves to mean the same in pyarrow as in DuckDB
 are compiled here (scan pushdown and pruning); DuckDB evaluates every other expression
@@ -24,26 +25,32 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
-import sqlglot
-from sqlglot import exp
 
 from ..errors import ColumnNotFoundError, ExpressionError
+from . import simplesql
 from .arrowtypes import type_of
+from .simplesql import isa
 from .syntax import check_complete, syntax_error, token_error
 
 DIALECT = "duckdb"
 _NO = object()
 
 
-def parse(text: str, what: str = "expression") -> exp.Expression:
+def parse(text: str, what: str = "expression"):
     """Parse one SQL expression; syntax errors become ExpressionError with line/column and
     a message in SQL terms (see :mod:`arrowload.plan.syntax`).
 
-    Text in the small grammar that sqlglot's default dialect reads exactly as its DuckDB
-    dialect does (:func:`parse_light`) is parsed without loading the DuckDB dialect; the
-    rest, and every error, with the DuckDB dialect."""
+    A simple filter (:mod:`arrowload.plan.simplesql`'s grammar) is parsed without sqlglot,
+    into a simple tree of sqlglot's shape. Text in the small grammar that sqlglot's default
+    dialect reads exactly as its DuckDB dialect does (:func:`parse_light`) is parsed without
+    loading the DuckDB dialect; the rest, and every error, with the DuckDB dialect."""
     if not isinstance(text, str) or not text.strip():
         raise ExpressionError(f"empty {what}: pass SQL text such as \"x > 0 AND y = 'a'\"")
+    simple = simplesql.parse(text)
+    if simple is not None:
+        return simple
+    import sqlglot
+    from sqlglot import exp
     tree = parse_light(text)
     if tree is not None:
         check_complete(tree, text, what)
@@ -82,11 +89,13 @@ _COMPARISONS = frozenset({"EQ", "NEQ", "LT", "LTE", "GT", "GTE"})
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def parse_light(text: str) -> exp.Expression | None:
+def parse_light(text: str):
     """``text`` parsed by sqlglot's default dialect when every token is in the grammar both
     dialects read alike (``_LIGHT_TOKENS``; plain names that are no DuckDB keyword; no
     operand right after another, as in a call or an alias): the DuckDB dialect's own tree,
     without importing it. None for anything else, or text the default dialect cannot parse."""
+    import sqlglot
+    from sqlglot import exp
     from sqlglot.dialects.dialect import Dialect
     dialect = Dialect.get_or_raise(None)
     try:
@@ -159,25 +168,27 @@ def resolve_column(name: str, schema: pa.Schema, quoted: bool = False) -> str:
 # ---------------------------------------------------------------------------
 # SQL type names -> Arrow types
 
-def arrow_type(dtype: exp.DataType) -> pa.DataType:
-    t = dtype.this
-    T = exp.DataType.Type
-    simple = {
-        T.BOOLEAN: pa.bool_(), T.TINYINT: pa.int8(), T.SMALLINT: pa.int16(), T.INT: pa.int32(),
-        T.BIGINT: pa.int64(), T.UTINYINT: pa.uint8(), T.USMALLINT: pa.uint16(),
-        T.UINT: pa.uint32(), T.UBIGINT: pa.uint64(), T.FLOAT: pa.float32(),
-        T.DOUBLE: pa.float64(), T.VARCHAR: pa.string(), T.TEXT: pa.string(),
-        T.CHAR: pa.string(), T.NVARCHAR: pa.string(), T.DATE: pa.date32(),
-        T.TIMESTAMP: pa.timestamp("us"), T.DATETIME: pa.timestamp("us"),
-        T.TIMESTAMPNTZ: pa.timestamp("us"), T.TIMESTAMPTZ: pa.timestamp("us", tz="UTC"),
-        T.TIMESTAMP_S: pa.timestamp("s"), T.TIMESTAMP_MS: pa.timestamp("ms"),
-        T.TIMESTAMP_NS: pa.timestamp("ns"), T.VARBINARY: pa.binary(), T.BINARY: pa.binary(),
-        T.BLOB: pa.binary(), T.TIME: pa.time64("us"),
-    }
-    if t in simple:
-        return simple[t]
-    if t in (T.DECIMAL, T.BIGDECIMAL):
-        params = [int(p.this.this) for p in dtype.expressions if isinstance(p, exp.DataTypeParam)]
+_SIMPLE_TYPES = {
+    "BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INT": pa.int32(),
+    "BIGINT": pa.int64(), "UTINYINT": pa.uint8(), "USMALLINT": pa.uint16(),
+    "UINT": pa.uint32(), "UBIGINT": pa.uint64(), "FLOAT": pa.float32(),
+    "DOUBLE": pa.float64(), "VARCHAR": pa.string(), "TEXT": pa.string(),
+    "CHAR": pa.string(), "NVARCHAR": pa.string(), "DATE": pa.date32(),
+    "TIMESTAMP": pa.timestamp("us"), "DATETIME": pa.timestamp("us"),
+    "TIMESTAMPNTZ": pa.timestamp("us"), "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+    "TIMESTAMP_S": pa.timestamp("s"), "TIMESTAMP_MS": pa.timestamp("ms"),
+    "TIMESTAMP_NS": pa.timestamp("ns"), "VARBINARY": pa.binary(), "BINARY": pa.binary(),
+    "BLOB": pa.binary(), "TIME": pa.time64("us"),
+}  # sqlglot DataType.Type member names -> Arrow types
+
+
+def arrow_type(dtype) -> pa.DataType:
+    """The Arrow type of a DataType node (a sqlglot or a simple tree)."""
+    t = simplesql.type_name(dtype)
+    if t in _SIMPLE_TYPES:
+        return _SIMPLE_TYPES[t]
+    if t in ("DECIMAL", "BIGDECIMAL"):
+        params = [int(p.this.this) for p in dtype.expressions if isa(p, "DataTypeParam")]
         precision, scale = (params + [18, 3][len(params):])[:2] if params else (18, 3)
         return pa.decimal128(precision, scale)
     raise ExpressionError(f"unsupported SQL type {dtype.sql(DIALECT)} in CAST")
@@ -337,18 +348,23 @@ def _unify(a: Typed, b: Typed) -> tuple[pc.Expression, pc.Expression]:
 _type_of = type_of  # the output type of a pyarrow expression over a schema
 
 
-_COMPARE = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater,
-            exp.GTE: pc.greater_equal, exp.LT: pc.less, exp.LTE: pc.less_equal}
-_ARITH = {exp.Add: "add_checked", exp.Sub: "subtract_checked", exp.Mul: "multiply_checked"}
-_UNARY_FUNCS = {exp.Abs: "abs_checked", exp.Lower: "utf8_lower", exp.Upper: "utf8_upper",
-                exp.Length: "utf8_length", exp.Floor: "floor", exp.Ceil: "ceil",
-                exp.Sqrt: "sqrt_checked", exp.Ln: "ln_checked", exp.Exp: "exp"}
+# node class names (sqlglot's, matched in the MRO: ``simplesql.isa``) -> pyarrow compute
+_COMPARE = {"EQ": pc.equal, "NEQ": pc.not_equal, "GT": pc.greater,
+            "GTE": pc.greater_equal, "LT": pc.less, "LTE": pc.less_equal}
+_ARITH = {"Add": "add_checked", "Sub": "subtract_checked", "Mul": "multiply_checked"}
+_UNARY_FUNCS = {"Abs": "abs_checked", "Lower": "utf8_lower", "Upper": "utf8_upper",
+                "Length": "utf8_length", "Floor": "floor", "Ceil": "ceil",
+                "Sqrt": "sqrt_checked", "Ln": "ln_checked", "Exp": "exp"}
+# DuckDB orders NaN above every number: the side whose NaN keeps the row
+_NAN_SIDE = {"GT": "a", "GTE": "a", "LT": "b", "LTE": "b"}
 
 
 class Compiler:
-    """Compile one sqlglot tree against a schema. Stateless apart from the schema."""
+    """Compile one syntax tree (sqlglot's or a simple one: ``simplesql``) against a schema.
+    Stateless apart from the schema. Nodes are told apart by class name, so a simple
+    tree compiles without importing sqlglot."""
 
-    def __init__(self, schema: pa.Schema, text: str | None = "", root: exp.Expression | None = None) -> None:
+    def __init__(self, schema: pa.Schema, text: str | None = "", root=None) -> None:
         self.schema = schema
         self._text = text
         self._root = root
@@ -360,11 +376,11 @@ class Compiler:
             self._text = self._root.sql(DIALECT) if self._root is not None else ""
         return self._text
 
-    def compile(self, node: exp.Expression) -> pc.Expression:
+    def compile(self, node) -> pc.Expression:
         t = self.visit(node)
         return _as_expr(t)
 
-    def predicate(self, node: exp.Expression) -> pc.Expression:
+    def predicate(self, node) -> pc.Expression:
         t = self.visit(node)
         typ = t.type if not t.is_literal else _default_scalar(t).type
         if typ is not None and not (pat.is_boolean(typ) or pat.is_null(typ)):
@@ -373,17 +389,17 @@ class Compiler:
         return _as_expr(t)
 
     # -- dispatch ---------------------------------------------------------
-    def visit(self, node: exp.Expression) -> Typed:
+    def visit(self, node) -> Typed:
         method = getattr(self, "visit_" + type(node).__name__, None)
         if method is None:
             for cls, fn in _COMPARE.items():
-                if isinstance(node, cls):
+                if isa(node, cls):
                     return self._compare(node, fn)
             for cls, fname in _ARITH.items():
-                if isinstance(node, cls):
+                if isa(node, cls):
                     return self._arith(node, fname)
             for cls, fname in _UNARY_FUNCS.items():
-                if isinstance(node, cls):
+                if isa(node, cls):
                     arg = self.visit(node.this)
                     e = pc.Expression._call(fname, [_as_expr(arg)])
                     return Typed(e, self._typ(e))
@@ -399,13 +415,13 @@ class Compiler:
     def visit_Paren(self, node):
         return self.visit(node.this)
 
-    def visit_Column(self, node: exp.Column):
+    def visit_Column(self, node):
         ident = node.this
         quoted = bool(getattr(ident, "quoted", False))
         name = resolve_column(node.name, self.schema, quoted)
         return Typed(pc.field(name), self.schema.field(name).type)
 
-    def visit_Literal(self, node: exp.Literal):
+    def visit_Literal(self, node):
         if node.is_string:
             return _lit(node.this)
         text = node.this
@@ -431,7 +447,7 @@ class Compiler:
         e = pc.negate_checked(_as_expr(inner))
         return Typed(e, inner.type)
 
-    def visit_Cast(self, node: exp.Cast):
+    def visit_Cast(self, node):
         target = arrow_type(node.to)
         inner = self.visit(node.this)
         if inner.is_literal:
@@ -462,7 +478,7 @@ class Compiler:
         ea, eb = _unify(a, b)
         out = fn(ea, eb)
         # DuckDB orders NaN above every number: ``f > 5`` / ``5 < f`` keep NaN rows
-        greater = {exp.GT: "a", exp.GTE: "a", exp.LT: "b", exp.LTE: "b"}.get(type(node))
+        greater = next((v for k, v in _NAN_SIDE.items() if isa(node, k)), None)
         side = a if greater == "a" else b if greater == "b" else None
         if side is not None and not side.is_literal and side.type is not None and pat.is_floating(side.type):
             out = pc.or_kleene(out, pc.is_nan(side.expr))
@@ -534,24 +550,24 @@ class Compiler:
             raise ExpressionError(f"{node.sql(DIALECT)!r} is {t.type}, not boolean, in {self.text!r}")
         return t.expr
 
-    def visit_Is(self, node: exp.Is):
+    def visit_Is(self, node):
         target = node.expression
         inner = self.visit(node.this)
-        if isinstance(target, exp.Null):
+        if isa(target, "Null"):
             return Typed(pc.is_null(_as_expr(inner)), pa.bool_())
-        if isinstance(target, exp.Boolean):
+        if isa(target, "Boolean"):
             e = pc.coalesce(pc.equal(_as_expr(inner), pc.scalar(bool(target.this))), pc.scalar(False))
             return Typed(e, pa.bool_())
         raise ExpressionError(f"unsupported IS {target.sql(DIALECT)} in {self.text!r}")
 
-    def visit_Between(self, node: exp.Between):
+    def visit_Between(self, node):
         x = self.visit(node.this)
         lo, hi = self.visit(node.args["low"]), self.visit(node.args["high"])
         a1, b1 = _unify(x, lo)
         a2, b2 = _unify(x, hi)
         return Typed(pc.and_kleene(pc.greater_equal(a1, b1), pc.less_equal(a2, b2)), pa.bool_())
 
-    def visit_In(self, node: exp.In):
+    def visit_In(self, node):
         x = self.visit(node.this)
         if node.args.get("query") is not None or node.args.get("unnest") is not None:
             raise ExpressionError(f"IN (subquery) is not supported in a filter: {self.text!r}; "
@@ -616,11 +632,15 @@ class Compiler:
         e = pc.round(_as_expr(x), ndigits=digits, round_mode="half_towards_infinity")
         return Typed(e, self._typ(e))
 
-    def visit_Case(self, node: exp.Case):
+    def visit_Case(self, node):
         subject = node.this
         conds, values = [], []
         for ifnode in node.args.get("ifs", []):
-            cond = ifnode.this if subject is None else exp.EQ(this=subject.copy(), expression=ifnode.this)
+            if subject is None:
+                cond = ifnode.this
+            else:
+                from sqlglot import exp  # CASE: a sqlglot tree (no simple tree has one)
+                cond = exp.EQ(this=subject.copy(), expression=ifnode.this)
             conds.append(self._bool(cond))
             values.append(self.visit(ifnode.args["true"]))
         default = node.args.get("default")
@@ -634,11 +654,11 @@ class Compiler:
         return Typed(e, self._typ(e))
 
 
-def compile_expression(tree: exp.Expression, schema: pa.Schema, text: str | None = "") -> pc.Expression:
+def compile_expression(tree, schema: pa.Schema, text: str | None = "") -> pc.Expression:
     """``tree`` as a pyarrow expression; ``text`` (None: generated from ``tree`` if an error
     needs it) names it in errors."""
     return Compiler(schema, text, tree).compile(tree)
 
 
-def compile_predicate(tree: exp.Expression, schema: pa.Schema, text: str | None = "") -> pc.Expression:
+def compile_predicate(tree, schema: pa.Schema, text: str | None = "") -> pc.Expression:
     return Compiler(schema, text, tree).predicate(tree)
