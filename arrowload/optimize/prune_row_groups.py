@@ -134,20 +134,29 @@ def _prune(scan: Scan) -> Scan:
     dataset = src.statistics_dataset(scan.units if not unreadable else prunable)
     file_of = {u.path: u.file for u in units}
     distrusted: dict[str, int] = {}
+    physical: dict = {}  # a file's column map -> its conjuncts and schema in the file's names
     for frag in (dataset.get_fragments() if prunable else ()):
         bad: set[str] = set()
         renamed = src.file_columns(file_of[frag.path]) if frag.path in file_of else src.column_renames
-        sound = sound_columns(frag, schema, scan.predicate.columns, bad, renamed=renamed)
+        fparts, fschema, back = parts, schema, {}
+        if renamed:
+            key = tuple(sorted(renamed.items(), key=lambda kv: (kv[0], kv[1] or "")))
+            if key not in physical:
+                physical[key] = _in_file_names(parts, schema, renamed)
+            fparts, fschema, back = physical[key]
+        sound = sound_columns(frag, fschema, {back.get(n, n) for n in scan.predicate.columns if
+                                              renamed.get(n, n) is not None}, bad)
         for name in bad:
+            name = next((k for k, v in back.items() if v == name), name)
             distrusted[name] = distrusted.get(name, 0) + 1
-        usable = [e for c, e in parts if c.columns <= sound and _nan_false(c, schema)]
+        usable = [e for c, e in fparts if c.columns <= sound and _nan_false(c, fschema)]
         if not usable:
             keep.update((frag.path, rg.id) for rg in frag.row_groups)
             continue
         expr = usable[0]
         for e in usable[1:]:
             expr = pc.and_kleene(expr, e)
-        sub = frag.subset(filter=expr, schema=schema)
+        sub = frag.subset(filter=expr, schema=fschema)
         keep.update((frag.path, rg.id) for rg in sub.row_groups)
     kept = tuple(u.index for u in units if (u.path, u.row_group) in keep)
     out = scan.keep_units(kept, "row_group_pruning", f"row groups {len(units)} -> {len(kept)}")
@@ -156,6 +165,36 @@ def _prune(scan: Scan) -> Scan:
         out = out.replace(notes=out.notes + (("row_group_pruning", f"statistics not used (NaN, "
                                                                  f"implausible or unreadable): {what}"),))
     return out
+
+
+def _in_file_names(parts, schema: pa.Schema, renamed) -> tuple[list, pa.Schema, dict[str, str]]:
+    """The conjuncts and the schema in a file's own column names (``renamed``: logical ->
+    the file's name, or None where the file lacks the column): a renamed column (Delta
+    column mapping, an Iceberg column renamed after the file was written) prunes on its
+    statistics under the file's name. Conjuncts reading a column the file lacks, or that
+    cannot be rewritten, are left out; so is every conjunct where names would collide.
+    Also returns logical -> file name for the renamed columns."""
+    back = {n: v for n, v in renamed.items() if v is not None and v != n}
+    names = [back.get(f.name, f.name) for f in schema if renamed.get(f.name, f.name) is not None]
+    if len(set(names)) != len(names):
+        return [], schema, back
+    fschema = pa.schema([f.with_name(back.get(f.name, f.name)) for f in schema
+                         if renamed.get(f.name, f.name) is not None])
+    out = []
+    for c, e in parts:
+        if any(renamed.get(n, n) is None for n in c.columns):
+            continue
+        if not any(n in back for n in c.columns):
+            out.append((c, e))
+            continue
+        moved = c.substitute({n: SqlExpr.column(back.get(n, n)) for n in c.columns})
+        if moved is None:  # a pyarrow / polars expression: not rewritten
+            continue
+        try:
+            out.append((moved, moved.to_arrow(fschema, predicate=True)))
+        except Exception:  # noqa: BLE001 - not compilable in the file's names: not used to prune
+            continue
+    return out, fschema, back
 
 
 def prune_row_groups(plan: Plan) -> Plan:
