@@ -5,7 +5,8 @@ PROCESS_ID NUM_PROCESSES LAKE OUT``. After ``jax.distributed.initialize`` the lo
 no rank arguments (rank and world size must come from ``jax.process_index()`` /
 ``jax.process_count()``). Writes ``OUT/jax-<PROCESS_ID>.json``: the rank and world size the
 loader chose, the ids it yielded, its state, and for a ``sharding=`` loader over this
-process's 4 CPU devices how each batch was placed.
+process's 4 CPU devices how each batch was placed; for a ``sharding=`` over both processes'
+8 devices, each global batch (gathered back) and this process's rows in it.
 """
 
 from __future__ import annotations
@@ -41,7 +42,25 @@ def main() -> None:
                 "shard_rows": [int(s.data.shape[0]) for s in x.addressable_shards],
                 "f0": np.asarray(x).tolist(),
             })
+    # a mesh over every process's devices: each batch is one global array, this process's
+    # rows its slice (gathered back to compare with the host batches of both ranks)
+    from jax.experimental import multihost_utils
+    gsharding = NamedSharding(Mesh(np.array(jax.devices()), ("batch",)), PartitionSpec("batch"))
+    global_batches = []
+    with ds.loader(64, shuffle="global", seed=3, drop_last=True, output="jax", sharding=gsharding,
+                   cache_dir=os.path.join(out, f"cache-{pid}")) as gl:
+        for b in gl:
+            x, ids = b["f0"], b["id"]
+            global_batches.append({
+                "shape": list(x.shape), "fully_addressable": bool(x.is_fully_addressable),
+                "sharding": x.sharding == gsharding,
+                "local_ids": [int(v) for s in sorted(ids.addressable_shards, key=lambda s: s.index[0].start or 0)
+                              for v in np.asarray(s.data)],
+                "ids": np.asarray(multihost_utils.process_allgather(ids, tiled=True)).tolist(),
+                "f0": np.asarray(multihost_utils.process_allgather(x, tiled=True)).tolist(),
+            })
     result = {"rank": loader.rank, "world_size": loader.world_size, "host": host, "placed": placed,
+              "global": global_batches,
               "local_devices": [str(d) for d in jax.local_devices()], "state": loader.state_dict()}
     with open(os.path.join(out, f"jax-{pid}.json"), "w") as f:
         json.dump(result, f)

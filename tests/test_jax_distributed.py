@@ -76,3 +76,19 @@ def test_a_batch_is_placed_across_the_local_devices_by_its_sharding(job):
             assert placed["devices"] == sorted(r["local_devices"])
             assert placed["shard_rows"] == [16, 16, 16, 16]  # 64 rows over 4 devices
             assert placed["f0"] == pytest.approx(host["f0"])
+
+
+def test_a_sharding_over_every_process_makes_one_global_array_per_batch(job):
+    """``sharding=`` over a mesh of both processes' devices: each batch is one global
+    ``jax.Array`` of both ranks' batches (2 x 64 rows over 8 devices), not fully addressable
+    from either process, each process holding exactly its own rank's rows; gathered back it
+    is rank 0's host batch then rank 1's."""
+    _, results = job
+    assert len(results[0]["global"]) == len(results[1]["global"]) == len(results[0]["host"]) > 0
+    for j, (g0, g1) in enumerate(zip(results[0]["global"], results[1]["global"])):
+        h0, h1 = results[0]["host"][j], results[1]["host"][j]
+        for r, g, h in ((0, g0, h0), (1, g1, h1)):
+            assert g["shape"] == [128] and not g["fully_addressable"] and g["sharding"], (r, g["shape"])
+            assert g["local_ids"] == h["id"]
+            assert g["ids"] == h0["id"] + h1["id"]
+            assert g["f0"] == pytest.approx(h0["f0"] + h1["f0"])

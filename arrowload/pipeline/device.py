@@ -22,6 +22,8 @@ Nothing here runs unless a CUDA device / jax placement is asked for: ``device=No
 
 from __future__ import annotations
 
+import functools
+
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -154,8 +156,22 @@ def wants_cuda(output: str, device: Any, devices: Any) -> bool:
 
 
 def jax_place(host_converted: dict, placement: Any) -> dict:
-    """``jax.device_put`` every array (async); placement is a device or a Sharding."""
+    """``jax.device_put`` every array (async); placement is a device or a Sharding. A
+    Sharding over devices of several processes (a global mesh of a ``jax.distributed``
+    job) makes one global array per column from every process's batch
+    (``jax.make_array_from_process_local_data``): this process's rows are its slice along
+    the sharded axis, where the sharding lays out its devices (rank order for a mesh of
+    ``jax.devices()``). Every rank yields the same number of batches of the same sizes,
+    so the processes build each global array together."""
     from ..convert.jax_out import import_jax
     jax = import_jax()
-    return {k: (jax.device_put(v, placement) if hasattr(v, "shape") and not isinstance(v, list) else v)
+    if not getattr(placement, "is_fully_addressable", True):
+        put = functools.partial(jax.make_array_from_process_local_data, placement)
+    else:
+        put = functools.partial(_device_put, jax, placement)
+    return {k: (put(v) if hasattr(v, "shape") and not isinstance(v, list) else v)
             for k, v in host_converted.items()}
+
+
+def _device_put(jax, placement: Any, value: Any) -> Any:
+    return jax.device_put(value, placement)
