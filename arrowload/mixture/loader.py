@@ -35,11 +35,15 @@ from ..order import ORDER_VERSION, EpochOrder, ShuffleKind, derive_key, plan_tas
 from ..order.mixture import Phase, Schedule, component_key, rank_blocks
 from ..order.tasks import read_rows
 from ..pipeline import arguments as _arguments
-from ..pipeline.chunks import HostChunk
+from ..convert.host import array_valued
+from ..pipeline.chunks import HostChunk, _varlist
 from ..pipeline.loader import Loader, rank_and_world
 from ..pipeline.rowsource import _parts
 from ..pipeline.stages import EpochIterator, Settings, SharedCache, Stages
+from ..options import default_cache_dir
+from ..pipeline.options import reader_bound
 from . import weights as _weights
+from .shared import SharedSources
 
 STATE_FORMAT = "arrowload.mixture_state"
 STATE_VERSION = 1
@@ -88,7 +92,11 @@ class MixtureLoader:
                                            f"at {mixture.stopping!r}: leave steps out", "steps")
         self.steps = steps
         sub = dataclasses.replace(options, rank=0, world_size=1)
-        self._components = [Loader(ds, sub) for ds in mixture.datasets]
+        # components over one lake decode each unit once for all of them (mixture.shared)
+        self._shared = SharedSources(mixture.datasets, sub, options.cache_dir or default_cache_dir(),
+                                     reader_bound(options.io_threads))
+        self._components = [Loader(ds, sub, sources=functools.partial(self._shared.source, c))
+                            for c, ds in enumerate(mixture.datasets)]
         self.sizes = tuple(c.num_rows for c in self._components)
         mixture._sizes = self.sizes
         self.weights = mixture.weights
@@ -112,8 +120,10 @@ class MixtureLoader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._orders: dict = {}
-        #: reads convert to host arrays on the reader threads (where every column has them)
-        self._host_ok = self._chunks is not None
+        #: reads convert to host arrays on the reader threads where every column has them
+        #: (decided from the schema: finding out from a read would read its task twice)
+        self._host_ok = self._chunks is not None and all(
+            array_valued(f.type) and not _varlist(f.type) for f in mixture.schema)
 
     # -- the epoch's block stream ------------------------------------------------------
     def _fresh_phases(self) -> tuple[Phase, ...]:
@@ -184,7 +194,9 @@ class MixtureLoader:
                         combine=self._chunks.combine if self._chunks is not None else concat_arrow,
                         finish=self._output, transform=self._transform,
                         deliver=self._device_stage.ready if self._device_stage is not None else None)
-        settings = Settings(batch_size=o.batch_size, prefetch=o.prefetch, max_readers=self.max_readers)
+        # the decoded-unit caches' bytes are taken out of the budget (stats() counts them)
+        settings = Settings(batch_size=o.batch_size, prefetch=max(1, o.prefetch - self._shared.cache_bytes),
+                            max_readers=self.max_readers)
         it = EpochIterator(stages, settings, on_batch=self._advance)
         self._stats = it.stats
         self._active.add(it)
@@ -272,7 +284,9 @@ class MixtureLoader:
             chunk = _scatter(found, base, sizes, idx, conv.pool)
             if chunk is not None:  # each component's host rows copied once to their places
                 return [chunk], time.perf_counter() - t0
-            self._host_ok = False  # columns without host arrays: Arrow from now on, this task again
+            # a part did not convert (nulls without fill_null): Arrow from now on, this task
+            # again (its error is raised for the batch that holds the value)
+            self._host_ok = False
             return self._read(sched, blocks, caches, task, cache=cache, map_units=map_units)
         tables = [pa.Table.from_batches(parts) for parts in found if parts]
         target = tables[0].schema
@@ -379,7 +393,12 @@ class MixtureLoader:
 
     # -- introspection -------------------------------------------------------------------
     def stats(self):
-        return dataclasses.replace(self._stats) if hasattr(self, "_stats") else None
+        """Counters of the current (or last) iteration; ``peak_prefetch_bytes`` includes the
+        most the decoded-unit caches held (``mixture.shared``)."""
+        if not hasattr(self, "_stats"):
+            return None
+        return dataclasses.replace(self._stats, peak_prefetch_bytes=self._stats.peak_prefetch_bytes +
+                                   self._shared.peak())
 
     def passes(self) -> tuple[float, ...]:
         """Passes over each component this epoch draws (at this loader's batch size)."""
@@ -419,6 +438,7 @@ class MixtureLoader:
             it.close()
         for c in self._components:
             c.close()
+        self._shared.close()
         self._closed = True
 
     def __enter__(self) -> "MixtureLoader":
