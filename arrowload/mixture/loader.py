@@ -4,7 +4,10 @@ proportions, with the Loader's stages (reader threads, byte budget, conversion, 
 Each component is bound as a :class:`~arrowload.pipeline.loader.Loader` binds a dataset
 (exact counts, the shuffle kind its source allows, the random-access table for global
 shuffle); its rows are read in passes, pass ``p`` of epoch ``e`` in the order
-``EpochOrder(counts, kind, component_key(seed, name), derive_key(e, p))``. The mixture's
+``ComponentOrder(counts, kind, component_key(seed, name), derive_key(e, p), ...)``: an
+``EpochOrder`` whose block shuffle visits units in one order for every component
+(``units_key(seed, e, p)``), so components over one lake share their decodes
+(``mixture.shared``: each unit decoded once for all of them). The mixture's
 block stream (``order.mixture.Schedule``) says which rows of each component every batch
 holds; this rank reads the blocks ``order.mixture.rank_blocks`` deals it. A read (a
 :class:`MixTask`) covers a few consecutive batches of this rank: per component the stream
@@ -31,8 +34,9 @@ import pyarrow as pa
 
 from ..convert.batches import concat_arrow
 from ..errors import InvalidArgumentError, LoaderClosedError, StateMismatchError, UnsupportedError
-from ..order import ORDER_VERSION, EpochOrder, ShuffleKind, derive_key, plan_tasks
-from ..order.mixture import Phase, Schedule, component_key, rank_blocks
+from ..order import EpochOrder, ShuffleKind, derive_key, plan_tasks
+from ..order.mixture import (MIXTURE_ORDER_SINCE, MIXTURE_ORDER_VERSION, ComponentOrder, Phase, Schedule,
+                             component_key, rank_blocks, units_key)
 from ..order.tasks import read_rows
 from ..pipeline import arguments as _arguments
 from ..convert.host import array_valued
@@ -165,9 +169,14 @@ class MixtureLoader:
         found = self._orders.get(key)
         if found is None:
             comp = self._components[c]
-            found = EpochOrder(tuple(comp._source.counts), comp.shuffle_kind.value,
-                               component_key(self.options.seed, self.mixture.names[c]),
-                               derive_key(self.epoch, p), self.options.shuffle_window)
+            src = comp._source
+            scan = getattr(src, "scan", None)  # a lake's row groups: numbered in their source
+            found = ComponentOrder(tuple(src.counts), comp.shuffle_kind.value,
+                                   component_key(self.options.seed, self.mixture.names[c]),
+                                   derive_key(self.epoch, p), self.options.shuffle_window,
+                                   units=tuple(src.units) if scan is not None else (),
+                                   space=len(scan.source.units()) if scan is not None else 0,
+                                   units_key=units_key(self.options.seed, self.epoch, p))
             if len(self._orders) > 4 * len(self.sizes):
                 self._orders.pop(next(iter(self._orders)))
             self._orders[key] = found
@@ -303,7 +312,7 @@ class MixtureLoader:
                           "rows": comp.num_rows, "shuffle": kind.value,
                           "window": self.options.shuffle_window if kind is ShuffleKind.BLOCK else None})
         return {"components": comps, "seed": self.options.seed, "batch_size": self.options.batch_size,
-                "stopping": self.mixture.stopping, "order": ORDER_VERSION}
+                "stopping": self.mixture.stopping, "order": MIXTURE_ORDER_VERSION}
 
     def state_dict(self) -> dict:
         """Small JSON-serializable state, the same on every rank that yielded the same number
@@ -329,7 +338,13 @@ class MixtureLoader:
         refused with ``StateMismatchError`` saying what differs."""
         doc = read_state(state)
         mine = self._identity()
-        for key in ("seed", "batch_size", "stopping", "order"):
+        kinds = [c["shuffle"] for c in mine["components"]]
+        if doc["order"] != mine["order"] and (doc["order"] > mine["order"] or any(
+                doc["order"] < MIXTURE_ORDER_SINCE.get(k, mine["order"]) for k in kinds)):
+            raise StateMismatchError(f"order: the state was taken under the mixture order version {doc['order']}, "
+                                     f"this arrowload's is {mine['order']} and its {'/'.join(sorted(set(kinds)))} "
+                                     "order changed since; start the epoch afresh (set_epoch) instead of resuming")
+        for key in ("seed", "batch_size", "stopping"):
             if doc[key] != mine[key]:
                 raise StateMismatchError(f"{key}: the state was taken with {doc[key]!r}, this loader has "
                                          f"{mine[key]!r}; build the mixture loader as it was built")
