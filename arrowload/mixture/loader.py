@@ -241,7 +241,8 @@ class MixtureLoader:
         parts = [sched.blocks(b, b + 1) for b in blocks]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units, conv=None) -> list:
+    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units, conv=None,
+                        wait=None) -> list:
         """Rows of component ``c`` at stream indices ``pieces`` (in order), as parts: host
         chunks converted by ``conv`` where its source can, else Arrow batches."""
         n = self.sizes[c]
@@ -263,7 +264,7 @@ class MixtureLoader:
         out = []
         for p, ranges in by_pass:
             order = self._order(c, p)
-            get = functools.partial(_keyed, cache, p)
+            get = functools.partial(_keyed, cache, p, wait=wait)
             for task in plan_tasks(order, ranges, self._shapes[c], self.options.batch_size, self.options.prefetch):
                 parts, _ = src.read(task, order, conv, cache=get, map_units=map_units)
                 out.extend(parts)
@@ -275,10 +276,15 @@ class MixtureLoader:
         starts, counts = self._locate(sched, mine)
         b = self.options.batch_size
         conv = self._chunks if self._host_ok else None
+        # a reader waiting for a unit or window another task reads runs that task's sub-reads
+        wait = getattr(getattr(map_units, "__self__", None), "wait", None)
+        for shared in self._shared.caches:
+            if shared is not None:
+                shared.wait = wait
         found = []
         for c in range(len(self.sizes)):
             pieces = [(int(s), int(s + k)) for s, k in zip(starts[:, c], counts[:, c]) if k]
-            found.append(self._component_rows(c, pieces, caches[c], map_units, conv) if pieces else [])
+            found.append(self._component_rows(c, pieces, caches[c], map_units, conv, wait) if pieces else [])
         sizes = [sum(p.num_rows for p in parts) for parts in found]
         base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         within = np.cumsum(counts, axis=0) - counts  # each block's first row in its component's rows
@@ -491,8 +497,8 @@ def _scatter(found: list[list], base: np.ndarray, sizes: list[int], idx: np.ndar
     return HostChunk(columns, n, row_bytes)
 
 
-def _keyed(cache: SharedCache, p: int, key, load):
-    return cache.get((p,) + tuple(key), load)
+def _keyed(cache: SharedCache, p: int, key, load, wait=None):
+    return cache.get((p,) + tuple(key), load, wait)
 
 
 

@@ -3,9 +3,11 @@
 Components that are plans over one scan of the **same source** (``al.mix({"web":
 ds.filter("src = 'web'"), "code": ds.filter("src = 'code'")})``) would each decode every
 unit (row group) of the lake with its own predicate: a mixture of three components decoded
-the lake three times. Here they form a group (:class:`Group`): a unit is decoded once,
-unfiltered, with the union of the columns its members need (one ``UnitReader`` over a plain
-scan of those columns: the same decoders, measurements and fallbacks as any read), each
+the lake three times. Here they form a group (:class:`Group`): a unit is decoded once, with
+the union of the columns its members need, keeping the rows any member may keep (the OR of
+their SQL predicates; every row where one has none) -- one ``UnitReader`` over a scan of
+those columns: the same decoders (polars prefilters inside its decoder), measurements and
+fallbacks as any read. Each
 member's predicate is evaluated on the predicate's columns only (a predicate several members
 share is evaluated once) and each member takes its rows with its own plan
 (``UnitReader.read_decoded``): the same rows, order and errors as its own read.
@@ -73,7 +75,7 @@ class Group:
                 for r in self.members.values():
                     wanted |= set(r.decoded_columns or ())
                 names = tuple(n for n in dict.fromkeys(self.source.schema.names) if n in wanted)
-                scan = Scan(self.source, columns=names)
+                scan = Scan(self.source, columns=names, predicate=_any_of(list(self.members.values())))
                 self._reader = UnitReader(scan, self.options, cache_dir=self.cache_dir)
                 self._position = {u.index: j for j, u in enumerate(scan.selected_units())}
             return self._reader
@@ -106,6 +108,26 @@ class Group:
             self._reader.close()
 
 
+def _any_of(readers: list[UnitReader]):
+    """The OR of the readers' pushed predicates (SQL), which the shared decode may filter
+    by: a row no member keeps is dropped there (polars prefilters it inside its decoder);
+    None (decode every row) where a member keeps every row, has a computed column that
+    must see every row (``UnitReader.sees_every_row``) or a predicate that is not SQL."""
+    from ..plan.expr import SqlExpr
+    preds = []
+    for r in readers:
+        pred = r.scan.predicate
+        if pred is None or r.sees_every_row or not isinstance(pred, SqlExpr):
+            return None
+        if not any(pred.tree == p.tree for p in preds):
+            preds.append(pred)
+    if len(preds) == 1:
+        return preds[0]
+    from sqlglot import exp
+    return SqlExpr(exp.or_(*[exp.paren(p.tree.copy(), copy=False) for p in preds], copy=False),
+                   schema=preds[0].schema)
+
+
 class UnitCache:
     """Members' rows of the units a :class:`Group` decoded, until each member read them.
 
@@ -123,6 +145,8 @@ class UnitCache:
         self._sizes: dict[int, int] = {}
         self.held = 0
         self.peak = 0
+        #: how a reader waits for a unit another thread decodes (``Readers.wait``: helping)
+        self.wait: Any = None
 
     def get(self, c: int, unit: int) -> pa.Table:
         with self._lock:
@@ -149,7 +173,8 @@ class UnitCache:
                     self.peak = max(self.peak, self.held)
                     while self.held > self.capacity and len(self._entries) > 1:
                         self._drop(next(iter(self._entries)))
-        tables = fut.result()
+        wait = self.wait
+        tables = wait(fut) if wait is not None and not owner else fut.result()
         with self._lock:
             taken.add(c)
             if self._entries.get(unit) is entry and taken >= set(tables):

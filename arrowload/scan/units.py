@@ -358,6 +358,12 @@ class UnitReader:
         return pa.Table.from_batches(batches, schema=self.plan.schema)
 
     @property
+    def sees_every_row(self) -> bool:
+        """Whether its computed columns must see every row of a unit, the predicate's
+        rejects included (a user's pyarrow expression may raise on them)."""
+        return self._project_first
+
+    @property
     def decoded_columns(self) -> tuple[str, ...] | None:
         """Source columns ``read_decoded`` needs (its output's inputs and the predicate's);
         None where it cannot take decoded columns (a scan every read refuses)."""
@@ -365,8 +371,9 @@ class UnitReader:
 
     def read_decoded(self, i: int, table: pa.Table, masks: Callable | None = None) -> pa.Table:
         """Rows of unit ``i`` after the whole plan, as ``read(i)`` gives them, from ``table``:
-        the unit's rows decoded unfiltered, in order, with at least ``decoded_columns`` (by
-        name; others are ignored). Several plans over one lake share one decode of a unit
+        the unit's rows decoded, in order, with at least ``decoded_columns`` (by name; others
+        are ignored) -- every row, or (where ``sees_every_row`` is false) any subset holding
+        every row the scan's predicate keeps. Several plans over one lake share one decode of a unit
         this way (``mixture.shared``). ``masks(expr, columns)`` (optional) gives the
         predicate's mask over ``table``'s ``columns`` (shared by readers whose predicates
         repeat)."""
