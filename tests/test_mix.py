@@ -426,3 +426,21 @@ def _resumed(m, shuffle, state):
     ld = m.loader(40, shuffle=shuffle)
     ld.load_state_dict(state)
     return ld
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block", False])
+def test_shared_decode_without_a_common_sql_filter_keeps_every_component_row(parquet_lake, tmp_path, shuffle):
+    """A pyarrow-expression filter and a component without a filter: the shared decode keeps
+    every row (no OR to filter by); each component still gets exactly its own rows."""
+    import pyarrow.compute as pc
+    ds = al.dataset(parquet_lake)
+    comps = {"us": ds.filter(pc.field("country") == "US").select("id", "label", comp="'us'"),
+             "pos": ds.filter("label = 1").select("id", "label", comp="'pos'"),
+             "all": ds.select("id", "label", comp="'all'")}
+    m = al.mix(comps, weights=[1, 1, 1], stopping="all_exhausted", cache_dir=str(tmp_path))
+    loader = m.loader(50, shuffle=shuffle, cache_dir=str(tmp_path))
+    assert len(loader._shared.members) == 1
+    drawn = by_component(batches(loader))
+    assert set(drawn["us"]) == duck_ids(parquet_lake, "country = 'US'")
+    assert set(drawn["pos"]) == duck_ids(parquet_lake, "label = 1")
+    assert set(drawn["all"]) == duck_ids(parquet_lake, "true")
