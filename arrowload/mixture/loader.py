@@ -199,6 +199,7 @@ class MixtureLoader:
         blocks = rank_blocks(position, self._blocks, self.world_size, self.rank)
         o = self.options
         caches = [SharedCache(_KEPT_READS) for _ in self.sizes]
+        self._shared.restart()
         stages = Stages(tasks=self._tasks(blocks), read=functools.partial(self._read, sched, blocks, caches),
                         combine=self._chunks.combine if self._chunks is not None else concat_arrow,
                         finish=self._output, transform=self._transform,

@@ -181,6 +181,13 @@ class UnitCache:
                 self._drop(unit)
         return tables[c]
 
+    def clear(self) -> None:
+        """Forget every held unit and the peak (a new iteration starts)."""
+        with self._lock:
+            self._entries.clear()
+            self._sizes.clear()
+            self.held = self.peak = 0
+
     def _drop(self, unit: int) -> None:
         self._entries.pop(unit, None)
         self.held -= self._sizes.pop(unit, 0)
@@ -231,7 +238,15 @@ class SharedSources:
         return self.options.prefetch // CACHE_SHARE if any(self.caches) else 0
 
     def peak(self) -> int:
+        """The most bytes the decoded-unit caches held in the current (or last) iteration."""
         return sum(c.peak for c in self.caches if c is not None)
+
+    def restart(self) -> None:
+        """A new iteration: the caches start empty (rows of an iteration that ended before
+        every member took them are not kept)."""
+        for c in self.caches:
+            if c is not None:
+                c.clear()
 
     def _group(self, g: int, dataset) -> Group:
         if self.groups[g] is None:
