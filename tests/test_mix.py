@@ -444,3 +444,16 @@ def test_shared_decode_without_a_common_sql_filter_keeps_every_component_row(par
     assert set(drawn["us"]) == duck_ids(parquet_lake, "country = 'US'")
     assert set(drawn["pos"]) == duck_ids(parquet_lake, "label = 1")
     assert set(drawn["all"]) == duck_ids(parquet_lake, "true")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 1500), st.lists(st.integers(0, (1 << 64) - 1), max_size=6), st.integers(0, 5))
+def test_interleaves_are_the_blocks_interleaves(n, keys, epoch):
+    from arrowload.order.permutation import shuffled_range, shuffled_ranges
+    got = shuffled_ranges(n, keys)
+    assert got.shape == (len(keys), n)
+    for row, k in zip(got, keys):
+        np.testing.assert_array_equal(row, shuffled_range(n, k))
+    s = Schedule((10, 20), (Phase(0, (0.5, 0.5), (0, 0)),), max(1, n % 97), 3, epoch)
+    blocks = [b * 7 for b in range(len(keys) + 1)]
+    np.testing.assert_array_equal(s.interleaves(blocks), np.array([s.interleave(b) for b in blocks]))

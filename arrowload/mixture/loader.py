@@ -289,12 +289,16 @@ class MixtureLoader:
         sizes = [sum(p.num_rows for p in parts) for parts in found]
         base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         within = np.cumsum(counts, axis=0) - counts  # each block's first row in its component's rows
-        idx = np.empty(len(mine) * b, dtype=np.int64)
-        shuffled = self.options.shuffle is not False
-        for i, block in enumerate(mine):
-            slots = np.concatenate([np.arange(k, dtype=np.int64) + base[c] + within[i, c]
-                                    for c, k in enumerate(counts[i]) if k])
-            idx[i * b:(i + 1) * b] = slots[sched.interleave(block)] if shuffled else slots
+        # slot j of block i: component c's row (j - its first slot in the block) of that
+        # block, components' slots in component order; then the block's interleave
+        nb, m = counts.shape
+        first_slot = np.cumsum(counts, axis=1) - counts
+        shift = (base[None, :] + within - first_slot).ravel()
+        owner = np.repeat(np.arange(nb * m, dtype=np.int64), counts.ravel()).reshape(nb, b)
+        slots = np.arange(b, dtype=np.int64)[None, :] + shift[owner]
+        if self.options.shuffle is not False:
+            slots = np.take_along_axis(slots, sched.interleaves(mine), axis=1)
+        idx = slots.ravel()
         if conv is not None:
             t0 = time.perf_counter()
             chunk = _scatter(found, base, sizes, idx, conv.pool)

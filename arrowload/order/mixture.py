@@ -45,7 +45,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .permutation import derive_key, permute, shuffled_range
+from .permutation import derive_key, permute, shuffled_range, shuffled_ranges
 from .sequence import EpochOrder
 
 #: weights are held as integers summing to this
@@ -255,6 +255,11 @@ class Schedule:
         """Slot of each position of block ``b``: slots ``0..n_0-1`` are component 0's rows,
         then component 1's, ... (a seeded permutation of ``[0, batch_size)``)."""
         return shuffled_range(self.batch_size, derive_key(self.seed, self.epoch, _SALT_INTERLEAVE, b))
+
+    def interleaves(self, blocks) -> np.ndarray:
+        """``[interleave(b) for b in blocks]`` as one ``[len(blocks), batch_size]`` array."""
+        return shuffled_ranges(self.batch_size, [derive_key(self.seed, self.epoch, _SALT_INTERLEAVE, int(b))
+                                                 for b in blocks])
 
 
 def epoch_blocks(s: Schedule) -> int | None:
