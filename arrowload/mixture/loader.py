@@ -242,10 +242,8 @@ class MixtureLoader:
         parts = [sched.blocks(b, b + 1) for b in blocks]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units, conv=None,
-                        wait=None) -> list:
-        """Rows of component ``c`` at stream indices ``pieces`` (in order), as parts: host
-        chunks converted by ``conv`` where its source can, else Arrow batches."""
+    def _by_pass(self, c: int, pieces: list[tuple[int, int]]) -> list[tuple[int, list]]:
+        """Component ``c``'s stream indices ``pieces`` as ``(pass, position ranges in it)``."""
         n = self.sizes[c]
         by_pass: list[tuple[int, list]] = []
         for lo, hi in pieces:
@@ -261,9 +259,15 @@ class MixtureLoader:
                 else:
                     by_pass.append((p, [(lo - p * n, end - p * n)]))
                 lo = end
+        return by_pass
+
+    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units, conv=None,
+                        wait=None) -> list:
+        """Rows of component ``c`` at stream indices ``pieces`` (in order), as parts: host
+        chunks converted by ``conv`` where its source can, else Arrow batches."""
         src = self._components[c]._source
         out = []
-        for p, ranges in by_pass:
+        for p, ranges in self._by_pass(c, pieces):
             order = self._order(c, p)
             get = functools.partial(_keyed, cache, p, wait=wait)
             for task in plan_tasks(order, ranges, self._shapes[c], self.options.batch_size, self.options.prefetch):
@@ -282,11 +286,19 @@ class MixtureLoader:
         for shared in self._shared.caches:
             if shared is not None:
                 shared.wait = wait
-        found = []
-        for c in range(len(self.sizes)):
-            pieces = [(int(s), int(s + k)) for s, k in zip(starts[:, c], counts[:, c]) if k]
-            found.append(self._component_rows(c, pieces, caches[c], map_units, conv, wait) if pieces else [])
-        sizes = [sum(p.num_rows for p in parts) for parts in found]
+        pieces = [[(int(s), int(s + k)) for s, k in zip(starts[:, c], counts[:, c]) if k]
+                  for c in range(len(self.sizes))]
+        # every component a slice of one shared table (global shuffle over one lake): the
+        # batch rows are gathered from it at once, straight into their places
+        joint = self._shared.joint_table([c._source for c in self._components]) if conv is not None else None
+        found: list[list] = []
+        if joint is not None:
+            sizes = [int(k) for k in counts.sum(axis=0)]
+        else:
+            for c in range(len(self.sizes)):
+                found.append(self._component_rows(c, pieces[c], caches[c], map_units, conv, wait)
+                             if pieces[c] else [])
+            sizes = [sum(p.num_rows for p in parts) for parts in found]
         base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         within = np.cumsum(counts, axis=0) - counts  # each block's first row in its component's rows
         # slot j of block i: component c's row (j - its first slot in the block) of that
@@ -299,6 +311,16 @@ class MixtureLoader:
         if self.options.shuffle is not False:
             slots = np.take_along_axis(slots, sched.interleaves(mine), axis=1)
         idx = slots.ravel()
+        if joint is not None:
+            table, first = joint
+            rows = [self._order(c, p).rows(a, z) + first[c]
+                    for c in range(len(self.sizes)) for p, ranges in self._by_pass(c, pieces[c]) for a, z in ranges]
+            t0 = time.perf_counter()
+            chunk = conv.gather(table, np.concatenate(rows)[idx])
+            if chunk is not None:
+                return [chunk], time.perf_counter() - t0
+            self._host_ok = False  # no host views (nulls): each component's path, Arrow from now on
+            return self._read(sched, blocks, caches, task, cache=cache, map_units=map_units)
         if conv is not None:
             t0 = time.perf_counter()
             chunk = _scatter(found, base, sizes, idx, conv.pool)

@@ -229,6 +229,8 @@ class SharedSources:
         self.groups: list[Group | None] = [None] * len(self.members)
         self.caches: list[UnitCache | None] = [None] * len(self.members)
         self._tables: dict[int, Any] = {}
+        #: component -> (the table its rows are a slice of, its first row there, its source)
+        self.joint: dict[int, tuple[Any, int, Any]] = {}
         self._built: set[int] = set()
         self._lock = threading.Lock()
 
@@ -304,29 +306,40 @@ class SharedSources:
                 group.add(c, src.reader)
             units = sorted({u for c in todo for u in group.units_of(c)})
             places = [{u: i for i, u in enumerate(group.units_of(c))} for c in todo]
+            # members with one schema share one table, one after the other (target, its
+            # first unit there, its first row there)
+            schemas: list[pa.Schema] = []
+            at: list[tuple[int, int, int]] = []
+            counts: list[list[int]] = []
+            for c, src in zip(todo, sources):
+                schema = self.plans[c].schema
+                t = next((j for j, s in enumerate(schemas) if s.equals(schema, check_metadata=True)), None)
+                if t is None:
+                    t = len(schemas)
+                    schemas.append(schema)
+                    counts.append([])
+                at.append((t, len(counts[t]), sum(counts[t])))
+                counts[t].extend(int(n) for n in src.counts)
 
             def read(k: int) -> list:
                 got = group.split(units[k])
                 out = []
-                for c, src, where in zip(todo, sources, places):
+                for c, src, where, (t, first, _) in zip(todo, sources, places, at):
                     i = where.get(units[k])
                     if i is None:
-                        out.append(None)
                         continue
-                    t = got[c]
-                    if t.num_rows != src.counts[i]:
+                    table = got[c]
+                    if table.num_rows != src.counts[i]:
                         raise SnapshotChangedError(
-                            f"unit {i} of component {c} gave {t.num_rows} rows where the selection index "
+                            f"unit {i} of component {c} gave {table.num_rows} rows where the selection index "
                             f"counted {src.counts[i]}: the data changed under the loader, or a map() changed "
                             "the number of rows (loader maps must keep one row per row)")
-                    out.append(t)
+                    out.append((t, first + i, table))
                 return out
 
             from ..options import usable_cores
-            tables = rabuild.build_many(
-                read, len(units), [[where.get(u, -1) for u in units] for where in places],
-                [src.counts for src in sources], [self.plans[c].schema for c in todo], stack=stack,
-                memory_budget=budget, threads=usable_cores())
+            tables = rabuild.build_many(read, len(units), counts, schemas, stack=stack, memory_budget=budget,
+                                        threads=usable_cores())
         finally:
             for src in sources:
                 src.close()
@@ -334,9 +347,24 @@ class SharedSources:
         if tables is None:
             return  # over the budget: each binds on its own (and spills to its disk cache)
         snapshot = _digest(group.source.fingerprint())
-        for c, table in zip(todo, tables):
-            self._tables[c] = TableRowSource(table, where="memory", snapshot=snapshot,
-                                             schema=self.plans[c].schema)
+        for c, src, (t, _, row) in zip(todo, sources, at):
+            n = int(sum(src.counts))
+            found = TableRowSource(tables[t].slice(row, n), where="memory", snapshot=snapshot,
+                                   schema=self.plans[c].schema)
+            self._tables[c] = found
+            self.joint[c] = (tables[t], row, found)
+
+    def joint_table(self, sources: list) -> tuple[Any, list[int]] | None:
+        """``(table, first rows)`` where every component's row source is its slice of one
+        shared table (global shuffle over one lake, one schema): a batch is then one gather
+        from that table. None otherwise."""
+        found = [self.joint.get(c) for c in range(len(sources))]
+        if not found or any(f is None or f[2] is not s for f, s in zip(found, sources)):
+            return None
+        table = found[0][0]
+        if any(f[0] is not table for f in found):
+            return None
+        return table, [f[1] for f in found]
 
     def close(self) -> None:
         for g in self.groups:

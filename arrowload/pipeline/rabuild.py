@@ -277,20 +277,20 @@ def build(read_unit, counts: Sequence[int], schema: pa.Schema, *, stack: Mapping
     ``None`` when it does not fit ``memory_budget`` bytes (the fixed-width columns are
     known before reading; the others are counted as they come, and the build stops at
     the unit that crosses the budget). Threads: ``threads`` or the cores, at most one per unit."""
-    n = len(counts)
-    got = build_many(lambda k: [read_unit(k)], n, [list(range(n))], [counts], [schema], stack=stack,
+    got = build_many(lambda k: [(0, k, read_unit(k))], len(counts), [counts], [schema], stack=stack,
                      memory_budget=memory_budget, threads=threads)
     return None if got is None else got[0]
 
 
-def build_many(read, items: int, places: Sequence[Sequence[int]], counts: Sequence[Sequence[int]],
-               schemas: Sequence[pa.Schema], *, stack: Mapping[str, Any] | None, memory_budget: int,
+def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Sequence[pa.Schema], *,
+               stack: Mapping[str, Any] | None, memory_budget: int,
                threads: int | None = None) -> list[pa.Table] | None:
     """Several tables in one pass: ``read(k)`` (``k < items``: one read, e.g. one decoded
-    unit of a lake) gives one table or None per target; target ``t`` holds units of
-    ``counts[t]`` rows, and read ``k``'s table is its unit ``places[t][k]`` (-1: none).
-    The targets' tables as ``build`` makes each (``None`` when together they do not fit
-    ``memory_budget`` bytes); reads run side by side on ``threads`` (default: the cores)."""
+    unit of a lake) gives ``(t, i, table)`` triples: ``table`` is unit ``i`` of target
+    ``t``, whose units hold ``counts[t]`` rows (a read may fill units of several targets,
+    or several units of one). The targets' tables as ``build`` makes each (``None`` when
+    together they do not fit ``memory_budget`` bytes); reads run side by side on
+    ``threads`` (default: the cores)."""
     counts = [[int(c) for c in cs] for cs in counts]
     rows = [sum(cs) for cs in counts]
     if sum(fixed_bytes(s, r) for s, r in zip(schemas, rows)) > memory_budget:
@@ -331,10 +331,7 @@ def build_many(read, items: int, places: Sequence[Sequence[int]], counts: Sequen
             return 0
         tables = read(k)
         got = done = 0
-        for t, table in enumerate(tables):
-            i = places[t][k]
-            if table is None or i < 0:
-                continue
+        for t, i, table in tables:
             got += put(t, i, table)
             done += counts[t][i]
         del tables
