@@ -275,6 +275,30 @@ class MixtureLoader:
                 out.extend(parts)
         return out
 
+    def _prewarm(self, pieces: list[list[tuple[int, int]]], map_units) -> None:
+        """Decode the lake units that components read in source order (no shuffle) will take
+        in this read, side by side on the reader threads (``map_units``), before the
+        components take their rows one after the other (block-shuffle windows are read side
+        by side already)."""
+        if map_units is None:
+            return
+        wanted: dict[tuple[int, int], Any] = {}
+        for c, comp in enumerate(self._components):
+            g = self._shared.group_of.get(c)
+            cache = self._shared.caches[g] if g is not None else None
+            src = comp._source
+            if cache is None or src.kind != "scan" or not pieces[c]:
+                continue
+            for p, ranges in self._by_pass(c, pieces[c]):
+                order = self._order(c, p)
+                if order.kind != ShuffleKind.NONE.value:
+                    break
+                for a, z in ranges:
+                    for u, _, _ in order.unit_pieces(a, z):
+                        wanted.setdefault((g, int(src.units[u])), cache)
+        if len(wanted) > 1:
+            map_units(lambda item: item[1].warm(item[0][1]), list(wanted.items()))
+
     def _read(self, sched: Schedule, blocks: range, caches: list, task: MixTask, *, cache=None,
               map_units=None) -> tuple[list, float]:
         mine = blocks[task.first:task.stop]
@@ -295,6 +319,7 @@ class MixtureLoader:
         if joint is not None:
             sizes = [int(k) for k in counts.sum(axis=0)]
         else:
+            self._prewarm(pieces, map_units)
             for c in range(len(self.sizes)):
                 found.append(self._component_rows(c, pieces[c], caches[c], map_units, conv, wait)
                              if pieces[c] else [])

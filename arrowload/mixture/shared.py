@@ -148,7 +148,18 @@ class UnitCache:
         #: how a reader waits for a unit another thread decodes (``Readers.wait``: helping)
         self.wait: Any = None
 
+    def warm(self, unit: int) -> None:
+        """Decode ``unit`` for the members now (their ``get`` takes the rows later), unless it
+        is held or being decoded already."""
+        with self._lock:
+            if unit in self._entries:
+                return
+        self._fetch(None, unit)
+
     def get(self, c: int, unit: int) -> pa.Table:
+        return self._fetch(c, unit)
+
+    def _fetch(self, c: int | None, unit: int) -> pa.Table | None:
         with self._lock:
             entry = self._entries.get(unit)
             owner = entry is None
@@ -173,6 +184,8 @@ class UnitCache:
                     self.peak = max(self.peak, self.held)
                     while self.held > self.capacity and len(self._entries) > 1:
                         self._drop(next(iter(self._entries)))
+        if c is None:
+            return None
         wait = self.wait
         tables = wait(fut) if wait is not None and not owner else fut.result()
         with self._lock:
