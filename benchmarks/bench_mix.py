@@ -7,7 +7,8 @@ three countries (``al.mix({"us": ..., "de": ..., "in": ...}, temperature=1.0)``:
 proportional to the sizes, so the ``first_exhausted`` epoch draws nearly every selected row
 once, like the single loader's). Per shuffle kind (global, block, none). Timed: building
 the loader (exact counts and the random-access tables from the warm cache dir) and
-iterating the epoch into an infinitely fast consumer; rows/s = rows yielded / seconds.
+iterating the epoch into an infinitely fast consumer; rows/s = rows yielded / seconds; CPU s:
+the process's CPU time over the same span (on a shared machine the steadier figure).
 Target (issue 15): mixture >= 0.9x the single selection's rows/s.
 
 Each run is a fresh Python process (imports before the clock), the two variants rotated,
@@ -55,14 +56,16 @@ def build(lake: str, variant: str, kind: str, cache: str):
 
 def _epoch_here(lake: str, variant: str, kind: str, cache: str) -> dict:
     t0 = time.perf_counter()
+    c0 = time.process_time()
     loader = build(lake, variant, kind, cache)
     built = time.perf_counter() - t0
     rows = 0
     for batch in loader:
         rows += len(batch["label"])
     seconds = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     loader.close()
-    return {"rows": rows, "seconds": seconds, "build": built}
+    return {"rows": rows, "seconds": seconds, "build": built, "cpu": cpu}
 
 
 def epoch(lake: Path, variant: str, kind: str, cache: str) -> dict:
@@ -96,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(imports before the clock); 1 warm-up + {args.reps} timed runs per variant, rotated; medians",
         "",
         "| shuffle | single rows | single rows/s | mixture rows | mixture rows/s | ratio (target >= 0.9) | "
-        "mixture build s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "mixture build s | single CPU s | mixture CPU s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory(prefix="bench-mix-") as cache:
         for kind in args.kinds.split(","):
@@ -110,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             rate = {v: statistics.median(r["rows"] / r["seconds"] for r in rs) for v, rs in runs.items()}
             n = {v: rs[0]["rows"] for v, rs in runs.items()}
             build_s = statistics.median(r["build"] for r in runs["mixture"])
+            cpu = {v: statistics.median(r["cpu"] for r in rs) for v, rs in runs.items()}
             lines.append(f"| {kind} | {n['single']:,} | {rate['single']:,.0f} | {n['mixture']:,} | "
-                         f"{rate['mixture']:,.0f} | {rate['mixture'] / rate['single']:.2f}x | {build_s:.2f} |")
+                         f"{rate['mixture']:,.0f} | {rate['mixture'] / rate['single']:.2f}x | {build_s:.2f} | "
+                         f"{cpu['single']:.2f} | {cpu['mixture']:.2f} |")
             print(lines[-1], flush=True)
     body = "\n".join(lines) + "\n"
     print()

@@ -346,3 +346,114 @@ def test_host_arrays_path_gives_the_arrow_paths_batches(shuffle):
     got = np.concatenate([h["id"] for h in host])
     for k in range(3):  # all_exhausted: every row of each component drawn
         assert set(got[ks == k].tolist()) == set(ids[(ids * 7) % 3 == k].tolist())
+
+
+# -- one lake, read once: components share each unit's decode (mixture.shared) ------------------
+
+SHARED = ("US", "DE", "IN")
+
+
+def _shared_mix(lake, cache, fs=None, separate=False):
+    """The three countries of ``lake`` (weights proportional to their sizes); ``separate``:
+    each component over its own ``al.dataset`` (other source objects: nothing shared)."""
+    opened = al.dataset(lake, filesystem=fs)
+    comps = {c.lower(): (al.dataset(lake) if separate else opened).filter(f"country = '{c}'")
+             .select("id", "label", comp=f"'{c.lower()}'") for c in SHARED}
+    return al.mix(comps, temperature=1.0, seed=2, cache_dir=cache)
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block", False])
+def test_components_over_one_lake_read_each_unit_once(parquet_lake, tmp_path, shuffle):
+    facts = lake_facts(parquet_lake)
+    fs = CountingLocalFileSystem()
+    m = _shared_mix(parquet_lake, str(tmp_path), fs)
+    sizes = m.sizes()  # counted once (the selection index), not part of the epoch
+    fs.reset()
+    loader = m.loader(64, shuffle=shuffle, cache_dir=str(tmp_path))
+    bs = batches(loader)
+    needed = {"country", "id", "label"}
+    spans = {p: f.chunk_spans(needed) for p, f in facts.items()}
+    per_span = collections.Counter()
+    for r in fs.stats.reads:
+        hit = [s for s in spans[r.path] if s[0] <= r.offset and r.offset + r.nbytes <= s[1]]
+        assert hit, r  # only the columns the components need
+        per_span[(r.path, hit[0])] += r.nbytes
+    # every column chunk read once per epoch, not once per component
+    assert per_span and all(n <= b - a for (_, (a, b)), n in per_span.items()), per_span
+    assert sum(per_span.values()) <= sum(f.chunk_bytes(needed) for f in facts.values())
+    drawn = by_component(bs)
+    for c, n in zip(SHARED, sizes):
+        truth = duck_ids(parquet_lake, f"country = '{c}'")
+        ids = drawn[c.lower()]
+        assert len(ids) == len(set(ids)) and set(ids) <= truth and len(truth) == n
+        assert len(ids) >= n - 64  # first_exhausted, weights proportional to the sizes: nearly all
+    # the same batches as components that share nothing (each over its own dataset)
+    alone = _shared_mix(parquet_lake, str(tmp_path), separate=True).loader(64, shuffle=shuffle,
+                                                                            cache_dir=str(tmp_path))
+    assert not alone._shared.members and loader._shared.members
+    assert batches(alone) == bs
+
+
+def test_shared_unit_cache_counts_in_the_byte_budget(parquet_lake, tmp_path):
+    prefetch = 1 << 20
+    loader = _shared_mix(parquet_lake, str(tmp_path)).loader(64, shuffle="block", prefetch=prefetch,
+                                                             cache_dir=str(tmp_path))
+    rows = sum(len(b["id"]) for b in loader)
+    cache = next(c for c in loader._shared.caches if c is not None)
+    unit = max(t.nbytes for g in loader._shared.groups if g is not None
+               for t in g.split(0).values()) * len(SHARED)
+    assert rows > 0 and 0 < cache.peak <= prefetch // 4 + unit
+    assert loader.stats().peak_prefetch_bytes >= cache.peak
+
+
+@pytest.mark.parametrize("shuffle,loads", [(True, True), (False, True), ("block", False)])
+def test_states_of_the_previous_mixture_order_load_where_the_order_is_unchanged(shuffle, loads):
+    m = _memory_mix()
+    ld = m.loader(40, shuffle=shuffle)
+    it = iter(ld)
+    next(it)
+    state = {**ld.state_dict(), "order": 2}  # block units were visited per component then
+    again = m.loader(40, shuffle=shuffle)
+    if loads:
+        again.load_state_dict(state)
+        assert batches(again) == batches(_resumed(m, shuffle, ld.state_dict()))
+    else:
+        with pytest.raises(al.StateMismatchError, match="order"):
+            again.load_state_dict(state)
+
+
+def _resumed(m, shuffle, state):
+    ld = m.loader(40, shuffle=shuffle)
+    ld.load_state_dict(state)
+    return ld
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block", False])
+def test_shared_decode_without_a_common_sql_filter_keeps_every_component_row(parquet_lake, tmp_path, shuffle):
+    """A pyarrow-expression filter and a component without a filter: the shared decode keeps
+    every row (no OR to filter by); each component still gets exactly its own rows."""
+    import pyarrow.compute as pc
+    ds = al.dataset(parquet_lake)
+    comps = {"us": ds.filter(pc.field("country") == "US").select("id", "label", comp="'us'"),
+             "pos": ds.filter("label = 1").select("id", "label", comp="'pos'"),
+             "all": ds.select("id", "label", comp="'all'")}
+    m = al.mix(comps, weights=[1, 1, 1], stopping="all_exhausted", cache_dir=str(tmp_path))
+    loader = m.loader(50, shuffle=shuffle, cache_dir=str(tmp_path))
+    assert len(loader._shared.members) == 1
+    drawn = by_component(batches(loader))
+    assert set(drawn["us"]) == duck_ids(parquet_lake, "country = 'US'")
+    assert set(drawn["pos"]) == duck_ids(parquet_lake, "label = 1")
+    assert set(drawn["all"]) == duck_ids(parquet_lake, "true")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 1500), st.lists(st.integers(0, (1 << 64) - 1), max_size=6), st.integers(0, 5))
+def test_interleaves_are_the_blocks_interleaves(n, keys, epoch):
+    from arrowload.order.permutation import shuffled_range, shuffled_ranges
+    got = shuffled_ranges(n, keys)
+    assert got.shape == (len(keys), n)
+    for row, k in zip(got, keys):
+        np.testing.assert_array_equal(row, shuffled_range(n, k))
+    s = Schedule((10, 20), (Phase(0, (0.5, 0.5), (0, 0)),), max(1, n % 97), 3, epoch)
+    blocks = [b * 7 for b in range(len(keys) + 1)]
+    np.testing.assert_array_equal(s.interleaves(blocks), np.array([s.interleave(b) for b in blocks]))

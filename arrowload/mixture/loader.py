@@ -4,7 +4,10 @@ proportions, with the Loader's stages (reader threads, byte budget, conversion, 
 Each component is bound as a :class:`~arrowload.pipeline.loader.Loader` binds a dataset
 (exact counts, the shuffle kind its source allows, the random-access table for global
 shuffle); its rows are read in passes, pass ``p`` of epoch ``e`` in the order
-``EpochOrder(counts, kind, component_key(seed, name), derive_key(e, p))``. The mixture's
+``ComponentOrder(counts, kind, component_key(seed, name), derive_key(e, p), ...)``: an
+``EpochOrder`` whose block shuffle visits units in one order for every component
+(``units_key(seed, e, p)``), so components over one lake share their decodes
+(``mixture.shared``: each unit decoded once for all of them). The mixture's
 block stream (``order.mixture.Schedule``) says which rows of each component every batch
 holds; this rank reads the blocks ``order.mixture.rank_blocks`` deals it. A read (a
 :class:`MixTask`) covers a few consecutive batches of this rank: per component the stream
@@ -31,15 +34,20 @@ import pyarrow as pa
 
 from ..convert.batches import concat_arrow
 from ..errors import InvalidArgumentError, LoaderClosedError, StateMismatchError, UnsupportedError
-from ..order import ORDER_VERSION, EpochOrder, ShuffleKind, derive_key, plan_tasks
-from ..order.mixture import Phase, Schedule, component_key, rank_blocks
+from ..order import EpochOrder, ShuffleKind, derive_key, plan_tasks
+from ..order.mixture import (MIXTURE_ORDER_SINCE, MIXTURE_ORDER_VERSION, ComponentOrder, Phase, Schedule,
+                             component_key, rank_blocks, units_key)
 from ..order.tasks import read_rows
 from ..pipeline import arguments as _arguments
-from ..pipeline.chunks import HostChunk
+from ..convert.host import array_valued
+from ..pipeline.chunks import HostChunk, _varlist
 from ..pipeline.loader import Loader, rank_and_world
 from ..pipeline.rowsource import _parts
 from ..pipeline.stages import EpochIterator, Settings, SharedCache, Stages
+from ..options import default_cache_dir
+from ..pipeline.options import reader_bound
 from . import weights as _weights
+from .shared import SharedSources
 
 STATE_FORMAT = "arrowload.mixture_state"
 STATE_VERSION = 1
@@ -88,7 +96,11 @@ class MixtureLoader:
                                            f"at {mixture.stopping!r}: leave steps out", "steps")
         self.steps = steps
         sub = dataclasses.replace(options, rank=0, world_size=1)
-        self._components = [Loader(ds, sub) for ds in mixture.datasets]
+        # components over one lake decode each unit once for all of them (mixture.shared)
+        self._shared = SharedSources(mixture.datasets, sub, options.cache_dir or default_cache_dir(),
+                                     reader_bound(options.io_threads))
+        self._components = [Loader(ds, sub, sources=functools.partial(self._shared.source, c))
+                            for c, ds in enumerate(mixture.datasets)]
         self.sizes = tuple(c.num_rows for c in self._components)
         mixture._sizes = self.sizes
         self.weights = mixture.weights
@@ -112,8 +124,10 @@ class MixtureLoader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._orders: dict = {}
-        #: reads convert to host arrays on the reader threads (where every column has them)
-        self._host_ok = self._chunks is not None
+        #: reads convert to host arrays on the reader threads where every column has them
+        #: (decided from the schema: finding out from a read would read its task twice)
+        self._host_ok = self._chunks is not None and all(
+            array_valued(f.type) and not _varlist(f.type) for f in mixture.schema)
 
     # -- the epoch's block stream ------------------------------------------------------
     def _fresh_phases(self) -> tuple[Phase, ...]:
@@ -155,9 +169,14 @@ class MixtureLoader:
         found = self._orders.get(key)
         if found is None:
             comp = self._components[c]
-            found = EpochOrder(tuple(comp._source.counts), comp.shuffle_kind.value,
-                               component_key(self.options.seed, self.mixture.names[c]),
-                               derive_key(self.epoch, p), self.options.shuffle_window)
+            src = comp._source
+            scan = getattr(src, "scan", None)  # a lake's row groups: numbered in their source
+            found = ComponentOrder(tuple(src.counts), comp.shuffle_kind.value,
+                                   component_key(self.options.seed, self.mixture.names[c]),
+                                   derive_key(self.epoch, p), self.options.shuffle_window,
+                                   units=tuple(src.units) if scan is not None else (),
+                                   space=len(scan.source.units()) if scan is not None else 0,
+                                   units_key=units_key(self.options.seed, self.epoch, p))
             if len(self._orders) > 4 * len(self.sizes):
                 self._orders.pop(next(iter(self._orders)))
             self._orders[key] = found
@@ -180,11 +199,14 @@ class MixtureLoader:
         blocks = rank_blocks(position, self._blocks, self.world_size, self.rank)
         o = self.options
         caches = [SharedCache(_KEPT_READS) for _ in self.sizes]
+        self._shared.restart()
         stages = Stages(tasks=self._tasks(blocks), read=functools.partial(self._read, sched, blocks, caches),
                         combine=self._chunks.combine if self._chunks is not None else concat_arrow,
                         finish=self._output, transform=self._transform,
                         deliver=self._device_stage.ready if self._device_stage is not None else None)
-        settings = Settings(batch_size=o.batch_size, prefetch=o.prefetch, max_readers=self.max_readers)
+        # the decoded-unit caches' bytes are taken out of the budget (stats() counts them)
+        settings = Settings(batch_size=o.batch_size, prefetch=max(1, o.prefetch - self._shared.cache_bytes),
+                            max_readers=self.max_readers)
         it = EpochIterator(stages, settings, on_batch=self._advance)
         self._stats = it.stats
         self._active.add(it)
@@ -220,9 +242,8 @@ class MixtureLoader:
         parts = [sched.blocks(b, b + 1) for b in blocks]
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
-    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units, conv=None) -> list:
-        """Rows of component ``c`` at stream indices ``pieces`` (in order), as parts: host
-        chunks converted by ``conv`` where its source can, else Arrow batches."""
+    def _by_pass(self, c: int, pieces: list[tuple[int, int]]) -> list[tuple[int, list]]:
+        """Component ``c``'s stream indices ``pieces`` as ``(pass, position ranges in it)``."""
         n = self.sizes[c]
         by_pass: list[tuple[int, list]] = []
         for lo, hi in pieces:
@@ -238,15 +259,45 @@ class MixtureLoader:
                 else:
                     by_pass.append((p, [(lo - p * n, end - p * n)]))
                 lo = end
+        return by_pass
+
+    def _component_rows(self, c: int, pieces: list[tuple[int, int]], cache, map_units, conv=None,
+                        wait=None) -> list:
+        """Rows of component ``c`` at stream indices ``pieces`` (in order), as parts: host
+        chunks converted by ``conv`` where its source can, else Arrow batches."""
         src = self._components[c]._source
         out = []
-        for p, ranges in by_pass:
+        for p, ranges in self._by_pass(c, pieces):
             order = self._order(c, p)
-            get = functools.partial(_keyed, cache, p)
+            get = functools.partial(_keyed, cache, p, wait=wait)
             for task in plan_tasks(order, ranges, self._shapes[c], self.options.batch_size, self.options.prefetch):
                 parts, _ = src.read(task, order, conv, cache=get, map_units=map_units)
                 out.extend(parts)
         return out
+
+    def _prewarm(self, pieces: list[list[tuple[int, int]]], map_units) -> None:
+        """Decode the lake units that components read in source order (no shuffle) will take
+        in this read, side by side on the reader threads (``map_units``), before the
+        components take their rows one after the other (block-shuffle windows are read side
+        by side already)."""
+        if map_units is None:
+            return
+        wanted: dict[tuple[int, int], Any] = {}
+        for c, comp in enumerate(self._components):
+            g = self._shared.group_of.get(c)
+            cache = self._shared.caches[g] if g is not None else None
+            src = comp._source
+            if cache is None or src.kind != "scan" or not pieces[c]:
+                continue
+            for p, ranges in self._by_pass(c, pieces[c]):
+                order = self._order(c, p)
+                if order.kind != ShuffleKind.NONE.value:
+                    break
+                for a, z in ranges:
+                    for u, _, _ in order.unit_pieces(a, z):
+                        wanted.setdefault((g, int(src.units[u])), cache)
+        if len(wanted) > 1:
+            map_units(lambda item: item[1].warm(item[0][1]), list(wanted.items()))
 
     def _read(self, sched: Schedule, blocks: range, caches: list, task: MixTask, *, cache=None,
               map_units=None) -> tuple[list, float]:
@@ -254,25 +305,55 @@ class MixtureLoader:
         starts, counts = self._locate(sched, mine)
         b = self.options.batch_size
         conv = self._chunks if self._host_ok else None
-        found = []
-        for c in range(len(self.sizes)):
-            pieces = [(int(s), int(s + k)) for s, k in zip(starts[:, c], counts[:, c]) if k]
-            found.append(self._component_rows(c, pieces, caches[c], map_units, conv) if pieces else [])
-        sizes = [sum(p.num_rows for p in parts) for parts in found]
+        # a reader waiting for a unit or window another task reads runs that task's sub-reads
+        wait = getattr(getattr(map_units, "__self__", None), "wait", None)
+        for shared in self._shared.caches:
+            if shared is not None:
+                shared.wait = wait
+        pieces = [[(int(s), int(s + k)) for s, k in zip(starts[:, c], counts[:, c]) if k]
+                  for c in range(len(self.sizes))]
+        # every component a slice of one shared table (global shuffle over one lake): the
+        # batch rows are gathered from it at once, straight into their places
+        joint = self._shared.joint_table([c._source for c in self._components]) if conv is not None else None
+        found: list[list] = []
+        if joint is not None:
+            sizes = [int(k) for k in counts.sum(axis=0)]
+        else:
+            self._prewarm(pieces, map_units)
+            for c in range(len(self.sizes)):
+                found.append(self._component_rows(c, pieces[c], caches[c], map_units, conv, wait)
+                             if pieces[c] else [])
+            sizes = [sum(p.num_rows for p in parts) for parts in found]
         base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
         within = np.cumsum(counts, axis=0) - counts  # each block's first row in its component's rows
-        idx = np.empty(len(mine) * b, dtype=np.int64)
-        shuffled = self.options.shuffle is not False
-        for i, block in enumerate(mine):
-            slots = np.concatenate([np.arange(k, dtype=np.int64) + base[c] + within[i, c]
-                                    for c, k in enumerate(counts[i]) if k])
-            idx[i * b:(i + 1) * b] = slots[sched.interleave(block)] if shuffled else slots
+        # slot j of block i: component c's row (j - its first slot in the block) of that
+        # block, components' slots in component order; then the block's interleave
+        nb, m = counts.shape
+        first_slot = np.cumsum(counts, axis=1) - counts
+        shift = (base[None, :] + within - first_slot).ravel()
+        owner = np.repeat(np.arange(nb * m, dtype=np.int64), counts.ravel()).reshape(nb, b)
+        slots = np.arange(b, dtype=np.int64)[None, :] + shift[owner]
+        if self.options.shuffle is not False:
+            slots = np.take_along_axis(slots, sched.interleaves(mine), axis=1)
+        idx = slots.ravel()
+        if joint is not None:
+            table, first = joint
+            rows = [self._order(c, p).rows(a, z) + first[c]
+                    for c in range(len(self.sizes)) for p, ranges in self._by_pass(c, pieces[c]) for a, z in ranges]
+            t0 = time.perf_counter()
+            chunk = conv.gather(table, np.concatenate(rows)[idx])
+            if chunk is not None:
+                return [chunk], time.perf_counter() - t0
+            self._host_ok = False  # no host views (nulls): each component's path, Arrow from now on
+            return self._read(sched, blocks, caches, task, cache=cache, map_units=map_units)
         if conv is not None:
             t0 = time.perf_counter()
             chunk = _scatter(found, base, sizes, idx, conv.pool)
             if chunk is not None:  # each component's host rows copied once to their places
                 return [chunk], time.perf_counter() - t0
-            self._host_ok = False  # columns without host arrays: Arrow from now on, this task again
+            # a part did not convert (nulls without fill_null): Arrow from now on, this task
+            # again (its error is raised for the batch that holds the value)
+            self._host_ok = False
             return self._read(sched, blocks, caches, task, cache=cache, map_units=map_units)
         tables = [pa.Table.from_batches(parts) for parts in found if parts]
         target = tables[0].schema
@@ -289,7 +370,7 @@ class MixtureLoader:
                           "rows": comp.num_rows, "shuffle": kind.value,
                           "window": self.options.shuffle_window if kind is ShuffleKind.BLOCK else None})
         return {"components": comps, "seed": self.options.seed, "batch_size": self.options.batch_size,
-                "stopping": self.mixture.stopping, "order": ORDER_VERSION}
+                "stopping": self.mixture.stopping, "order": MIXTURE_ORDER_VERSION}
 
     def state_dict(self) -> dict:
         """Small JSON-serializable state, the same on every rank that yielded the same number
@@ -315,7 +396,13 @@ class MixtureLoader:
         refused with ``StateMismatchError`` saying what differs."""
         doc = read_state(state)
         mine = self._identity()
-        for key in ("seed", "batch_size", "stopping", "order"):
+        kinds = [c["shuffle"] for c in mine["components"]]
+        if doc["order"] != mine["order"] and (doc["order"] > mine["order"] or any(
+                doc["order"] < MIXTURE_ORDER_SINCE.get(k, mine["order"]) for k in kinds)):
+            raise StateMismatchError(f"order: the state was taken under the mixture order version {doc['order']}, "
+                                     f"this arrowload's is {mine['order']} and its {'/'.join(sorted(set(kinds)))} "
+                                     "order changed since; start the epoch afresh (set_epoch) instead of resuming")
+        for key in ("seed", "batch_size", "stopping"):
             if doc[key] != mine[key]:
                 raise StateMismatchError(f"{key}: the state was taken with {doc[key]!r}, this loader has "
                                          f"{mine[key]!r}; build the mixture loader as it was built")
@@ -379,7 +466,12 @@ class MixtureLoader:
 
     # -- introspection -------------------------------------------------------------------
     def stats(self):
-        return dataclasses.replace(self._stats) if hasattr(self, "_stats") else None
+        """Counters of the current (or last) iteration; ``peak_prefetch_bytes`` includes the
+        most the decoded-unit caches held (``mixture.shared``)."""
+        if not hasattr(self, "_stats"):
+            return None
+        return dataclasses.replace(self._stats, peak_prefetch_bytes=self._stats.peak_prefetch_bytes +
+                                   self._shared.peak())
 
     def passes(self) -> tuple[float, ...]:
         """Passes over each component this epoch draws (at this loader's batch size)."""
@@ -419,6 +511,7 @@ class MixtureLoader:
             it.close()
         for c in self._components:
             c.close()
+        self._shared.close()
         self._closed = True
 
     def __enter__(self) -> "MixtureLoader":
@@ -456,8 +549,8 @@ def _scatter(found: list[list], base: np.ndarray, sizes: list[int], idx: np.ndar
     return HostChunk(columns, n, row_bytes)
 
 
-def _keyed(cache: SharedCache, p: int, key, load):
-    return cache.get((p,) + tuple(key), load)
+def _keyed(cache: SharedCache, p: int, key, load, wait=None):
+    return cache.get((p,) + tuple(key), load, wait)
 
 
 

@@ -45,7 +45,8 @@ from functools import cached_property
 
 import numpy as np
 
-from .permutation import derive_key, shuffled_range
+from .permutation import derive_key, permute, shuffled_range, shuffled_ranges
+from .sequence import EpochOrder
 
 #: weights are held as integers summing to this
 Q = 1 << 32
@@ -58,6 +59,16 @@ STOPPING = ("first_exhausted", "all_exhausted", "cycle")
 _SALT_THETA = 0x71
 _SALT_INTERLEAVE = 0x72
 _SALT_COMPONENT = 0x73
+_SALT_UNITS = 0x74
+
+#: the version of a mixture's order arithmetic (the mixture state's ``order`` field); bumped
+#: whenever any component kind's order changes. 3: a block shuffle visits units in one order
+#: for every component (``units_key``; was each component's own), so a unit decoded for one
+#: component serves the others (``mixture.shared``)
+MIXTURE_ORDER_VERSION = 3
+#: the version in which each kind's order in a mixture last changed: a state of an earlier
+#: version loads where every component's kind is unchanged since
+MIXTURE_ORDER_SINCE = {"none": 1, "global": 1, "block": 3}
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:
@@ -245,6 +256,11 @@ class Schedule:
         then component 1's, ... (a seeded permutation of ``[0, batch_size)``)."""
         return shuffled_range(self.batch_size, derive_key(self.seed, self.epoch, _SALT_INTERLEAVE, b))
 
+    def interleaves(self, blocks) -> np.ndarray:
+        """``[interleave(b) for b in blocks]`` as one ``[len(blocks), batch_size]`` array."""
+        return shuffled_ranges(self.batch_size, [derive_key(self.seed, self.epoch, _SALT_INTERLEAVE, int(b))
+                                                 for b in blocks])
+
 
 def epoch_blocks(s: Schedule) -> int | None:
     """Blocks in the epoch of ``s`` (see the module's doc), decided by its last phase."""
@@ -308,6 +324,37 @@ def rank_blocks(position: int, num_blocks: int | None, world_size: int, rank: in
     return range(position + rank, position + steps * world_size, world_size)
 
 
+def units_key(seed: int, epoch: int, p: int) -> int:
+    """The seed of the units' visiting order of pass ``p`` of ``epoch`` (block shuffle), the
+    same for every component of the mixture."""
+    return derive_key(seed, epoch, _SALT_UNITS, p)
+
+
+@dataclass(frozen=True)
+class ComponentOrder(EpochOrder):
+    """A component's epoch order in a mixture: :class:`~arrowload.order.EpochOrder`, except
+    that a block shuffle visits the units in a mixture-wide order. ``units``: each unit's
+    number in its source (a lake's row groups: ``Unit.index``; ``()``: ``0, 1, ...``) among
+    ``space`` (the source's units); ``units_key``: :func:`units_key`. Unit ``u`` comes
+    before ``v`` where ``permute(units[u], space, units_key)`` is smaller: components over
+    one lake visit its row groups in one order (their windows too, where they read the same
+    row groups), whatever rows each keeps. Rows inside a window are shuffled as
+    ``EpochOrder`` does, with the component's own seed."""
+
+    units: tuple[int, ...] = ()
+    space: int = 0
+    units_key: int = 0
+
+    @cached_property
+    def unit_order(self) -> np.ndarray:
+        n = len(self.counts)
+        if self.kind != "block" or n == 0:
+            return np.arange(n, dtype=np.int64)
+        ids = np.asarray(self.units, dtype=np.int64) if self.units else np.arange(n, dtype=np.int64)
+        space = max(self.space, int(ids.max()) + 1)
+        return np.argsort(permute(ids, space, self.units_key), kind="stable").astype(np.int64)
+
+
 def component_key(seed: int, name: str) -> int:
     """The seed of a component's own orders, from the mixture's seed and its name."""
     import hashlib
@@ -315,5 +362,6 @@ def component_key(seed: int, name: str) -> int:
     return derive_key(seed, _SALT_COMPONENT, digest)
 
 
-__all__ = ["DENOM", "Q", "STOPPING", "Apportion", "Phase", "Schedule", "component_key", "epoch_blocks",
-           "floor_sum", "quantize", "rank_blocks"]
+__all__ = ["DENOM", "MIXTURE_ORDER_SINCE", "MIXTURE_ORDER_VERSION", "Q", "STOPPING", "Apportion",
+           "ComponentOrder", "Phase", "Schedule", "component_key", "epoch_blocks", "floor_sum", "quantize",
+           "rank_blocks", "units_key"]

@@ -174,3 +174,31 @@ def shuffled_range(n: int, key: int) -> np.ndarray:
         low, high = halves[:, 1], halves[:, 0]
     order = np.argsort(low, kind="stable")
     return order[np.argsort(high[order], kind="stable")]
+
+
+def shuffled_ranges(n: int, keys) -> np.ndarray:
+    """``[shuffled_range(n, k) for k in keys]`` as one ``[len(keys), n]`` int64 array,
+    computed for all keys at once (the same hashes and stable sorts, row by row)."""
+    if not 0 <= n <= 1 << 32:
+        raise ValueError(f"shuffled_ranges() needs 0 <= n <= 2**32, got {n}")
+    keys = [int(k) & _MASK64 for k in keys]
+    m = len(keys)
+    if n <= 1 or m == 0:
+        return np.broadcast_to(np.arange(n, dtype=np.int64), (m, n)).copy()
+    mixed = [_splitmix64(k) for k in keys]
+    lo = np.array([k & 0xFFFFFFFF for k in mixed], dtype=np.uint32)[:, None]
+    hi = np.array([k >> 32 for k in mixed], dtype=np.uint32)[:, None]
+    with np.errstate(over="ignore"):
+        h = np.arange(n, dtype=np.uint32) * _GOLDEN32
+        h = h[None, :] + lo
+        _fmix32(h)
+        h ^= hi
+        _fmix32(h)
+    halves = h.view(np.uint16).reshape(m, n, 2)
+    if np.little_endian:
+        low, high = halves[:, :, 0], halves[:, :, 1]
+    else:
+        low, high = halves[:, :, 1], halves[:, :, 0]
+    order = np.argsort(low, axis=1, kind="stable")
+    second = np.argsort(np.take_along_axis(high, order, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(order, second, axis=1).astype(np.int64, copy=False)

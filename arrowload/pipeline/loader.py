@@ -121,8 +121,11 @@ class Loader:
     garbage collection) stops its threads.
     """
 
-    def __init__(self, dataset, options: LoaderOptions) -> None:
+    def __init__(self, dataset, options: LoaderOptions, *, sources=None) -> None:
+        """``sources(dataset, plan, kind)`` (optional; a data mixture's shared reads,
+        ``mixture.shared``): the row source to bind for ``dataset``, or None to build it here."""
         from ..convert import ConvertOptions
+        self._sources = sources
         self._dataset = dataset
         self.options = options
         self.rank, self.world_size = rank_and_world(options.rank, options.world_size)
@@ -236,6 +239,9 @@ class Loader:
         kind = self._shuffle_kind(plan)
         budget = opts.memory_budget if opts.memory_budget is not None else _total_memory() // 4
         reuse = all(not isinstance(n, Map) or bool(n.name) for n in walk(plan))
+        given = self._sources(dataset, plan, kind) if self._sources is not None else None
+        if given is not None:
+            return kind, given
         if kind is ShuffleKind.GLOBAL or needs_table:
             src = materialize(plan, dataset.options, memory_budget=budget,
                               cache_dir=self._cache_dir, reuse=reuse,
@@ -590,6 +596,7 @@ class Loader:
         state = self.__dict__.copy()
         state["_active"] = None
         state["_profiling"] = None
+        state["_sources"] = None
         return state
 
     def __setstate__(self, state):

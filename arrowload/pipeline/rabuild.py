@@ -277,29 +277,42 @@ def build(read_unit, counts: Sequence[int], schema: pa.Schema, *, stack: Mapping
     ``None`` when it does not fit ``memory_budget`` bytes (the fixed-width columns are
     known before reading; the others are counted as they come, and the build stops at
     the unit that crosses the budget). Threads: ``threads`` or the cores, at most one per unit."""
-    counts = [int(c) for c in counts]
-    rows = sum(counts)
-    if fixed_bytes(schema, rows) > memory_budget:
+    got = build_many(lambda k: [(0, k, read_unit(k))], len(counts), [counts], [schema], stack=stack,
+                     memory_budget=memory_budget, threads=threads)
+    return None if got is None else got[0]
+
+
+def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Sequence[pa.Schema], *,
+               stack: Mapping[str, Any] | None, memory_budget: int,
+               threads: int | None = None) -> list[pa.Table] | None:
+    """Several tables in one pass: ``read(k)`` (``k < items``: one read, e.g. one decoded
+    unit of a lake) gives ``(t, i, table)`` triples: ``table`` is unit ``i`` of target
+    ``t``, whose units hold ``counts[t]`` rows (a read may fill units of several targets,
+    or several units of one). The targets' tables as ``build`` makes each (``None`` when
+    together they do not fit ``memory_budget`` bytes); reads run side by side on
+    ``threads`` (default: the cores)."""
+    counts = [[int(c) for c in cs] for cs in counts]
+    rows = [sum(cs) for cs in counts]
+    if sum(fixed_bytes(s, r) for s, r in zip(schemas, rows)) > memory_budget:
         return None
-    layout = make_layout(schema, rows, stack)
-    offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-    pieces: dict[str, list] = {name: [None] * len(counts) for name in layout.other}
+    layouts = [make_layout(s, r, stack) for s, r in zip(schemas, rows)]
+    offsets = [np.concatenate([[0], np.cumsum(cs, dtype=np.int64)]).astype(np.int64) for cs in counts]
+    pieces: list[dict[str, list]] = [{name: [None] * len(cs) for name in lay.other}
+                                     for lay, cs in zip(layouts, counts)]
+    preallocated = sum(lay.preallocated for lay in layouts)
     state = {"other": 0}
     lock = threading.Lock()
     stop = threading.Event()
 
-    def fill(i: int) -> int:
-        if stop.is_set():
-            return 0
-        table = read_unit(i)
-        at = int(offsets[i])
+    def put(t: int, i: int, table: pa.Table) -> int:
+        layout, schema, at = layouts[t], schemas[t], int(offsets[t][i])
         got = 0
         for name, column in zip(table.schema.names, table.columns):
-            t = schema.field(name).type
-            if column.type != t:
-                column = column.cast(t)
+            typ = schema.field(name).type
+            if column.type != typ:
+                column = column.cast(typ)
             if name in layout.other:
-                pieces[name][i] = column.chunks
+                pieces[t][name][i] = column.chunks
                 got += column.nbytes
                 continue
             target = layout.fixed.get(name)
@@ -311,26 +324,36 @@ def build(read_unit, counts: Sequence[int], schema: pa.Schema, *, stack: Mapping
                     g, j = layout.member[name]
                     g.put(j, chunk, pos)
                 pos += len(chunk)
-        del table
+        return got
+
+    def fill(k: int) -> int:
+        if stop.is_set():
+            return 0
+        tables = read(k)
+        got = done = 0
+        for t, i, table in tables:
+            got += put(t, i, table)
+            done += counts[t][i]
+        del tables
         if got:
             with lock:
                 state["other"] += got
-                over = layout.preallocated + state["other"] > memory_budget
+                over = preallocated + state["other"] > memory_budget
             if over:
                 stop.set()
                 raise _OverBudget
-        return counts[i]
+        return done
 
-    workers = max(1, min(len(counts), threads or usable_cores()))
-    desc = "building the random-access table"
+    workers = max(1, min(items, threads or usable_cores()))
+    desc = "building the random-access table" + ("s" if len(schemas) > 1 else "")
     try:
         if workers == 1:
-            for _ in _progress.track((fill(i) for i in range(len(counts))), rows, desc, "rows", size=int):
+            for _ in _progress.track((fill(k) for k in range(items)), sum(rows), desc, "rows", size=int):
                 pass
         else:
             with ThreadPoolExecutor(workers, thread_name_prefix="arrowload-table") as pool:
                 try:
-                    for _ in _progress.track(pool.map(fill, range(len(counts))), rows, desc, "rows", size=int):
+                    for _ in _progress.track(pool.map(fill, range(items)), sum(rows), desc, "rows", size=int):
                         pass
                 except BaseException:
                     stop.set()
@@ -342,7 +365,7 @@ def build(read_unit, counts: Sequence[int], schema: pa.Schema, *, stack: Mapping
         # the units' memory, freed by threads that are gone, back to the system: the
         # allocator would keep it (tens of MiB) beside the table for the whole epoch
         pa.default_memory_pool().release_unused()
-    return _assemble(layout, pieces)
+    return [_assemble(lay, p) for lay, p in zip(layouts, pieces)]
 
 
 def _assemble(layout: Layout, pieces: dict[str, list]) -> pa.Table:

@@ -370,10 +370,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     (the cache file always holds the plan's own columns). ``remote``: where a plan over one
     scan reads its units (see ``ScanRowSource``), as many side by side as it has CPUs."""
     found = scans(plan)
-    snapshot = _digest(*(s.source.fingerprint() for s in found)) if found else ""
-    what = plan_key(plan)
-    key = _digest(snapshot, what)
-    base = os.path.join(cache_dir, f"ra-{key}") if cache_dir else None
+    snapshot, what, base = _cache_base(plan, cache_dir)
     if base and reuse:
         cached = _open_cache(base, snapshot, what)
         if cached is not None:
@@ -437,6 +434,21 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
             writer.close()
         if tmp_path is not None and os.path.exists(tmp_path):
             os.remove(tmp_path)
+
+
+def _cache_base(plan: Plan, cache_dir: str | None) -> tuple[str, str, str | None]:
+    """The snapshot digest, plan key and cache path (without extension) of ``plan``'s table."""
+    found = scans(plan)
+    snapshot = _digest(*(s.source.fingerprint() for s in found)) if found else ""
+    what = plan_key(plan)
+    base = os.path.join(cache_dir, f"ra-{_digest(snapshot, what)}") if cache_dir else None
+    return snapshot, what, base
+
+
+def cached_table(plan: Plan, cache_dir: str | None, reuse: bool) -> TableRowSource | None:
+    """The disk cache of ``plan``'s random-access table that ``materialize`` would reuse, else None."""
+    snapshot, what, base = _cache_base(plan, cache_dir)
+    return _open_cache(base, snapshot, what) if base and reuse else None
 
 
 def _over_budget(memory_budget: int) -> MemoryBudgetError:

@@ -216,6 +216,28 @@ class Readers:
         # run on the caller
         return [fn(x) if fut.cancelled() else fut.result() for fut, x in zip(futures, items)]
 
+    def wait(self, fut: Future) -> Any:
+        """``fut``'s result, running queued sub-reads (``map``) on this thread meanwhile: a
+        reader waiting for a read another task started (a unit or window shared through a
+        cache) helps finish it instead of sitting idle. Sub-reads never wait on this thread."""
+        while not fut.done():
+            with self._cond:
+                item = None
+                if self._subs and not self._closed:
+                    item = self._queue.popleft()
+                    self._subs -= 1
+            if item is None:
+                wait((fut,), timeout=0.002)
+                continue
+            sub, f, args, _ = item
+            if sub.set_running_or_notify_cancel():
+                try:
+                    sub.set_result(f(*args))
+                except BaseException as exc:  # noqa: BLE001 - re-raised by whoever waits on it
+                    sub.set_exception(exc)
+            del item, sub, f, args
+        return fut.result()
+
     def take_idle(self, now: float | None = None) -> float:
         """Seconds the threads spent waiting for work since the last call."""
         now = time.perf_counter() if now is None else now
@@ -304,7 +326,9 @@ class SharedCache:
         self._lock = threading.Lock()
         self._items: dict = {}
 
-    def get(self, key, load: Callable[[], Any]):
+    def get(self, key, load: Callable[[], Any], wait: Callable[[Future], Any] | None = None):
+        """``load()``'s result for ``key``, loaded once while kept; ``wait(future)`` waits for
+        a load another thread runs (default: block; ``Readers.wait`` helps it along)."""
         if self.capacity == 0:
             return load()
         with self._lock:
@@ -322,7 +346,7 @@ class SharedCache:
                 fut.set_exception(exc)
                 with self._lock:
                     self._items.pop(key, None)
-        return fut.result()
+        return wait(fut) if wait is not None and not owner else fut.result()
 
 
 class _Failure:

@@ -357,6 +357,46 @@ class UnitReader:
             batches = stage(batches)
         return pa.Table.from_batches(batches, schema=self.plan.schema)
 
+    @property
+    def sees_every_row(self) -> bool:
+        """Whether its computed columns must see every row of a unit, the predicate's
+        rejects included (a user's pyarrow expression may raise on them)."""
+        return self._project_first
+
+    @property
+    def decoded_columns(self) -> tuple[str, ...] | None:
+        """Source columns ``read_decoded`` needs (its output's inputs and the predicate's);
+        None where it cannot take decoded columns (a scan every read refuses)."""
+        return None if self._refused else self._all
+
+    def read_decoded(self, i: int, table: pa.Table, masks: Callable | None = None) -> pa.Table:
+        """Rows of unit ``i`` after the whole plan, as ``read(i)`` gives them, from ``table``:
+        the unit's rows decoded, in order, with at least ``decoded_columns`` (by name; others
+        are ignored) -- every row, or (where ``sees_every_row`` is false) any subset holding
+        every row the scan's predicate keeps. Several plans over one lake share one decode of a unit
+        this way (``mixture.shared``). ``masks(expr, columns)`` (optional) gives the
+        predicate's mask over ``table``'s ``columns`` (shared by readers whose predicates
+        repeat)."""
+        if self._pred is None:
+            out = self._output(table, None)
+        else:
+            mask = masks(self._pred, self._pred_cols) if masks is not None else \
+                _evaluate(table.select(list(self._pred_cols)), [self._pred], ["_"])[0]
+            if not self._project_first and _trues(mask) == 0:
+                out = self._scan_schema.empty_table()
+            else:
+                out = self._output(table, mask)
+        with self._lock:
+            self.reads += 1
+        if not self._stages:
+            return out
+        batches = [b for b in out.to_batches(max_chunksize=self._batch_rows) if b.num_rows]
+        for stage in self._stages:
+            if not batches:
+                break
+            batches = stage(batches)
+        return pa.Table.from_batches(batches, schema=self.plan.schema)
+
     def count(self, i: int) -> int:
         """Rows unit ``i`` gives after the whole plan (maps keep one row per row)."""
         if not self._scan_counts:

@@ -1,0 +1,393 @@
+"""A mixture's components read one lake once: each unit decoded once for all of them.
+
+Components that are plans over one scan of the **same source** (``al.mix({"web":
+ds.filter("src = 'web'"), "code": ds.filter("src = 'code'")})``) would each decode every
+unit (row group) of the lake with its own predicate: a mixture of three components decoded
+the lake three times. Here they form a group (:class:`Group`): a unit is decoded once, with
+the union of the columns its members need, keeping the rows any member may keep (the OR of
+their SQL predicates; every row where one has none) -- one ``UnitReader`` over a scan of
+those columns: the same decoders (polars prefilters inside its decoder), measurements and
+fallbacks as any read. Each
+member's predicate is evaluated on the predicate's columns only (a predicate several members
+share is evaluated once) and each member takes its rows with its own plan
+(``UnitReader.read_decoded``): the same rows, order and errors as its own read.
+
+- Global shuffle: the members' random-access tables are built in **one pass** over the lake
+  (``rabuild.build_many``): each unit decoded once and copied into every member's table.
+- Block / none: the members' scans read their units through a :class:`UnitCache`: the
+  first member to need a unit decodes it for all; the others' rows wait in the cache
+  (capped in bytes, counted in the loader's byte budget) until they are read. The mixture
+  visits units in one order for every component (``order.mixture.units_key``), so the
+  members need a unit at nearly the same time and the cache hits.
+
+A unit that left the cache before every member read it is decoded again: never a wrong
+row, only a slower read. Components over other sources, over several scans (SQL joins,
+limits) or read by Ray are bound as any loader binds its dataset.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import SnapshotChangedError
+from ..order import ShuffleKind
+from ..plan.nodes import Map, Scan, scans, walk
+from ..scan.units import UnitReader, _evaluate
+
+#: share of the prefetch budget the decoded-unit cache of block / none shuffles may hold
+CACHE_SHARE = 4
+
+
+class Group:
+    """Members (component index -> its ``UnitReader``) over one source: decodes a unit
+    once and splits it into every member's rows."""
+
+    def __init__(self, source: Any, options: Any, cache_dir: str | None) -> None:
+        self.source = source
+        self.options = options
+        self.cache_dir = cache_dir
+        self.members: dict[int, UnitReader] = {}
+        self._local: dict[int, dict[int, int]] = {}  # member -> unit index -> its position
+        self._reader: UnitReader | None = None
+        self._position: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.decodes = 0
+
+    def add(self, c: int, reader: UnitReader) -> None:
+        with self._lock:
+            self.members[c] = reader
+            self._local[c] = {u.index: i for i, u in enumerate(reader.units)}
+            self._reader = None  # the union of columns changed
+
+    def units_of(self, c: int) -> tuple[int, ...]:
+        """The source's unit indices member ``c`` reads, in its order."""
+        return tuple(u.index for u in self.members[c].units)
+
+    def _union_reader(self) -> UnitReader:
+        with self._lock:
+            if self._reader is None:
+                wanted: set[str] = set()
+                for r in self.members.values():
+                    wanted |= set(r.decoded_columns or ())
+                names = tuple(n for n in dict.fromkeys(self.source.schema.names) if n in wanted)
+                scan = Scan(self.source, columns=names, predicate=_any_of(list(self.members.values())))
+                self._reader = UnitReader(scan, self.options, cache_dir=self.cache_dir)
+                self._position = {u.index: j for j, u in enumerate(scan.selected_units())}
+            return self._reader
+
+    def split(self, unit: int) -> dict[int, pa.Table]:
+        """Unit ``unit`` (a source unit index) decoded once: each member's rows of it, for
+        the members that read it."""
+        reader = self._union_reader()
+        raw = reader.read(self._position[unit])
+        with self._lock:
+            self.decodes += 1
+        found: dict[Any, pa.ChunkedArray] = {}
+
+        def masks(expr, columns) -> pa.ChunkedArray:
+            key = (str(expr), tuple(columns))
+            got = found.get(key)
+            if got is None:
+                got = found[key] = _evaluate(raw.select(list(columns)), [expr], ["_"])[0]
+            return got
+
+        out = {}
+        for c, r in self.members.items():
+            i = self._local[c].get(unit)
+            if i is not None:
+                out[c] = r.read_decoded(i, raw, masks)
+        return out
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+
+
+def _any_of(readers: list[UnitReader]):
+    """The OR of the readers' pushed predicates (SQL), which the shared decode may filter
+    by: a row no member keeps is dropped there (polars prefilters it inside its decoder);
+    None (decode every row) where a member keeps every row, has a computed column that
+    must see every row (``UnitReader.sees_every_row``) or a predicate that is not SQL."""
+    from ..plan.expr import SqlExpr
+    preds = []
+    for r in readers:
+        pred = r.scan.predicate
+        if pred is None or r.sees_every_row or not isinstance(pred, SqlExpr):
+            return None
+        if not any(pred.tree == p.tree for p in preds):
+            preds.append(pred)
+    if len(preds) == 1:
+        return preds[0]
+    from sqlglot import exp
+    return SqlExpr(exp.or_(*[exp.paren(p.tree.copy(), copy=False) for p in preds], copy=False),
+                   schema=preds[0].schema)
+
+
+class UnitCache:
+    """Members' rows of the units a :class:`Group` decoded, until each member read them.
+
+    ``get(c, unit)``: member ``c``'s rows of ``unit``; the first member to ask decodes the
+    unit for all (the others wait for that decode, not decode it again). An entry leaves
+    when every member that reads the unit took its rows, or, oldest first, when the rows
+    held pass ``capacity`` bytes; a member asking for a unit no longer held decodes it
+    again. ``peak``: the most bytes held at once."""
+
+    def __init__(self, group: Group, capacity: int) -> None:
+        self.group = group
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[int, tuple[Future, set]] = OrderedDict()
+        self._sizes: dict[int, int] = {}
+        self.held = 0
+        self.peak = 0
+        #: how a reader waits for a unit another thread decodes (``Readers.wait``: helping)
+        self.wait: Any = None
+
+    def warm(self, unit: int) -> None:
+        """Decode ``unit`` for the members now (their ``get`` takes the rows later), unless it
+        is held or being decoded already."""
+        with self._lock:
+            if unit in self._entries:
+                return
+        self._fetch(None, unit)
+
+    def get(self, c: int, unit: int) -> pa.Table:
+        return self._fetch(c, unit)
+
+    def _fetch(self, c: int | None, unit: int) -> pa.Table | None:
+        with self._lock:
+            entry = self._entries.get(unit)
+            owner = entry is None
+            if owner:
+                entry = (Future(), set())
+                self._entries[unit] = entry
+        fut, taken = entry
+        if owner:
+            try:
+                tables = self.group.split(unit)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by each waiting member
+                with self._lock:
+                    self._drop(unit)
+                fut.set_exception(exc)
+                raise
+            size = sum(t.nbytes for k, t in tables.items() if k != c)
+            fut.set_result(tables)
+            with self._lock:
+                if unit in self._entries:
+                    self._sizes[unit] = size
+                    self.held += size
+                    self.peak = max(self.peak, self.held)
+                    while self.held > self.capacity and len(self._entries) > 1:
+                        self._drop(next(iter(self._entries)))
+        if c is None:
+            return None
+        wait = self.wait
+        tables = wait(fut) if wait is not None and not owner else fut.result()
+        with self._lock:
+            taken.add(c)
+            if self._entries.get(unit) is entry and taken >= set(tables):
+                self._drop(unit)
+        return tables[c]
+
+    def clear(self) -> None:
+        """Forget every held unit and the peak (a new iteration starts)."""
+        with self._lock:
+            self._entries.clear()
+            self._sizes.clear()
+            self.held = self.peak = 0
+
+    def _drop(self, unit: int) -> None:
+        self._entries.pop(unit, None)
+        self.held -= self._sizes.pop(unit, 0)
+
+
+def shareable(plan, options) -> Any | None:
+    """The source a component's plan can share decodes of (a plan over one scan, read here,
+    not by Ray), else None."""
+    from ..pipeline.rowsource import _one_scan
+    if options.executor != "thread" or not _one_scan(plan):
+        return None
+    scan = scans(plan)[0]
+    return scan.source
+
+
+class SharedSources:
+    """The random-access layers of a mixture's components, bound once for the groups
+    sharing a source: ``source(c, dataset, plan, kind)`` is the hook each component's
+    ``Loader`` binds through (None: it binds on its own)."""
+
+    def __init__(self, datasets, options, cache_dir: str, max_readers: int) -> None:
+        self.options = options
+        self.cache_dir = cache_dir
+        self.max_readers = max_readers
+        self.datasets = list(datasets)
+        self.plans = [ds.optimized_plan() for ds in self.datasets]
+        by_source: dict[int, list[int]] = {}
+        for c, plan in enumerate(self.plans):
+            src = shareable(plan, options)
+            if src is not None:
+                by_source.setdefault(id(src), []).append(c)
+        self.group_of: dict[int, int] = {}
+        self.members: list[list[int]] = []
+        for cs in by_source.values():
+            if len(cs) > 1:
+                for c in cs:
+                    self.group_of[c] = len(self.members)
+                self.members.append(cs)
+        self.groups: list[Group | None] = [None] * len(self.members)
+        self.caches: list[UnitCache | None] = [None] * len(self.members)
+        self._tables: dict[int, Any] = {}
+        #: component -> (the table its rows are a slice of, its first row there, its source)
+        self.joint: dict[int, tuple[Any, int, Any]] = {}
+        self._built: set[int] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def cache_bytes(self) -> int:
+        """What the decoded-unit caches may hold at once (taken out of the prefetch budget)."""
+        return self.options.prefetch // CACHE_SHARE if any(self.caches) else 0
+
+    def peak(self) -> int:
+        """The most bytes the decoded-unit caches held in the current (or last) iteration."""
+        return sum(c.peak for c in self.caches if c is not None)
+
+    def restart(self) -> None:
+        """A new iteration: the caches start empty (rows of an iteration that ended before
+        every member took them are not kept)."""
+        for c in self.caches:
+            if c is not None:
+                c.clear()
+
+    def _group(self, g: int, dataset) -> Group:
+        if self.groups[g] is None:
+            src = scans(self.plans[self.members[g][0]])[0].source
+            self.groups[g] = Group(src, dataset.options, self.cache_dir)
+        return self.groups[g]
+
+    def source(self, c: int, dataset, plan, kind: ShuffleKind):
+        """Component ``c``'s row source when it shares decodes, else None."""
+        from ..pipeline.rowsource import ScanRowSource
+        g = self.group_of.get(c)
+        if g is None or dataset is not self.datasets[c]:
+            return None  # not shared, or rebound to a loaded state's snapshot
+        with self._lock:
+            if kind is ShuffleKind.GLOBAL:
+                if g not in self._built:
+                    self._built.add(g)
+                    self._build_tables(g, dataset)
+                return self._tables.pop(c, None)
+            group = self._group(g, dataset)
+            src = ScanRowSource(plan, dataset.options, self.cache_dir, self.max_readers)
+            if src.reader.decoded_columns is None:
+                return src
+            group.add(c, src.reader)
+            if self.caches[g] is None:
+                self.caches[g] = UnitCache(group, self.options.prefetch // CACHE_SHARE)
+            cache, units = self.caches[g], src.units
+            src._read = lambda i: cache.get(c, units[i])
+            return src
+
+    def _build_tables(self, g: int, dataset) -> None:
+        """Every member's random-access table in one pass over the lake (members that have
+        a reusable disk cache open it; members the build cannot hold bind on their own)."""
+        from ..pipeline import rabuild
+        from ..pipeline.rowsource import ScanRowSource, TableRowSource, _digest, _surely_spills, cached_table
+        o = self.options
+        budget = o.memory_budget if o.memory_budget is not None else _total_memory() // 4
+        stack = o.stack if o.output != "arrow" and o.transform is None else None
+        todo, sources = [], []
+        for c in self.members[g]:
+            plan = self.plans[c]
+            reuse = all(not isinstance(n, Map) or bool(n.name) for n in walk(plan))
+            found = cached_table(plan, self.cache_dir, reuse)
+            if found is not None:
+                self._tables[c] = found
+            elif not _surely_spills(scans(plan), budget):
+                todo.append(c)
+        if len(todo) < 2:
+            return
+        group = self._group(g, dataset)
+        try:
+            for c in todo:
+                src = ScanRowSource(self.plans[c], self.datasets[c].options, self.cache_dir, self.max_readers)
+                sources.append(src)
+                group.add(c, src.reader)
+            units = sorted({u for c in todo for u in group.units_of(c)})
+            places = [{u: i for i, u in enumerate(group.units_of(c))} for c in todo]
+            # members with one schema share one table, one after the other (target, its
+            # first unit there, its first row there)
+            schemas: list[pa.Schema] = []
+            at: list[tuple[int, int, int]] = []
+            counts: list[list[int]] = []
+            for c, src in zip(todo, sources):
+                schema = self.plans[c].schema
+                t = next((j for j, s in enumerate(schemas) if s.equals(schema, check_metadata=True)), None)
+                if t is None:
+                    t = len(schemas)
+                    schemas.append(schema)
+                    counts.append([])
+                at.append((t, len(counts[t]), sum(counts[t])))
+                counts[t].extend(int(n) for n in src.counts)
+
+            def read(k: int) -> list:
+                got = group.split(units[k])
+                out = []
+                for c, src, where, (t, first, _) in zip(todo, sources, places, at):
+                    i = where.get(units[k])
+                    if i is None:
+                        continue
+                    table = got[c]
+                    if table.num_rows != src.counts[i]:
+                        raise SnapshotChangedError(
+                            f"unit {i} of component {c} gave {table.num_rows} rows where the selection index "
+                            f"counted {src.counts[i]}: the data changed under the loader, or a map() changed "
+                            "the number of rows (loader maps must keep one row per row)")
+                    out.append((t, first + i, table))
+                return out
+
+            from ..options import usable_cores
+            tables = rabuild.build_many(read, len(units), counts, schemas, stack=stack, memory_budget=budget,
+                                        threads=usable_cores())
+        finally:
+            for src in sources:
+                src.close()
+            group.close()
+        if tables is None:
+            return  # over the budget: each binds on its own (and spills to its disk cache)
+        snapshot = _digest(group.source.fingerprint())
+        for c, src, (t, _, row) in zip(todo, sources, at):
+            n = int(sum(src.counts))
+            found = TableRowSource(tables[t].slice(row, n), where="memory", snapshot=snapshot,
+                                   schema=self.plans[c].schema)
+            self._tables[c] = found
+            self.joint[c] = (tables[t], row, found)
+
+    def joint_table(self, sources: list) -> tuple[Any, list[int]] | None:
+        """``(table, first rows)`` where every component's row source is its slice of one
+        shared table (global shuffle over one lake, one schema): a batch is then one gather
+        from that table. None otherwise."""
+        found = [self.joint.get(c) for c in range(len(sources))]
+        if not found or any(f is None or f[2] is not s for f, s in zip(found, sources)):
+            return None
+        table = found[0][0]
+        if any(f[0] is not table for f in found):
+            return None
+        return table, [f[1] for f in found]
+
+    def close(self) -> None:
+        for g in self.groups:
+            if g is not None:
+                g.close()
+
+
+def _total_memory() -> int:
+    from ..pipeline.loader import _total_memory as total
+    return total()
+
+
+__all__ = ["CACHE_SHARE", "Group", "SharedSources", "UnitCache", "shareable"]
