@@ -345,7 +345,10 @@ class UnitReader:
     # -- reading -----------------------------------------------------------------
     def read(self, i: int) -> pa.Table:
         """Rows of unit ``i`` after the whole plan, in order (``plan.schema``)."""
-        table = self._run(i, self._scan_unit)
+        return self._finish(self._run(i, self._scan_unit))
+
+    def _finish(self, table: pa.Table) -> pa.Table:
+        """A unit's scanned rows through the plan's stages above the scan (counted read)."""
         with self._lock:
             self.reads += 1
         if not self._stages:
@@ -386,16 +389,7 @@ class UnitReader:
                 out = self._scan_schema.empty_table()
             else:
                 out = self._output(table, mask)
-        with self._lock:
-            self.reads += 1
-        if not self._stages:
-            return out
-        batches = [b for b in out.to_batches(max_chunksize=self._batch_rows) if b.num_rows]
-        for stage in self._stages:
-            if not batches:
-                break
-            batches = stage(batches)
-        return pa.Table.from_batches(batches, schema=self.plan.schema)
+        return self._finish(out)
 
     def count(self, i: int) -> int:
         """Rows unit ``i`` gives after the whole plan (maps keep one row per row)."""
