@@ -8,6 +8,12 @@ byte budget and cut batches in order (``stages``), and one batch's conversion
 (``convert.batches``). The Loader holds the options, the position and the resume state,
 and describes itself; it hands the stages plain callables.
 
+Decoders: each unit is decoded by pyarrow or polars (``scan/units.py`` measures which is
+cheaper); an unshuffled epoch over local Parquet polars can read whole may instead run one
+polars streaming query per range of positions, its tasks taking their rows from it in order
+(``scan/stream.py``, ``streamreads.py``, ``STREAM_DEFAULT``): same batches, order and
+resume, named ``polars-stream`` in ``stats()``.
+
 Threads, not processes: pyarrow decodes with the GIL released; reader threads sized to
 the machine read ahead, a producer thread batches and converts, and a byte budget bounds
 everything held in flight. Batches come out in an order that is a pure function of

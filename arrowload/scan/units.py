@@ -139,7 +139,8 @@ class UnitReader:
     """Units of one scan read through ``plan``, compiled once (see the module doc).
 
     ``decoders``: the names that may read (default: every eligible one, or the names in
-    ``$ARROWLOAD_DECODER``, comma-separated, to pin one for a benchmark). ``decoder``: the
+    ``$ARROWLOAD_DECODER``, comma-separated, to pin one for a benchmark; ``polars-stream``
+    there is the loader's, ``scan/stream.py``, and ignored here). ``decoder``: the
     name chosen so far (None while the candidates are being measured). ``cache_dir``: where
     the measurements are remembered across processes (``memory.py``; None: measured afresh).
     """
