@@ -287,3 +287,22 @@ def test_default_never_imports_polars_for_a_short_epoch(lake, tmp_path):
     rows = sum(n for n, _ in FILES)
     assert out[0] == f"{rows} False ['pyarrow']", out
     assert out[1] == f"{rows} ['{STREAM_DECODER}']", out
+
+
+def test_default_keeps_to_the_budget(lake, cache_dir, monkeypatch):
+    """By default the stream runs only where what polars decodes ahead fits half of
+    ``prefetch``: a tiny budget keeps the per-unit path (and its bound), a roomy one
+    streams; both the same batches."""
+    import polars  # noqa: F401 - imported: the import is no reason to stay per unit
+    monkeypatch.delenv("ARROWLOAD_STREAM", raising=False)
+    monkeypatch.delenv("ARROWLOAD_DECODER", raising=False)
+    ds = al.dataset(lake).filter("k < 5")
+    got = {}
+    for prefetch in (4096, 64 << 20):
+        with ds.loader(64, prefetch=prefetch, cache_dir=cache_dir) as loader:
+            got[prefetch] = [b["id"].tolist() for b in loader]
+            decoders = loader.stats().decoders
+            src = loader._source
+            held = src.stream_query().held_bytes(max(src.est_bytes(i) for i in range(len(src.counts))))
+            assert (STREAM_DECODER in decoders) is (held <= prefetch // 2), (prefetch, held, decoders)
+    assert got[4096] == got[64 << 20]

@@ -447,7 +447,8 @@ def test_a_small_scan_does_not_import_polars(tmp_path):
     assert out == {"rows": 1000 // 7 + (1 if 1000 % 7 > 3 else 0), "polars": False, "candidates": ["pyarrow"]}
 
 
-def test_loader_names_the_decoder_it_chose(typed_lake, tmp_path):
+def test_loader_names_the_decoder_it_chose(typed_lake, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARROWLOAD_STREAM", "0")  # every unit through the reader (not a polars stream)
     d = al.dataset(typed_lake).select("id", "f32", "i8")
     loader = d.loader(32, output="arrow", cache_dir=str(tmp_path))
     reader = loader._source.reader

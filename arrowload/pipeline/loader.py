@@ -346,8 +346,10 @@ class Loader:
         """The polars stream an unshuffled epoch over a scan reads from (``scan/stream.py``),
         or None: shuffled, a table, not eligible, ``$ARROWLOAD_STREAM=0`` or
         ``$ARROWLOAD_DECODER`` naming decoders without ``polars-stream``; by default also where
-        polars is not imported, the unit reader did not choose it and the epoch reads less
-        than ``STREAM_IMPORT_BYTES`` (see there)."""
+        what polars decodes ahead (``StreamQuery.held_bytes``) exceeds half of ``prefetch``,
+        or polars is not imported, the unit reader did not choose it and the epoch reads less
+        than ``STREAM_IMPORT_BYTES`` (see there). Forced on, the stream's read-ahead is
+        counted even where it exceeds ``prefetch``."""
         src = self._source
         if order.kind != ShuffleKind.NONE.value or not isinstance(src, ScanRowSource):
             return None
@@ -355,10 +357,14 @@ class Loader:
         if setting is False or (setting is None and not STREAM_DEFAULT):
             return None
         query = src.stream_query()
-        if query is None or setting or "polars" in sys.modules or src.reader.decoder == "polars":
-            return query  # forced, or polars is (or will be) imported anyway
-        # else its import (0.085 CPU s, before the first batch) only pays on a long epoch
+        if query is None or setting:
+            return query
         shape = self._source_shape()
+        if query.held_bytes(max(shape.unit_bytes, default=0)) > self.options.prefetch // 2:
+            return None  # what polars decodes ahead would not fit the budget: reads stay per unit
+        if "polars" in sys.modules or src.reader.decoder == "polars":
+            return query  # polars is (or will be) imported anyway
+        # else its import (0.085 CPU s, before the first batch) only pays on a long epoch
         read = sum(shape.read_bytes[u] * (hi - lo) // max(1, shape.counts[u])
                    for a, b in ranges for u, lo, hi in order.unit_pieces(a, b))
         return query if read >= STREAM_IMPORT_BYTES else None

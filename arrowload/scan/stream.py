@@ -149,7 +149,10 @@ class StreamQuery:
         for u in self.units[first:last + 1]:
             if not paths or paths[-1] != u.path:
                 paths.append(u.path)
-        lf = pl.scan_parquet(paths, glob=False, hive_partitioning=False, cache=False,
+        # use_statistics=False: polars would trust footer statistics arrowload found implausible
+        # (min > max, NaN) and skip row groups that hold rows; the scan already kept only the
+        # row groups whose checked statistics allow a match
+        lf = pl.scan_parquet(paths, glob=False, hive_partitioning=False, cache=False, use_statistics=False,
                              extra_columns="ignore")
         if self.predicate is not None:
             lf = lf.filter(self.predicate.polars)
