@@ -59,12 +59,15 @@ __all__ = ["Loader", "LoaderOptions", "LoaderStats"]
 #: Unshuffled epochs over an eligible local Parquet scan read through one polars streaming
 #: query per range (``scan/stream.py``) unless the environment says otherwise
 #: (``stream.stream_setting``) -- by default where polars is imported already or the unit
-#: reader chose it, else only for epochs reading at least ``STREAM_IMPORT_BYTES``
-#: (compressed): on the 4M-row benchmark lake (341 MiB) the stream saved about 0.1 CPU s an
-#: epoch (W1: 0.54-0.58 vs 0.62-0.76 with polars imported), and importing polars costs
-#: 0.085 CPU s and 0.15 s before the first batch (W1 without it: 0.69-0.73 vs 0.64-0.73).
+#: reader chose it, else only for epochs reading at least ``STREAM_FILTER_IMPORT_BYTES``
+#: (compressed) with a filter polars evaluates, ``STREAM_IMPORT_BYTES`` without one. On the
+#: 4M-row benchmark lake (341 MiB; process CPU s, fresh processes): W1 with polars imported
+#: 0.54-0.58 streamed vs 0.62-0.76 per unit, but importing polars costs 0.085 CPU s and
+#: 0.15 s before the first batch (W1 paying it: 0.69-0.73 vs 0.64-0.73); W2 (a filter)
+#: 0.62 streamed, import included, vs 0.72-0.80 per unit; W2i (41 MiB) 0.24 vs 0.08.
 STREAM_DEFAULT = True
 STREAM_IMPORT_BYTES = 1 << 30
+STREAM_FILTER_IMPORT_BYTES = 256 << 20
 
 
 def _distributed_defaults() -> tuple[int, int]:
@@ -348,7 +351,7 @@ class Loader:
         ``$ARROWLOAD_DECODER`` naming decoders without ``polars-stream``; by default also where
         what polars decodes ahead (``StreamQuery.held_bytes``) exceeds half of ``prefetch``,
         or polars is not imported, the unit reader did not choose it and the epoch reads less
-        than ``STREAM_IMPORT_BYTES`` (see there). Forced on, the stream's read-ahead is
+        than ``STREAM_FILTER_IMPORT_BYTES`` / ``STREAM_IMPORT_BYTES`` (see there). Forced on, the stream's read-ahead is
         counted even where it exceeds ``prefetch``."""
         src = self._source
         if order.kind != ShuffleKind.NONE.value or not isinstance(src, ScanRowSource):
@@ -367,7 +370,8 @@ class Loader:
         # else its import (0.085 CPU s, before the first batch) only pays on a long epoch
         read = sum(shape.read_bytes[u] * (hi - lo) // max(1, shape.counts[u])
                    for a, b in ranges for u, lo, hi in order.unit_pieces(a, b))
-        return query if read >= STREAM_IMPORT_BYTES else None
+        return query if read >= (STREAM_FILTER_IMPORT_BYTES if query.predicate is not None
+                                 else STREAM_IMPORT_BYTES) else None
 
     def _decoded_by(self) -> dict[str, int]:
         reader = getattr(self._source, "reader", None)
