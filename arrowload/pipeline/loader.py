@@ -58,13 +58,16 @@ __all__ = ["Loader", "LoaderOptions", "LoaderStats"]
 
 #: Unshuffled epochs over an eligible local Parquet scan read through one polars streaming
 #: query per range (``scan/stream.py``) unless the environment says otherwise
-#: (``stream.stream_setting``) -- by default where polars is imported already or the unit
-#: reader chose it, else only for epochs reading at least ``STREAM_FILTER_IMPORT_BYTES``
+#: (``stream.stream_setting``) -- by default where polars is imported already, or with a
+#: filter polars evaluates where the unit reader chose polars (it imports it anyway); else
+#: only for epochs reading at least ``STREAM_FILTER_IMPORT_BYTES``
 #: (compressed) with a filter polars evaluates, ``STREAM_IMPORT_BYTES`` without one. On the
 #: 4M-row benchmark lake (341 MiB; process CPU s, fresh processes): W1 with polars imported
 #: 0.54-0.58 streamed vs 0.62-0.76 per unit, but importing polars costs 0.085 CPU s and
 #: 0.15 s before the first batch (W1 paying it: 0.69-0.73 vs 0.64-0.73); W2 (a filter)
-#: 0.62 streamed, import included, vs 0.72-0.80 per unit; W2i (41 MiB) 0.24 vs 0.08.
+#: 0.61-0.66 streamed, import included, vs 0.73-0.80 per unit; W2i (41 MiB) 0.24 vs 0.08.
+#: Without a filter, where the unit reader chose polars, the stream paying the import lost
+#: (benchmarks/run.py W1: 0.795 CPU s vs 0.63-0.67 per unit).
 STREAM_DEFAULT = True
 STREAM_IMPORT_BYTES = 1 << 30
 STREAM_FILTER_IMPORT_BYTES = 256 << 20
@@ -350,8 +353,8 @@ class Loader:
         or None: shuffled, a table, not eligible, ``$ARROWLOAD_STREAM=0`` or
         ``$ARROWLOAD_DECODER`` naming decoders without ``polars-stream``; by default also where
         what polars decodes ahead (``StreamQuery.held_bytes``) exceeds half of ``prefetch``,
-        or polars is not imported, the unit reader did not choose it and the epoch reads less
-        than ``STREAM_FILTER_IMPORT_BYTES`` / ``STREAM_IMPORT_BYTES`` (see there). Forced on, the stream's read-ahead is
+        or polars is not imported (nor chosen by the unit reader for a filter) and the epoch
+        reads less than ``STREAM_FILTER_IMPORT_BYTES`` / ``STREAM_IMPORT_BYTES`` (see there). Forced on, the stream's read-ahead is
         counted even where it exceeds ``prefetch``."""
         src = self._source
         if order.kind != ShuffleKind.NONE.value or not isinstance(src, ScanRowSource):
@@ -365,8 +368,10 @@ class Loader:
         shape = self._source_shape()
         if query.held_bytes(max(shape.unit_bytes, default=0)) > self.options.prefetch // 2:
             return None  # what polars decodes ahead would not fit the budget: reads stay per unit
-        if "polars" in sys.modules or src.reader.decoder == "polars":
-            return query  # polars is (or will be) imported anyway
+        if "polars" in sys.modules:
+            return query  # its import is paid already
+        if query.predicate is not None and src.reader.decoder == "polars":
+            return query  # the unit reader would import it to prefilter anyway
         # else its import (0.085 CPU s, before the first batch) only pays on a long epoch
         read = sum(shape.read_bytes[u] * (hi - lo) // max(1, shape.counts[u])
                    for a, b in ranges for u, lo, hi in order.unit_pieces(a, b))
