@@ -14,6 +14,8 @@ precision / scale DuckDB picks may differ from Arrow's while the values are equa
 
 from __future__ import annotations
 
+import os
+
 import datetime as dt
 
 import duckdb
@@ -491,8 +493,17 @@ def _agree(path, where: str) -> None:
         assert sorted(sel.to_arrow().column("id").to_pylist()) == expected, (where, options)
         assert sel.count() == len(expected), (where, options)
         assert sel.head(1000).num_rows == len(expected), (where, options)
-        epoch = [i for b in sel.loader(batch_size=7, output="arrow") for i in b.column("id").to_pylist()]
-        assert sorted(epoch) == expected, (where, options)
+        for stream in ("0", "1"):  # the per-unit path and the polars stream (scan/stream.py)
+            before = os.environ.get("ARROWLOAD_STREAM")
+            os.environ["ARROWLOAD_STREAM"] = stream
+            try:
+                epoch = [i for b in sel.loader(batch_size=7, output="arrow") for i in b.column("id").to_pylist()]
+            finally:
+                if before is None:
+                    del os.environ["ARROWLOAD_STREAM"]
+                else:
+                    os.environ["ARROWLOAD_STREAM"] = before
+            assert sorted(epoch) == expected, (where, options, stream)
 
 
 @pytest.fixture

@@ -108,6 +108,7 @@ print(json.dumps({
     "peak_anon": max(anon - base["RssAnon"], build_hwm - base["VmRSS"]),
     "accounted": loader.stats().peak_prefetch_bytes,
     "source": loader.source_kind,
+    "decoders": loader.stats().decoders,
     "table_bytes": loader._source.table.nbytes if hasattr(loader._source, "table") else 0,
     "window_est": max((sum(loader._source.est_bytes(int(u)) for u in w) for w in loader._order(0).windows),
                       default=0) if kind == "block" else 0,
@@ -131,10 +132,13 @@ def wide_lake(tmp_path_factory) -> str:
 
 
 def run_child(lake: str, cache: str, mode: str, prefetch: int, batch: int, kind: str = "global",
-              window: int = 8) -> dict:
+              window: int = 8, stream: bool = False) -> dict:
+    """``stream``: an unshuffled epoch reads through the polars stream (``scan/stream.py``);
+    else through the per-unit path (``ARROWLOAD_STREAM=0``)."""
+    env = {**os.environ, "ARROWLOAD_STREAM": "1" if stream else "0"}
     out = subprocess.run([sys.executable, "-c", CHILD, lake, cache, mode, str(prefetch), str(batch), kind,
                           str(window)],
-                         check=True, capture_output=True, text=True, timeout=300)
+                         check=True, capture_output=True, text=True, timeout=300, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -172,6 +176,27 @@ def test_streaming_bytes_in_flight_respect_prefetch(wide_lake, tmp_path, kind, p
     bound = max(prefetch, 3 * read + read + batch * ROW_BYTES)
     assert 0 < got["accounted"] <= bound, (got["accounted"] / MIB, bound / MIB)
     assert got["epoch_growth"] <= 2 * bound + 16 * MIB < ROWS * ROW_BYTES, (got["epoch_growth"] / MIB, bound / MIB)
+
+
+@pytest.mark.parametrize("prefetch", [1, 2 * MIB, 64 * MIB])
+def test_polars_stream_bytes_in_flight_respect_prefetch(wide_lake, tmp_path, prefetch):
+    """An unshuffled epoch read through one polars streaming query: the loader's account
+    counts what the query holds decoded ahead of the readers (``StreamQuery.held_bytes``:
+    a few row groups per polars thread) besides the reads in flight, and stays within
+    max(prefetch, that + one read + one batch); the process's resident memory grows by at
+    most twice that plus a constant, short of the 64 MiB table."""
+    import polars as pl
+    from arrowload.scan.stream import AHEAD_EXTRA, AHEAD_PER_THREAD
+    batch = 64
+    rg_bytes = 512 * ROW_BYTES  # 2 MiB, uncompressed
+    got = run_child(wide_lake, str(tmp_path / "cache"), "memory", prefetch, batch, "none", 2, stream=True)
+    assert got["exact"] and got["source"] == "scan"
+    assert set(got["decoders"]) == {"polars-stream"}, got["decoders"]
+    held = (AHEAD_PER_THREAD * pl.thread_pool_size() + AHEAD_EXTRA + 1) * rg_bytes
+    bound = max(prefetch, held + rg_bytes + batch * ROW_BYTES)
+    assert held <= got["accounted"] <= bound, (got["accounted"] / MIB, bound / MIB)
+    assert got["epoch_growth"] <= 2 * bound + 16 * MIB, (got["epoch_growth"] / MIB, bound / MIB)
+    assert got["epoch_growth"] < ROWS * ROW_BYTES, got["epoch_growth"] / MIB
 
 
 def test_disk_cache_holds_less_anonymous_memory_than_memory(wide_lake, tmp_path):

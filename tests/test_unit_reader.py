@@ -279,9 +279,13 @@ def test_damaged_and_corrupt_files_give_the_scanners_errors(tmp_path):
 # compiled once; counting reads only the filter's columns; bytes
 
 
-def test_a_loader_compiles_its_plan_once_never_per_unit(typed_lake, tmp_path):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_loader_compiles_its_plan_once_never_per_unit(typed_lake, tmp_path, monkeypatch, stream):
+    """Per-unit path: every unit read through the one compiled reader. Polars stream
+    (``scan/stream.py``): no unit read by it, and nothing compiled per unit or per epoch."""
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1" if stream else "0")
     d = al.dataset(typed_lake).filter("i8 > 0").select("id", "s")
-    loader = d.loader(64, output="arrow", cache_dir=str(tmp_path))
+    loader = d.loader(64, output="arrow", cache_dir=str(tmp_path / str(stream)))
     src = loader._source
     assert src.compiles == 2  # the plan, and the count plan (counted once, by reading)
     units = len(src.counts)
@@ -289,11 +293,13 @@ def test_a_loader_compiles_its_plan_once_never_per_unit(typed_lake, tmp_path):
     for epoch in range(2):
         loader.set_epoch(epoch)
         rows.append(sum(b.num_rows for b in loader))
+        if stream:
+            assert loader.stats().decoders == {"polars-stream": sum(1 for c in src.counts if c)}
     assert rows == [d.count()] * 2
     assert src.compiles == 2
-    assert src.reader.reads == 2 * units
+    assert src.reader.reads == (0 if stream else 2 * units)
     # a second loader finds the counts in the selection index: one compile
-    again = d.loader(64, output="arrow", cache_dir=str(tmp_path))._source
+    again = d.loader(64, output="arrow", cache_dir=str(tmp_path / str(stream)))._source
     assert again.compiles == 1 and again.counts == src.counts
 
 
@@ -441,7 +447,8 @@ def test_a_small_scan_does_not_import_polars(tmp_path):
     assert out == {"rows": 1000 // 7 + (1 if 1000 % 7 > 3 else 0), "polars": False, "candidates": ["pyarrow"]}
 
 
-def test_loader_names_the_decoder_it_chose(typed_lake, tmp_path):
+def test_loader_names_the_decoder_it_chose(typed_lake, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARROWLOAD_STREAM", "0")  # every unit through the reader (not a polars stream)
     d = al.dataset(typed_lake).select("id", "f32", "i8")
     loader = d.loader(32, output="arrow", cache_dir=str(tmp_path))
     reader = loader._source.reader

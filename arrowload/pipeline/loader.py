@@ -8,6 +8,12 @@ byte budget and cut batches in order (``stages``), and one batch's conversion
 (``convert.batches``). The Loader holds the options, the position and the resume state,
 and describes itself; it hands the stages plain callables.
 
+Decoders: each unit is decoded by pyarrow or polars (``scan/units.py`` measures which is
+cheaper); an unshuffled epoch over local Parquet polars can read whole may instead run one
+polars streaming query per range of positions, its tasks taking their rows from it in order
+(``scan/stream.py``, ``streamreads.py``, ``STREAM_DEFAULT``): same batches, order and
+resume, named ``polars-stream`` in ``stats()``.
+
 Threads, not processes: pyarrow decodes with the GIL released; reader threads sized to
 the machine read ahead, a producer thread batches and converts, and a byte budget bounds
 everything held in flight. Batches come out in an order that is a pure function of
@@ -33,6 +39,7 @@ from ..order.elastic import Ranges, take
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, scans, walk, with_sources
 from ..scan.execute import as_record_batch
+from ..scan.stream import stream_setting
 from ..source.footer import keep_checks, recall_checks
 from . import arguments as _arguments
 from . import preflight
@@ -42,11 +49,29 @@ from .device import TorchDeviceStage, jax_place, wants_cuda
 from .options import LoaderOptions, reader_bound
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize
 from .stages import EpochIterator, Settings, Stages
+from .streamreads import StreamReads
 from .state import (DATA, STATE_VERSION, Position, batches_for, check_identity, identity_keys, make_state,
                     read_state, state_version)
 from .stats import LoaderStats
 
 __all__ = ["Loader", "LoaderOptions", "LoaderStats"]
+
+#: Unshuffled epochs over an eligible local Parquet scan read through one polars streaming
+#: query per range (``scan/stream.py``) unless the environment says otherwise
+#: (``stream.stream_setting``) -- by default where polars is imported already, or with a
+#: filter polars evaluates where the unit reader chose polars (it imports it anyway); else
+#: only for epochs reading at least ``STREAM_FILTER_IMPORT_BYTES``
+#: (compressed) with a filter polars evaluates, ``STREAM_IMPORT_BYTES`` without one. On the
+#: 4M-row benchmark lake (341 MiB; process CPU s, fresh processes): W1 with polars imported
+#: 0.54-0.58 streamed vs 0.62-0.76 per unit, but importing polars costs 0.085 CPU s and
+#: 0.15 s before the first batch (W1 paying it: 0.69-0.73 vs 0.64-0.73); W2 (a filter)
+#: 0.61-0.66 streamed, import included, vs 0.73-0.80 per unit; W2i (41 MiB) 0.24 vs 0.08.
+#: Without a filter, where the unit reader chose polars, the stream paying the import lost
+#: (benchmarks/run.py W1: 0.795 CPU s vs 0.63-0.67 per unit); on a 16M-row lake (1.3 GiB read)
+#: W1 streamed 2.18-2.25 CPU s, import included, vs 2.56-2.59 per unit.
+STREAM_DEFAULT = True
+STREAM_IMPORT_BYTES = 1 << 30
+STREAM_FILTER_IMPORT_BYTES = 256 << 20
 
 
 def _distributed_defaults() -> tuple[int, int]:
@@ -311,17 +336,54 @@ class Loader:
                                           read_bytes=tuple(src.read_bytes(u) for u in range(len(counts))))
         return self._shape
 
-    def _stages(self, order: EpochOrder, ranges: list[tuple[int, int]]) -> Stages:
+    def _stages(self, order: EpochOrder, ranges: list[tuple[int, int]], stream: bool = True) -> Stages:
         opts = self.options
         conv = self._chunks
-        tasks = plan_tasks(order, ranges, self._source_shape(), opts.batch_size, opts.prefetch)
+        shape = self._source_shape()
+        tasks = plan_tasks(order, ranges, shape, opts.batch_size, opts.prefetch)
         read = functools.partial(self._source.read, order=order, conv=conv)
+        held, close = 0, None
+        query = self._stream_query(order, ranges) if stream else None
+        if query is not None:  # one polars query per range; the tasks take their rows from it
+            reads = StreamReads(query, self._source, order, ranges, conv, self._source.reader.count_decoded)
+            read, close = reads.read, reads.close
+            held = query.held_bytes(max(shape.unit_bytes, default=0))
         return Stages(tasks=tasks, read=read,
                       combine=conv.combine if conv is not None else concat_arrow,
                       finish=self._output,
                       transform=self._transform_stage(),
                       deliver=self._device_stage.ready if self._device_stage is not None else None,
-                      decoded=self._decoded_by)
+                      decoded=self._decoded_by, held=held, close=close)
+
+    def _stream_query(self, order: EpochOrder, ranges: list[tuple[int, int]]):
+        """The polars stream an unshuffled epoch over a scan reads from (``scan/stream.py``),
+        or None: shuffled, a table, not eligible, ``$ARROWLOAD_STREAM=0`` or
+        ``$ARROWLOAD_DECODER`` naming decoders without ``polars-stream``; by default also where
+        what polars decodes ahead (``StreamQuery.held_bytes``) exceeds half of ``prefetch``,
+        or polars is not imported (nor chosen by the unit reader for a filter) and the epoch
+        reads less than ``STREAM_FILTER_IMPORT_BYTES`` / ``STREAM_IMPORT_BYTES`` (see there). Forced on, the stream's read-ahead is
+        counted even where it exceeds ``prefetch``."""
+        src = self._source
+        if order.kind != ShuffleKind.NONE.value or not isinstance(src, ScanRowSource):
+            return None
+        setting = stream_setting()
+        if setting is False or (setting is None and not STREAM_DEFAULT):
+            return None
+        query = src.stream_query()
+        if query is None or setting:
+            return query
+        shape = self._source_shape()
+        if query.held_bytes(max(shape.unit_bytes, default=0)) > self.options.prefetch // 2:
+            return None  # what polars decodes ahead would not fit the budget: reads stay per unit
+        if "polars" in sys.modules:
+            return query  # its import is paid already
+        if query.predicate is not None and src.reader.decoder == "polars":
+            return query  # the unit reader would import it to prefilter anyway
+        # else its import (0.085 CPU s, before the first batch) only pays on a long epoch
+        read = sum(shape.read_bytes[u] * (hi - lo) // max(1, shape.counts[u])
+                   for a, b in ranges for u, lo, hi in order.unit_pieces(a, b))
+        return query if read >= (STREAM_FILTER_IMPORT_BYTES if query.predicate is not None
+                                 else STREAM_IMPORT_BYTES) else None
 
     def _decoded_by(self) -> dict[str, int]:
         reader = getattr(self._source, "reader", None)
@@ -339,7 +401,8 @@ class Loader:
     def _iterate(self, ranges: list[tuple[int, int]], track: bool) -> EpochIterator:
         settings = Settings(batch_size=self.options.batch_size, prefetch=self.options.prefetch,
                             max_readers=self.max_readers, share_units=len(ranges) > 1)
-        it = EpochIterator(self._stages(self._order(self.epoch), ranges), settings,
+        # a DataLoader worker's ranges are single batches: a query each would cost more than it saves
+        it = EpochIterator(self._stages(self._order(self.epoch), ranges, stream=track), settings,
                            on_batch=self._advance if track else None)
         if track:
             self._stats = it.stats

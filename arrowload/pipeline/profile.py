@@ -415,6 +415,10 @@ class Profile:
                 cpu += (f"; your step {fmt_seconds(self.step_s)} wall, {self.step_cpu_s:.3f} s CPU "
                         f"({self.step_cpu_s / self.step_s:.2f} of a core)")
             out.append(("cpu", cpu))
+        used = {k: v for k, v in s.decoders.items() if v}
+        if used:  # who decoded: pyarrow / polars / dataset per unit, or one polars stream per range
+            out.append(("decoders", ", ".join(f"{k} {v:,} unit{'s' if v != 1 else ''}" for k, v in
+                                              sorted(used.items(), key=lambda kv: -kv[1]))))
         out.append(("settings", self.stats.settings_text()))
         if self.layout:
             out.append(("layout", "; ".join(k.text() for k in self.layout)))

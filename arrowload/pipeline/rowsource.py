@@ -99,6 +99,8 @@ class ScanRowSource:
         self._read = remote.unit_reads(plan, options) if remote is not None else self.reader.read
         self.compiles = 1
         self._est: tuple[int, ...] | None = None
+        self._remote = remote
+        self._stream: Any = False  # not compiled yet (stream_query)
         self.counts = self._counts()
 
     # -- exact counts --------------------------------------------------------
@@ -148,6 +150,14 @@ class ScanRowSource:
     def close(self) -> None:
         """Close the Parquet files the reader keeps open (a later read opens them again)."""
         self.reader.close()
+
+    def stream_query(self):
+        """The polars streaming query that reads this scan's units in source order
+        (``scan.stream.StreamQuery``), or None where it cannot (compiled once)."""
+        if self._stream is False:
+            from ..scan.stream import StreamQuery
+            self._stream = None if self._remote is not None else StreamQuery.compile(self.plan, self.options)
+        return self._stream
 
     # -- reading ---------------------------------------------------------------
     def est_bytes(self, i: int) -> int:

@@ -67,7 +67,11 @@ class Stages:
       ``window`` batches in flight, their bytes in the budget, finished in batch order;
     - ``deliver(out) -> out`` (optional) on the consumer's thread as each batch is taken;
     - ``decoded() -> {decoder: units}`` (optional): the reader's running count of units each
-      decoder read, for ``LoaderStats.decoders`` (this iteration's share).
+      decoder read, for ``LoaderStats.decoders`` (this iteration's share);
+    - ``held``: bytes the reads hold outside their tasks for the whole iteration (a polars
+      stream's read-ahead, ``streamreads.py``), counted in the budget from the start;
+    - ``close()`` (optional): stops what ``read`` runs outside the tasks (the stream's
+      query), called first when the iteration ends or is closed.
     """
 
     tasks: Iterable[Task]
@@ -77,6 +81,8 @@ class Stages:
     transform: Callable[[Any], Any] | None = None
     deliver: Callable[[Any], Any] | None = None
     decoded: Callable[[], dict] | None = None
+    held: int = 0
+    close: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -366,6 +372,7 @@ class Pipeline:
         self.settings = settings
         self.stop = threading.Event()
         self.budget = ByteBudget(settings.prefetch, self.stop)
+        self._held = self.budget.charge(max(0, int(stages.held)))  # never released: the reads hold it
         self.out: queue.Queue = queue.Queue()
         bound = max(1, settings.max_readers)
         self.stats = LoaderStats(readers_max=bound, prefetch=settings.prefetch, cores=usable_cores())
@@ -460,7 +467,7 @@ class Pipeline:
                     next_task = next(tasks, None)
                     if next_task is None:
                         break
-                if not self.budget.acquire(next_task.est_bytes, block=not inflight, own=carried):
+                if not self.budget.acquire(next_task.est_bytes, block=not inflight, own=carried + self._held):
                     if self.stop.is_set():
                         return
                     break  # over budget: let in-flight work drain first
@@ -531,7 +538,7 @@ class Pipeline:
         nbytes = batch.nbytes
         # Wait only while the consumer holds batches (it will release them), never on the
         # reads this thread has in flight.
-        if not self.budget.acquire(nbytes, own=reserved):
+        if not self.budget.acquire(nbytes, own=reserved + self._held):
             return False
         self.out.put((out, batch.num_rows, nbytes))
         return True
@@ -541,7 +548,7 @@ class Pipeline:
         the consumer takes its result; then finish the oldest while more than ``window`` are
         in flight. The batches in flight are this thread's own: they never make it wait."""
         nbytes = batch.nbytes
-        if not self.budget.acquire(nbytes, own=reserved + self._transform_bytes):
+        if not self.budget.acquire(nbytes, own=reserved + self._transform_bytes + self._held):
             return False
         t0 = time.perf_counter()
         self._transforming.append((self.stages.transform.submit(batch), nbytes))
@@ -636,6 +643,8 @@ class Pipeline:
 
     def close(self) -> None:
         self.stop.set()
+        if self.stages.close is not None:  # wakes reads waiting on it, stops its query
+            self.stages.close()
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join()
         self.readers.close()

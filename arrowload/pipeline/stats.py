@@ -35,7 +35,8 @@ class LoaderStats:
     ``cores * wall_s`` the cores are saturated, and every CPU second outside the consumer
     (``loader_share``) is one the training step competed for. Settings chosen for the run:
     ``decoders`` (units each decoder read: ``pyarrow``,
-    ``polars``, ``dataset``; see ``scan/decoders.py``), ``readers`` (reader threads the autotuner settled on), ``readers_peak`` (most busy at
+    ``polars``, ``dataset``; see ``scan/decoders.py``; ``polars-stream``: unit tasks taken
+    from an unshuffled epoch's polars streaming query, ``scan/stream.py``), ``readers`` (reader threads the autotuner settled on), ``readers_peak`` (most busy at
     once), ``readers_max`` (the bound: ``io_threads``, or the cores), ``prefetch`` (the byte
     budget).
     """

@@ -323,6 +323,10 @@ class PolarsDecoder(_Base):
             self._readable[file] = got
         return got
 
+    def readable_columns(self, file: int) -> frozenset[str]:
+        """Columns of ``file`` polars reads with the unified types (and the partition keys)."""
+        return self._columns_ok(file)
+
     def usable(self, unit: Unit, columns: frozenset[str]) -> bool:
         return unit.row_group is not None and unit.num_rows is not None and columns <= self._columns_ok(unit.file)
 

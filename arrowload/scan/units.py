@@ -49,6 +49,7 @@ from ..source.retry import retry
 from . import execute, memory
 from .choose import MEASURE_METHOD, Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
+from .stream import STREAM_DECODER
 
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
 # polars costs an import (about 0.2 CPU seconds, once per process); on the 4M-row benchmark
@@ -138,7 +139,8 @@ class UnitReader:
     """Units of one scan read through ``plan``, compiled once (see the module doc).
 
     ``decoders``: the names that may read (default: every eligible one, or the names in
-    ``$ARROWLOAD_DECODER``, comma-separated, to pin one for a benchmark). ``decoder``: the
+    ``$ARROWLOAD_DECODER``, comma-separated, to pin one for a benchmark; ``polars-stream``
+    there is the loader's, ``scan/stream.py``, and ignored here). ``decoder``: the
     name chosen so far (None while the candidates are being measured). ``cache_dir``: where
     the measurements are remembered across processes (``memory.py``; None: measured afresh).
     """
@@ -223,7 +225,8 @@ class UnitReader:
                                                    getattr(src, "decoders_conform", False)) \
             and src.kind == "parquet" and not src.in_memory_reads
         pinned = decoders if decoders is not None else \
-            [d.strip() for d in os.environ.get(_ENV, "").split(",") if d.strip()] or None
+            [d.strip() for d in os.environ.get(_ENV, "").split(",") if d.strip() and d.strip() != STREAM_DECODER] \
+            or None
         polars = parquet and PolarsDecoder.eligible(scan, options) and (pinned is not None or pool_cpu_readable())
         eligible = {"dataset": True, "pyarrow": parquet, "polars": polars}
         if pinned is not None:
@@ -323,6 +326,11 @@ class UnitReader:
         """Units each decoder read (or counted), over every epoch so far."""
         with self._lock:
             return dict(self.decoded_by)
+
+    def count_decoded(self, name: str, units: int = 1) -> None:
+        """Count ``units`` read by ``name`` elsewhere (an epoch's polars stream)."""
+        with self._lock:
+            self.decoded_by[name] = self.decoded_by.get(name, 0) + units
 
     def describe(self) -> dict:
         """What was compiled and chosen, for ``explain()`` / ``stats()``."""

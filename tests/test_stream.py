@@ -1,0 +1,308 @@
+"""Unshuffled epochs read through one polars streaming query per range (``scan/stream.py``,
+``pipeline/streamreads.py``).
+
+Truths: the per-unit path (``ARROWLOAD_STREAM=0``) of the same loader, batch by batch
+(rows, order and boundaries), and DuckDB's rows over the same files; ``stats()`` says which
+path read. Covered: no filter, filters polars translates (one pruning row groups by
+statistics), projections, ranks, ``drop_last``, resume mid-unit / mid-file, elastic resume
+(several ranges), close mid-epoch, the cases that stay on the per-unit path.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import arrowload as al
+from arrowload.pipeline.streamreads import StreamReads, merge_ranges
+from arrowload.scan.stream import STREAM_DECODER, StreamQuery
+
+FILES = [(1000, 128), (777, 100), (1500, 256)]  # (rows, row group size) per file
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("stream-lake")
+    rng = np.random.default_rng(7)
+    start = 0
+    for i, (n, rg) in enumerate(FILES):
+        t = pa.table({
+            "id": np.arange(start, start + n, dtype=np.int64),
+            "x": rng.standard_normal(n).astype(np.float32),
+            "s": pa.array(rng.choice(["a", "b", "c"], n).tolist(), pa.string()),
+            "k": rng.integers(0, 10, n).astype(np.int32),
+        })
+        pq.write_table(t, path / f"part-{i}.parquet", row_group_size=rg)
+        start += n
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("stream-cache"))
+
+
+def _epoch(ds, monkeypatch, stream: bool, output="numpy", n=None, state=None, **kw):
+    """Batches (dicts of lists) of one epoch, the loader's decoders and its state after
+    ``n`` batches (None: the whole epoch)."""
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1" if stream else "0")
+    with ds.loader(kw.pop("batch_size", 100), output=output, **kw) as loader:
+        if state is not None:
+            loader.load_state_dict(state)
+        out, taken = [], None
+        for i, b in enumerate(loader):
+            if output == "arrow":
+                b = b.to_pydict()
+            out.append({k: np.asarray(v).tolist() for k, v in b.items()})
+            if n is not None and i + 1 == n:
+                taken = loader.state_dict()
+                break
+        return out, loader.stats().decoders, taken
+
+
+def _duck(lake: str, cols: list[str], where: str | None) -> list[dict]:
+    sql = f"SELECT {', '.join(cols)} FROM read_parquet('{lake}/*.parquet')"
+    if where:
+        sql += f" WHERE {where}"
+    t = duckdb.sql(sql + " ORDER BY id").arrow()
+    t = t.read_all() if hasattr(t, "read_all") else t
+    return t.to_pylist()
+
+
+def _rows(batches: list[dict]) -> list[dict]:
+    return [dict(zip(b, vals)) for b in batches for vals in zip(*b.values())]
+
+
+FILTERS = [None, "k < 5 AND s = 'a'", "id >= 1500", "k IN (1, 2) OR s = 'c'"]
+SELECTS = [("id", "x", "s", "k"), ("x", "id")]
+
+
+@pytest.mark.parametrize("where", FILTERS)
+@pytest.mark.parametrize("cols", SELECTS)
+@pytest.mark.parametrize("output", ["numpy", "arrow"])
+def test_stream_matches_the_unit_path_and_duckdb(lake, cache_dir, monkeypatch, where, cols, output):
+    ds = al.dataset(lake)
+    if where:
+        ds = ds.filter(where)
+    ds = ds.select(*cols)
+    streamed, dec, _ = _epoch(ds, monkeypatch, True, output, cache_dir=cache_dir)
+    units, dec_units, _ = _epoch(ds, monkeypatch, False, output, cache_dir=cache_dir)
+    assert set(dec) == {STREAM_DECODER}, dec
+    assert STREAM_DECODER not in dec_units
+    assert streamed == units  # rows, order and batch boundaries
+    truth = _duck(lake, list(cols) if "id" in cols else ["id", *cols], where)
+    got = _rows(streamed)
+    assert [{c: r[c] for c in cols} for r in got] == pytest.approx([{c: r[c] for c in cols} for r in truth])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("where", [None, "k < 5 AND s = 'a'"])
+def test_ranks_and_drop_last(lake, cache_dir, monkeypatch, world, drop_last, where):
+    ds = al.dataset(lake)
+    if where:
+        ds = ds.filter(where)
+    seen = []
+    for rank in range(world):
+        kw = dict(rank=rank, world_size=world, drop_last=drop_last, batch_size=64, cache_dir=cache_dir)
+        streamed, dec, _ = _epoch(ds, monkeypatch, True, **kw)
+        units, _, _ = _epoch(ds, monkeypatch, False, **kw)
+        assert set(dec) == {STREAM_DECODER} and streamed == units
+        seen += [r["id"] for r in _rows(streamed)]
+    assert len(seen) == len(set(seen))  # ranks disjoint
+
+
+@pytest.mark.parametrize("where", [None, "k < 5 AND s = 'a'", "id >= 1500"])
+@pytest.mark.parametrize("at", [0.1, 0.35, 0.6, 0.9])
+def test_resume_at_any_position(lake, cache_dir, monkeypatch, where, at):
+    """Batches of 90 rows against row groups of 128 / 100 / 256: positions mid-unit and
+    mid-file; the stream starts at the first unit's file and skips (with a filter: the
+    filtered rows) up to the position."""
+    ds = al.dataset(lake)
+    if where:
+        ds = ds.filter(where)
+    full, _, _ = _epoch(ds, monkeypatch, False, batch_size=90, cache_dir=cache_dir)
+    k = max(1, int(at * len(full)))
+    assert 1 <= k < len(full)
+    _, _, state = _epoch(ds, monkeypatch, True, batch_size=90, n=k, cache_dir=cache_dir)
+    rest, dec, _ = _epoch(ds, monkeypatch, True, batch_size=90, state=state, cache_dir=cache_dir)
+    assert set(dec) == {STREAM_DECODER}
+    assert rest == full[k:]
+
+
+@pytest.mark.parametrize("where", [None, "k < 5 AND s = 'a'"])
+def test_elastic_resume_reads_several_ranges(lake, cache_dir, monkeypatch, where):
+    """A state taken at world size 2 loaded at 3: each rank reads several ranges, one query
+    each; the same batches as the per-unit path, and every row once."""
+    ds = al.dataset(lake)
+    if where:
+        ds = ds.filter(where)
+    _, _, state = _epoch(ds, monkeypatch, False, batch_size=50, n=3, rank=0, world_size=2, cache_dir=cache_dir)
+    got = []
+    for rank in range(3):
+        kw = dict(batch_size=50, rank=rank, world_size=3, state=state, cache_dir=cache_dir)
+        streamed, dec, _ = _epoch(ds, monkeypatch, True, **kw)
+        units, _, _ = _epoch(ds, monkeypatch, False, **kw)
+        assert set(dec) == {STREAM_DECODER} and streamed == units
+        got += [r["id"] for r in _rows(streamed)]
+    assert len(got) == len(set(got))
+
+
+def test_several_ranges_one_query_each(lake, cache_dir):
+    """The reads of two disjoint ranges out of order of the source: each range is its own
+    query, started at its first unit's file."""
+    ds = al.dataset(lake).filter("k < 5")
+    with ds.loader(10, cache_dir=cache_dir) as loader:
+        src, order = loader._source, loader._order(0)
+        n = loader.num_rows
+        ranges = [(n // 2, n - 5), (3, n // 3)]
+        reads = StreamReads(src.stream_query(), src, order, ranges)
+        from arrowload.order import plan_tasks
+        tasks = list(plan_tasks(order, ranges, loader._source_shape(), 10, 1 << 20))
+        got = pa.Table.from_batches([b for t in tasks for b in reads.read(t)[0]])
+        reads.close()
+        assert reads.queries == 2 and reads.failed is None
+    truth = pa.concat_tables([src.read_unit(u) for u in range(len(src.counts))])
+    want = pa.concat_tables([truth.slice(a, b - a) for a, b in ranges])
+    assert got.equals(want)
+
+
+def test_merge_ranges():
+    assert merge_ranges([(0, 5), (5, 9), (9, 9), (12, 20), (3, 4)]) == [(0, 9), (12, 20), (3, 4)]
+
+
+def test_close_mid_epoch_stops_the_query_and_threads(lake, cache_dir, monkeypatch):
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    loader = al.dataset(lake).loader(16, prefetch=1, cache_dir=cache_dir)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    assert loader.stats().decoders == {} or set(loader.stats().decoders) == {STREAM_DECODER}
+    pipeline = it._pipeline
+    reads = pipeline.stages.close.__self__
+    assert isinstance(reads, StreamReads)
+    loader.close()
+    assert reads._it is None and reads._closed  # the query dropped (polars stops it)
+    assert not any(t.name.startswith("arrowload-") and t.is_alive() for t in threading.enumerate())
+    # an early exit (break, the iterator dropped) closes it too
+    loader = al.dataset(lake).loader(16, cache_dir=cache_dir)
+    it = iter(loader)
+    next(it)
+    reads = it._pipeline.stages.close.__self__
+    del it
+    import gc
+    gc.collect()
+    assert reads._closed and reads._it is None
+    loader.close()
+
+
+@pytest.mark.parametrize("setup", [
+    dict(where="s LIKE 'a%'"),                    # a predicate polars does not translate here
+    dict(where="x > 0"),                          # floats stay with arrowload's evaluator
+    dict(shuffle="block"),
+    dict(map=True),
+])
+def test_not_eligible_stays_on_the_unit_path(lake, cache_dir, monkeypatch, setup):
+    ds = al.dataset(lake)
+    if "where" in setup:
+        ds = ds.filter(setup["where"])
+    if setup.get("map"):
+        ds = ds.map(lambda b: b, name="same")
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    kw = {"shuffle": setup["shuffle"]} if "shuffle" in setup else {}
+    with ds.loader(100, cache_dir=cache_dir, **kw) as loader:
+        n = sum(len(b["id"]) for b in loader)
+        assert STREAM_DECODER not in loader.stats().decoders
+    assert n == loader.num_rows
+
+
+def test_the_environment_picks_the_path(lake, cache_dir, monkeypatch):
+    ds = al.dataset(lake).select("id", "k")
+    monkeypatch.delenv("ARROWLOAD_STREAM", raising=False)
+    for pinned, stream in [("pyarrow", False), ("polars-stream", True), ("pyarrow,polars-stream", True)]:
+        monkeypatch.setenv("ARROWLOAD_DECODER", pinned)
+        with ds.loader(100, cache_dir=cache_dir) as loader:
+            list(loader)
+            assert (STREAM_DECODER in loader.stats().decoders) is stream, (pinned, loader.stats().decoders)
+    monkeypatch.delenv("ARROWLOAD_DECODER")
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    with ds.loader(100, cache_dir=cache_dir) as loader:
+        list(loader)
+        assert set(loader.stats().decoders) == {STREAM_DECODER}
+        assert STREAM_DECODER in str(loader.stats()) and STREAM_DECODER in str(loader.profile())
+
+
+def test_compile_refuses_what_polars_cannot_read_the_same(tmp_path):
+    """Files with different types of a column (unified by a cast), or a projection with a
+    computed column: no stream."""
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int32())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": pa.array([3, 4], pa.int64())}), tmp_path / "b.parquet")
+    opts = al.Options()
+    plan = al.dataset(str(tmp_path)).optimized_plan()
+    assert StreamQuery.compile(plan, opts) is None
+    one = tmp_path / "one"
+    one.mkdir()
+    pq.write_table(pa.table({"id": [1, 2]}), one / "a.parquet")
+    assert StreamQuery.compile(al.dataset(str(one)).optimized_plan(), opts) is not None
+    assert StreamQuery.compile(al.dataset(str(one)).select(y="id + 1").optimized_plan(), opts) is None
+
+
+def test_data_changed_under_the_stream_is_an_error(tmp_path, cache_dir, monkeypatch):
+    path = tmp_path / "lake"
+    path.mkdir()
+    pq.write_table(pa.table({"id": np.arange(500)}), path / "a.parquet", row_group_size=100)
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    loader = al.dataset(str(path)).loader(50, cache_dir=cache_dir)
+    pq.write_table(pa.table({"id": np.arange(300)}), path / "a.parquet", row_group_size=100)
+    with pytest.raises(al.ArrowloadError):
+        list(loader)
+    loader.close()
+
+
+def test_default_never_imports_polars_for_a_short_epoch(lake, tmp_path):
+    """Without polars imported (and the unit reader not choosing it), a short epoch stays on
+    the per-unit path: the import would cost more than the stream saves. With polars
+    imported, the same loader streams."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, arrowload as al\n"
+        f"ds = al.dataset({lake!r}).select('id', 'x')\n"
+        f"with ds.loader(100, cache_dir={str(tmp_path)!r}) as ld:\n"
+        "    n = sum(len(b['id']) for b in ld)\n"
+        "    print(n, 'polars' in sys.modules, sorted(ld.stats().decoders))\n"
+        "import polars\n"
+        f"with ds.loader(100, cache_dir={str(tmp_path)!r}) as ld:\n"
+        "    n = sum(len(b['id']) for b in ld)\n"
+        "    print(n, sorted(ld.stats().decoders))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         timeout=120).stdout.split("\n")
+    rows = sum(n for n, _ in FILES)
+    assert out[0] == f"{rows} False ['pyarrow']", out
+    assert out[1] == f"{rows} ['{STREAM_DECODER}']", out
+
+
+def test_default_keeps_to_the_budget(lake, cache_dir, monkeypatch):
+    """By default the stream runs only where what polars decodes ahead fits half of
+    ``prefetch``: a tiny budget keeps the per-unit path (and its bound), a roomy one
+    streams; both the same batches."""
+    import polars  # noqa: F401 - imported: the import is no reason to stay per unit
+    monkeypatch.delenv("ARROWLOAD_STREAM", raising=False)
+    monkeypatch.delenv("ARROWLOAD_DECODER", raising=False)
+    ds = al.dataset(lake).filter("k < 5")
+    got = {}
+    for prefetch in (4096, 64 << 20):
+        with ds.loader(64, prefetch=prefetch, cache_dir=cache_dir) as loader:
+            got[prefetch] = [b["id"].tolist() for b in loader]
+            decoders = loader.stats().decoders
+            src = loader._source
+            held = src.stream_query().held_bytes(max(src.est_bytes(i) for i in range(len(src.counts))))
+            assert (STREAM_DECODER in decoders) is (held <= prefetch // 2), (prefetch, held, decoders)
+    assert got[4096] == got[64 << 20]
