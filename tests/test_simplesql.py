@@ -263,7 +263,12 @@ def test_simple_filters_select_duckdbs_rows_and_match_sqlglots_plan(small_file, 
     assert [(s.unit, s.row_group, s.predicate) for s in ours.splits()] == \
         [(s.unit, s.row_group, s.predicate) for s in theirs.splits()]
     # the rows: DuckDB's answer over the same file
-    want = duck(f"SELECT * FROM read_parquet('{small_file}') WHERE {text}")
+    # over the file's rows as a table: DuckDB 2.0's Parquet scan drops NaN in a pushed
+    # ``f >= 7.25`` that its own expression (and a table) keep -- NaN is its largest float
+    con = duckdb.connect()
+    con.register("rows", pq.read_table(small_file))
+    want = con.sql(f"SELECT * FROM rows WHERE {text}").arrow()
+    want = want.read_all() if isinstance(want, pa.RecordBatchReader) else want
     got = ours.to_arrow()
     assert sorted_rows(got) == sorted_rows(want), text
     assert str(simple) == str(built)  # the SQL text DuckDB is given, where it evaluates it
