@@ -333,8 +333,9 @@ class MixtureLoader:
         shift = (base[None, :] + within - first_slot).ravel()
         owner = np.repeat(np.arange(nb * m, dtype=np.int64), counts.ravel()).reshape(nb, b)
         slots = np.arange(b, dtype=np.int64)[None, :] + shift[owner]
-        if self.options.shuffle is not False:
-            slots = np.take_along_axis(slots, sched.interleaves(mine), axis=1)
+        # interleaved in every mode, shuffle=False too (documented: each component's rows
+        # keep their order; the batch's slots are the block's seeded interleave)
+        slots = np.take_along_axis(slots, sched.interleaves(mine), axis=1)
         idx = slots.ravel()
         if joint is not None:
             table, first = joint
