@@ -160,20 +160,7 @@ def shuffled_range(n: int, key: int) -> np.ndarray:
     if n <= 1:
         return np.arange(n, dtype=np.int64)
     k = _splitmix64(int(key) & _MASK64)
-    with np.errstate(over="ignore"):
-        h = np.arange(n, dtype=np.uint32)
-        h *= _GOLDEN32
-        h += np.uint32(k & 0xFFFFFFFF)
-        _fmix32(h)
-        h ^= np.uint32(k >> 32)
-        _fmix32(h)
-    halves = h.view(np.uint16).reshape(n, 2)
-    if np.little_endian:
-        low, high = halves[:, 0], halves[:, 1]
-    else:
-        low, high = halves[:, 1], halves[:, 0]
-    order = np.argsort(low, kind="stable")
-    return order[np.argsort(high[order], kind="stable")]
+    return _sorted_by_hash(n, np.uint32(k & 0xFFFFFFFF), np.uint32(k >> 32))
 
 
 def shuffled_ranges(n: int, keys) -> np.ndarray:
@@ -188,17 +175,23 @@ def shuffled_ranges(n: int, keys) -> np.ndarray:
     mixed = [_splitmix64(k) for k in keys]
     lo = np.array([k & 0xFFFFFFFF for k in mixed], dtype=np.uint32)[:, None]
     hi = np.array([k >> 32 for k in mixed], dtype=np.uint32)[:, None]
+    return _sorted_by_hash(n, lo, hi).astype(np.int64, copy=False)
+
+
+def _sorted_by_hash(n: int, lo, hi) -> np.ndarray:
+    """``[0, n)`` sorted by ``h(i)`` (see ``shuffled_range``) for the key halves ``lo`` /
+    ``hi``: uint32 scalars (one order) or ``[m, 1]`` columns (``m`` orders, one per row)."""
     with np.errstate(over="ignore"):
-        h = np.arange(n, dtype=np.uint32) * _GOLDEN32
-        h = h[None, :] + lo
+        h = np.arange(n, dtype=np.uint32)
+        h *= _GOLDEN32
+        h = h + lo
         _fmix32(h)
         h ^= hi
         _fmix32(h)
-    halves = h.view(np.uint16).reshape(m, n, 2)
-    if np.little_endian:
-        low, high = halves[:, :, 0], halves[:, :, 1]
-    else:
-        low, high = halves[:, :, 1], halves[:, :, 0]
-    order = np.argsort(low, axis=1, kind="stable")
-    second = np.argsort(np.take_along_axis(high, order, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(order, second, axis=1).astype(np.int64, copy=False)
+    halves = h.view(np.uint16).reshape(*h.shape[:-1], n, 2)
+    low, high = (halves[..., 0], halves[..., 1]) if np.little_endian else (halves[..., 1], halves[..., 0])
+    order = np.argsort(low, axis=-1, kind="stable")
+    if order.ndim == 1:
+        return order[np.argsort(high[order], kind="stable")]
+    second = np.argsort(np.take_along_axis(high, order, axis=-1), axis=-1, kind="stable")
+    return np.take_along_axis(order, second, axis=-1)
