@@ -30,7 +30,7 @@ from sqlglot.dialects.dialect import Dialect
 import arrowload as al
 from arrowload.errors import ExpressionError
 from arrowload.plan import polars_filter, simplesql, sqlexpr
-from arrowload.plan.expr import SqlExpr, conjoin, conjuncts
+from arrowload.plan.expr import SqlExpr, conjoin, conjuncts, disjoin
 from arrowload.plan.fingerprint import plan_fingerprint
 from arrowload.plan.nodes import Filter
 
@@ -284,6 +284,9 @@ def test_conjuncts_and_conjoin_build_sqlglots_trees(small_file, texts):
     ours, theirs = conjoin([p[0] for p in pairs]), conjoin([p[1] for p in pairs])
     assert simplesql.is_simple(ours.node) and not ours.tree_built
     assert tree_data(ours.node) == tree_data(theirs.tree)
+    either, either_sqlglot = disjoin([p[0] for p in pairs]), disjoin([p[1] for p in pairs])
+    assert simplesql.is_simple(either.node) and not either.tree_built
+    assert tree_data(either.node) == tree_data(either_sqlglot.tree)
     parts = conjuncts(ours)
     assert [tree_data(p.node) for p in parts] == [tree_data(p.tree) for p in conjuncts(theirs)]
     assert all(simplesql.is_simple(p.node) for p in parts)

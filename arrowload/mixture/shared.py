@@ -113,19 +113,18 @@ def _any_of(readers: list[UnitReader]):
     by: a row no member keeps is dropped there (polars prefilters it inside its decoder);
     None (decode every row) where a member keeps every row, has a computed column that
     must see every row (``UnitReader.sees_every_row``) or a predicate that is not SQL."""
-    from ..plan.expr import SqlExpr
-    preds = []
+    from ..plan.expr import SqlExpr, disjoin
+    from ..plan.fingerprint import sql_tree
+    preds, seen = [], []
     for r in readers:
         pred = r.scan.predicate
         if pred is None or r.sees_every_row or not isinstance(pred, SqlExpr):
             return None
-        if not any(pred.tree == p.tree for p in preds):
+        shape = sql_tree(pred.node, resolved=True)  # the same predicate once (simple or sqlglot tree)
+        if shape not in seen:
+            seen.append(shape)
             preds.append(pred)
-    if len(preds) == 1:
-        return preds[0]
-    from sqlglot import exp
-    return SqlExpr(exp.or_(*[exp.paren(p.tree.copy(), copy=False) for p in preds], copy=False),
-                   schema=preds[0].schema)
+    return disjoin(preds)
 
 
 class UnitCache:

@@ -489,18 +489,26 @@ def conjoin(parts: list[Expr]) -> Expr | None:
         return None
     sql = [p for p in parts if isinstance(p, SqlExpr)]
     rest = [p for p in parts if not isinstance(p, SqlExpr)]
-    merged: list[Expr] = []
-    if len(sql) == 1:
-        merged.append(sql[0])
-    elif sql and all(simplesql.is_simple(p.node) for p in sql):
-        # the tree exp.and_ builds below, as a simple tree (no sqlglot)
-        merged.append(SqlExpr(simplesql.and_(*[simplesql.paren(p.node) for p in sql]), schema=sql[0].schema))
-    elif sql:
-        from sqlglot import exp
-        merged.append(SqlExpr(exp.and_(*[exp.paren(p.tree.copy(), copy=False) for p in sql], copy=False),
-                              schema=sql[0].schema))
+    merged: list[Expr] = [_connect(sql, "and_")] if sql else []
     merged.extend(rest)
     return merged[0] if len(merged) == 1 else AndExpr(tuple(merged))
+
+
+def disjoin(parts: list[SqlExpr]) -> SqlExpr:
+    """OR SQL parts together into one SQL tree (as ``conjoin`` ANDs them)."""
+    return _connect(parts, "or_")
+
+
+def _connect(sql: list[SqlExpr], how: str) -> SqlExpr:
+    """``sql`` joined by ``exp.and_`` / ``exp.or_`` (``how``), each part in parentheses: a
+    simple tree where every part is one (no sqlglot), else sqlglot's."""
+    if len(sql) == 1:
+        return sql[0]
+    if all(simplesql.is_simple(p.node) for p in sql):
+        return SqlExpr(getattr(simplesql, how)(*[simplesql.paren(p.node) for p in sql]), schema=sql[0].schema)
+    from sqlglot import exp
+    return SqlExpr(getattr(exp, how)(*[exp.paren(p.tree.copy(), copy=False) for p in sql], copy=False),
+                   schema=sql[0].schema)
 
 
 def make_expr(value: Any, schema: pa.Schema, what: str = "expression") -> Expr:

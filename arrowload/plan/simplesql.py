@@ -279,10 +279,19 @@ def paren(node: Expression) -> Paren:
 def and_(*parts: Expression) -> Expression:
     """``exp.and_(*parts)``'s tree: a left-deep chain, connectors among the parts wrapped
     in parentheses (as sqlglot wraps them)."""
+    return _chain(And, parts)
+
+
+def or_(*parts: Expression) -> Expression:
+    """``exp.or_(*parts)``'s tree (as ``and_``)."""
+    return _chain(Or, parts)
+
+
+def _chain(connector: type, parts) -> Expression:
     wrapped = [Paren(this=p) if isinstance(p, Connector) else p for p in parts]
     out = wrapped[0]
     for p in wrapped[1:]:
-        out = And(this=out, expression=p)
+        out = connector(this=out, expression=p)
     return out
 
 
