@@ -37,11 +37,19 @@ from .decoders import PolarsDecoder
 
 #: The name a stream's reads go by in ``LoaderStats.decoders`` and ``profile()``.
 STREAM_DECODER = "polars-stream"
+#: the environment variable pinning decoders (tests, benchmarks)
+DECODER_ENV = "ARROWLOAD_DECODER"
 #: Morsels polars decodes ahead of the reader, per polars thread, and on top (measured on
 #: polars 2.1: paused after its first batch, a query over 65,536-row row groups held about
 #: seven row groups' worth on a 2-thread pool).
 AHEAD_PER_THREAD = 2
 AHEAD_EXTRA = 4
+
+
+def env_decoders() -> list[str]:
+    """The decoder names ``$ARROWLOAD_DECODER`` pins (comma-separated; ``polars-stream`` among
+    them is the loader's, the others the unit reader's: ``scan/units.py``)."""
+    return [d.strip() for d in os.environ.get(DECODER_ENV, "").split(",") if d.strip()]
 
 
 def stream_setting() -> bool | None:
@@ -52,7 +60,7 @@ def stream_setting() -> bool | None:
     forced = os.environ.get("ARROWLOAD_STREAM", "").strip()
     if forced in ("0", "1"):
         return forced == "1"
-    pinned = [d.strip() for d in os.environ.get("ARROWLOAD_DECODER", "").split(",") if d.strip()]
+    pinned = env_decoders()
     if not pinned:
         return None
     return STREAM_DECODER in pinned
@@ -173,4 +181,4 @@ class StreamQuery:
                     yield b
 
 
-__all__ = ["STREAM_DECODER", "StreamQuery", "stream_setting"]
+__all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "env_decoders", "stream_setting"]

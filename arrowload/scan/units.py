@@ -30,7 +30,6 @@ reader threads share one reader.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -49,7 +48,7 @@ from ..source.retry import retry
 from . import execute, memory
 from .choose import MEASURE_METHOD, Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
-from .stream import STREAM_DECODER
+from .stream import STREAM_DECODER, env_decoders
 
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
 # polars costs an import (about 0.2 CPU seconds, once per process); on the 4M-row benchmark
@@ -62,7 +61,6 @@ POLARS_BYTES = 256 << 20
 # (0.2 CPU s, ~50 MiB resident) is paid to catch a drifted choice on long runs only, not on
 # every short epoch (a 4M-row block epoch held 302 MiB over its start for 282 allowed).
 REMEASURE_IMPORT_BYTES = 1 << 30
-_ENV = "ARROWLOAD_DECODER"
 
 
 def _evaluate(table: pa.Table, exprs: Sequence[pc.Expression], names: Sequence[str]) -> list[pa.ChunkedArray]:
@@ -225,8 +223,7 @@ class UnitReader:
                                                    getattr(src, "decoders_conform", False)) \
             and src.kind == "parquet" and not src.in_memory_reads
         pinned = decoders if decoders is not None else \
-            [d.strip() for d in os.environ.get(_ENV, "").split(",") if d.strip() and d.strip() != STREAM_DECODER] \
-            or None
+            [d for d in env_decoders() if d != STREAM_DECODER] or None
         polars = parquet and PolarsDecoder.eligible(scan, options) and (pinned is not None or pool_cpu_readable())
         eligible = {"dataset": True, "pyarrow": parquet, "polars": polars}
         if pinned is not None:
