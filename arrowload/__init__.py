@@ -46,6 +46,12 @@ from .plancache import CacheEntry, cache_entries, clear_cache
 from .progress import progress_enabled, set_progress
 from .scan.splits import Split
 
+# The loader's modules (the library's main path) load with the package, as polars' or torch's
+# do: a first `loader()` would otherwise import them (about 12 ms) inside the epoch it starts.
+# Third-party heavyweights (polars, sqlglot's dialect, torch, jax) stay lazy.
+from .pipeline import loader as _loader  # noqa: E402,F401
+from .pipeline import streamreads as _streamreads  # noqa: E402,F401
+
 __version__ = "0.1.0.dev0"
 
 __all__ = sorted([
