@@ -142,6 +142,9 @@ class UnitCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[int, tuple[Future, set]] = OrderedDict()
         self._sizes: dict[int, int] = {}
+        #: units every member took in this iteration: a warm-up does not decode them again (the
+        #: members hold their rows while they read them; a member asking again decodes anew)
+        self._done: set[int] = set()
         self.held = 0
         self.peak = 0
         #: how a reader waits for a unit another thread decodes (``Readers.wait``: helping)
@@ -149,9 +152,9 @@ class UnitCache:
 
     def warm(self, unit: int) -> None:
         """Decode ``unit`` for the members now (their ``get`` takes the rows later), unless it
-        is held or being decoded already."""
+        is held, being decoded or already taken by every member in this iteration."""
         with self._lock:
-            if unit in self._entries:
+            if unit in self._entries or unit in self._done:
                 return
         self._fetch(None, unit)
 
@@ -191,6 +194,7 @@ class UnitCache:
             taken.add(c)
             if self._entries.get(unit) is entry and taken >= set(tables):
                 self._drop(unit)
+                self._done.add(unit)
         return tables[c]
 
     def clear(self) -> None:
@@ -198,6 +202,7 @@ class UnitCache:
         with self._lock:
             self._entries.clear()
             self._sizes.clear()
+            self._done.clear()
             self.held = self.peak = 0
 
     def _drop(self, unit: int) -> None:
