@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from ..convert.batches import concat_arrow
 from ..errors import InvalidArgumentError, LoaderClosedError, StateMismatchError, UnsupportedError
-from ..order import EpochOrder, ShuffleKind, derive_key, plan_tasks
+from ..order import EpochOrder, ShuffleKind, TaskKind, derive_key, plan_tasks
 from ..order.mixture import (MIXTURE_ORDER_SINCE, MIXTURE_ORDER_VERSION, ComponentOrder, Phase, Schedule,
                              component_key, rank_blocks, units_key)
 from ..order.tasks import read_rows
@@ -42,7 +42,7 @@ from ..pipeline import arguments as _arguments
 from ..convert.host import array_valued
 from ..pipeline.chunks import HostChunk, _varlist
 from ..pipeline.loader import Loader, rank_and_world
-from ..pipeline.rowsource import _parts
+from ..pipeline.rowsource import _parts, slice_parts
 from ..pipeline.stages import EpochIterator, Settings, SharedCache, Stages
 from ..options import default_cache_dir
 from ..pipeline.options import reader_bound
@@ -266,11 +266,18 @@ class MixtureLoader:
         """Rows of component ``c`` at stream indices ``pieces`` (in order), as parts: host
         chunks converted by ``conv`` where its source can, else Arrow batches."""
         src = self._components[c]._source
+        whole = conv is not None and src.kind == "scan"
         out = []
         for p, ranges in self._by_pass(c, pieces):
             order = self._order(c, p)
             get = functools.partial(_keyed, cache, p, wait=wait)
             for task in plan_tasks(order, ranges, self._shapes[c], self.options.batch_size, self.options.prefetch):
+                if whole and task.kind == TaskKind.UNIT:
+                    # a unit's rows converted once, whole, and kept for the next tasks (a task
+                    # takes a component's rows for a few batches: a unit spans many tasks)
+                    parts = get(("parts", task.unit), functools.partial(_converted, src, task.unit, conv))
+                    out.extend(slice_parts(parts, task.lo, task.hi))
+                    continue
                 parts, _ = src.read(task, order, conv, cache=get, map_units=map_units)
                 out.extend(parts)
         return out
@@ -548,6 +555,11 @@ def _scatter(found: list[list], base: np.ndarray, sizes: list[int], idx: np.ndar
         columns[name] = out
     row_bytes = sum(p.nbytes for parts in chunks for p in parts) / max(1, n)
     return HostChunk(columns, n, row_bytes)
+
+
+def _converted(src, unit: int, conv) -> list:
+    """Unit ``unit`` of a scan's rows, read and converted into host chunks where it can be."""
+    return _parts(src.read_unit(unit), conv)[0]
 
 
 def _keyed(cache: SharedCache, p: int, key, load, wait=None):

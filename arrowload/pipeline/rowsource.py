@@ -623,6 +623,21 @@ def _serial(fn, items) -> list:
     return [fn(x) for x in items]
 
 
+def slice_parts(parts: list, lo: int, hi: int) -> list:
+    """Rows ``lo .. hi`` of consecutive ``parts`` (host chunks or record batches): the parts
+    themselves or views of them, no copy."""
+    out, at = [], 0
+    for part in parts:
+        n = part.num_rows
+        a, b = max(lo, at), min(hi, at + n)
+        if a < b:
+            out.append(part if (a, b) == (at, at + n) else part.slice(a - at, b - a))
+        at += n
+        if at >= hi:
+            break
+    return out
+
+
 def _parts(table: pa.Table, conv) -> tuple[list, float]:
     """A read's rows as parts: its non-empty record batches, each converted whole by
     ``conv`` where it can be (``ChunkConverter.chunk``); and the seconds converting took."""
