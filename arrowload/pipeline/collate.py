@@ -114,12 +114,14 @@ class BufferPool(PicklableLock):
         self.pooled_bytes = 0
         self._lock = threading.Lock()
         self._slots: dict[tuple, list[_Slot]] = {}
+        self._cursor: dict[tuple, int] = {}
         self.allocated = 0
         self.reused = 0
 
     def __getstate__(self):
         state = super().__getstate__()
         state["_slots"] = {}  # a copy starts empty: reference counts do not survive pickling
+        state["_cursor"] = {}
         return state
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -129,9 +131,17 @@ class BufferPool(PicklableLock):
         key = (size, dtype.str)
         with self._lock:  # the view is made under the lock: no other thread sees the slot idle
             slots = self._slots.setdefault(key, [])
-            for slot in slots:
+            # buffers come back in about the order they were handed out: the search starts
+            # after the last one reused (not at the first, which made every take check
+            # every busy buffer before it: 20 checks a take in a block-shuffled mixture)
+            n = len(slots)
+            start = self._cursor.get(key, 0)
+            for k in range(n):
+                j = (start + k) % n
+                slot = slots[j]
                 if slot.idle():
                     self.reused += 1
+                    self._cursor[key] = j + 1
                     return slot.buf[:count].reshape(shape)
             self.allocated += 1
             nbytes = size * dtype.itemsize
