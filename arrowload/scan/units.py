@@ -339,7 +339,10 @@ class UnitReader:
                 # where the measurements were remembered across processes (None: not kept)
                 "remembered": memory.path_for(self._cache_dir, self._memory_key)
                 if self._memory_key is not None else None,
-                "started_from_remembered": self._started_remembered}
+                "started_from_remembered": self._started_remembered,
+                # measurements each candidate got in this process (a remembered start: one each
+                # early, then one every RECHECK-th read)
+                "measured_in_process": self._chooser.fresh()}
 
     def close(self) -> None:
         """Close the files the fast decoders hold open (a later read opens them again)."""
@@ -475,7 +478,7 @@ class UnitReader:
 
     def _read_with(self, name: str, measure: bool, i: int, fn: Callable, counting: bool):
         unit = self.units[i]
-        picked, cpu = name, None
+        picked, asked, cpu = name, measure, None
         try:
             if not self._usable(name, unit, self._columns_for(name, counting)):
                 name, measure = next((n for n in self.candidates if n != picked and
@@ -507,7 +510,8 @@ class UnitReader:
             return out
         finally:
             size = self._unit_bytes()[i]
-            if self._chooser.done(picked, cpu, size) and self._memory_key is not None:
+            if self._chooser.done(picked, cpu, size, ran=name == picked, measured=asked) and \
+                    self._memory_key is not None:
                 self._remember()
             if self._polars_after:
                 self._count_read(size)
