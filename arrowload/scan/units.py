@@ -258,6 +258,7 @@ class UnitReader:
                                                     if n in split.rest_columns)
         self._read_bytes = 0
         self._memory_key = None
+        self._remember_lock = threading.Lock()
         self._started_remembered = False
         got = None
         if self._cache_dir and pinned is None and len(names) > 1:
@@ -296,12 +297,15 @@ class UnitReader:
                     "polars_rest": self._polars is not None and self._polars_rest is not None}}
 
     def _remember(self) -> None:
-        """Write the measured costs back (after a measurement, with a choice standing)."""
+        """Write the measured costs back (after a measurement, with a choice standing). One
+        write at a time, each taking the costs when it starts: a write that took them before
+        another thread's measurement landed cannot land after that thread's write."""
         c = self._chooser
-        chosen = c.chosen
-        costs = {**self._remembered_costs, **c.costs()}  # a candidate not measured here keeps its cost
-        if chosen is not None and chosen in costs:
-            memory.save(self._cache_dir, self._memory_key, self._situation, chosen, costs, c.measured)
+        with self._remember_lock:
+            chosen = c.chosen
+            costs = {**self._remembered_costs, **c.costs()}  # a candidate not measured here keeps its cost
+            if chosen is not None and chosen in costs:
+                memory.save(self._cache_dir, self._memory_key, self._situation, chosen, costs, c.measured)
 
     def _unit_bytes(self) -> tuple[int, ...]:
         """Compressed bytes of the columns read, per unit (rows where footers do not say)."""
