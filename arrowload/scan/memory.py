@@ -7,9 +7,12 @@ therefore kept in the cache dir, one small document per *situation*: the machine
 architecture and cores, Python, pyarrow and polars builds), the decoder set, the types of
 the columns read and the shape of the filter (which columns it reads, with their types,
 and how it is applied). A later reader in the same situation starts from the remembered
-costs, reads with the cheapest at once, and keeps measuring every ``choose.RECHECK``-th
-read, writing the new medians back: the choice stays a measured one, and a choice that
-stops being cheapest is undone as before.
+costs and reads with the cheapest at once; within its first few reads it still gives each
+candidate a warm-up and one measured read (``choose.py``: the early check), then measures
+every ``choose.RECHECK``-th read, writing the costs back after each measurement: the
+choice stays a measured one, and a choice that stops being cheapest is undone. A remembered
+cost counts as one sample, and gives way to the first fresh one (``choose.py``): one
+measurement per process replaces a stale or noisy document.
 
 Reading is defensive: a missing, damaged, foreign or other-version document is ignored
 (and rewritten by the next measurement), never trusted and never fatal. Which decoder

@@ -258,6 +258,7 @@ class UnitReader:
                                                     if n in split.rest_columns)
         self._read_bytes = 0
         self._memory_key = None
+        self._remember_lock = threading.Lock()
         self._started_remembered = False
         got = None
         if self._cache_dir and pinned is None and len(names) > 1:
@@ -296,12 +297,15 @@ class UnitReader:
                     "polars_rest": self._polars is not None and self._polars_rest is not None}}
 
     def _remember(self) -> None:
-        """Write the measured costs back (after a measurement, with a choice standing)."""
+        """Write the measured costs back (after a measurement, with a choice standing). One
+        write at a time, each taking the costs when it starts: a write that took them before
+        another thread's measurement landed cannot land after that thread's write."""
         c = self._chooser
-        chosen = c.chosen
-        costs = {**self._remembered_costs, **c.costs()}  # a candidate not measured here keeps its cost
-        if chosen is not None and chosen in costs:
-            memory.save(self._cache_dir, self._memory_key, self._situation, chosen, costs, c.measured)
+        with self._remember_lock:
+            chosen = c.chosen
+            costs = {**self._remembered_costs, **c.costs()}  # a candidate not measured here keeps its cost
+            if chosen is not None and chosen in costs:
+                memory.save(self._cache_dir, self._memory_key, self._situation, chosen, costs, c.measured)
 
     def _unit_bytes(self) -> tuple[int, ...]:
         """Compressed bytes of the columns read, per unit (rows where footers do not say)."""
@@ -339,7 +343,10 @@ class UnitReader:
                 # where the measurements were remembered across processes (None: not kept)
                 "remembered": memory.path_for(self._cache_dir, self._memory_key)
                 if self._memory_key is not None else None,
-                "started_from_remembered": self._started_remembered}
+                "started_from_remembered": self._started_remembered,
+                # measurements each candidate got in this process (a remembered start: one each
+                # early, then one every RECHECK-th read)
+                "measured_in_process": self._chooser.fresh()}
 
     def close(self) -> None:
         """Close the files the fast decoders hold open (a later read opens them again)."""
@@ -475,7 +482,7 @@ class UnitReader:
 
     def _read_with(self, name: str, measure: bool, i: int, fn: Callable, counting: bool):
         unit = self.units[i]
-        picked, cpu = name, None
+        picked, asked, cpu = name, measure, None
         try:
             if not self._usable(name, unit, self._columns_for(name, counting)):
                 name, measure = next((n for n in self.candidates if n != picked and
@@ -507,7 +514,8 @@ class UnitReader:
             return out
         finally:
             size = self._unit_bytes()[i]
-            if self._chooser.done(picked, cpu, size) and self._memory_key is not None:
+            if self._chooser.done(picked, cpu, size, ran=name == picked, measured=asked) and \
+                    self._memory_key is not None:
                 self._remember()
             if self._polars_after:
                 self._count_read(size)
