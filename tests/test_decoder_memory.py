@@ -234,6 +234,35 @@ def test_a_decoder_remembered_as_dearer_is_not_imported_to_be_measured_again_on_
     assert long["polars"] and long["rows"] == _truth(lake).num_rows
 
 
+@pytest.mark.parametrize("plain_bytes", [1 << 30, 0])
+def test_polars_joins_plain_reads_only_past_its_own_threshold(lake, tmp_path, plain_bytes):
+    """Without a filter polars prefilters, its reads cost about what pyarrow's do, so a fresh
+    process imports it for them only once the reader's units hold POLARS_PLAIN_BYTES (1 GiB),
+    not POLARS_BYTES (256 MiB, the filtered threshold): a short unfiltered read stays with
+    pyarrow and never imports polars, with or without a remembered choice."""
+    from test_real_files import run_isolated
+    out = run_isolated(f"""
+        import json, sys, threading
+        import arrowload as al
+        from arrowload.scan import units
+        units.POLARS_BYTES = 0                 # the filtered threshold: met by any lake
+        units.POLARS_PLAIN_BYTES = {plain_bytes}
+        plan = al.dataset({lake!r}).select("x", "y").optimized_plan()
+        reader = units.UnitReader(plan, al.Options(), cache_dir={str(tmp_path)!r})
+        rows = sum(reader.read(i).num_rows for i in range(reader.num_units))
+        for t in threading.enumerate():
+            if t.name == "arrowload-import-polars":
+                t.join()
+        print(json.dumps({{"rows": rows, "polars": "polars" in sys.modules,
+                          "decoded": sorted(reader.decoded_counts()), "units": reader.num_units}}))
+    """)
+    assert out["rows"] == pq.read_table(lake).num_rows
+    if plain_bytes:
+        assert out["polars"] is False and out["decoded"] == ["pyarrow"]
+    else:  # past the threshold: polars is a candidate, imported and measured
+        assert out["polars"] is True
+
+
 # ---------------------------------------------------------------------------
 # a remembered choice is checked early in every process (choose.py: the early check)
 

@@ -53,9 +53,14 @@ from .stream import STREAM_DECODER, env_decoders
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
 # polars costs an import (about 0.2 CPU seconds, once per process); on the 4M-row benchmark
 # lake it decoded 16% cheaper than before this reader on plain reads and 35% on the filter
-# it prefilters. It joins the candidates at once where its import is paid already or an
-# epoch reads POLARS_BYTES, else once the reader has read POLARS_BYTES.
+# it prefilters. It joins the candidates at once where its import is paid already or the
+# reader's units hold POLARS_BYTES, else once the reader has read POLARS_BYTES. Without a
+# filter polars prefilters, POLARS_PLAIN_BYTES: there its reads cost about what pyarrow's
+# do (1.3e-9 CPU s per byte each, measured alone, 2026-11-27), so the import pays only on
+# long runs -- as for the stream (pipeline/loader.py STREAM_IMPORT_BYTES). A 4M-row W1 epoch
+# (341 MiB) pinned to polars took 0.77 CPU s, import included, against 0.62 with pyarrow.
 POLARS_BYTES = 256 << 20
+POLARS_PLAIN_BYTES = 1 << 30
 # Where this situation's remembered measurements chose another decoder, polars (not imported
 # yet) is measured again only once the reader has read this much in the process: its import
 # (0.2 CPU s, ~50 MiB resident) is paid to catch a drifted choice on long runs only, not on
@@ -267,13 +272,15 @@ class UnitReader:
             got = memory.load(self._cache_dir, self._memory_key)
         self._remembered_costs = dict(got.costs) if got is not None else {}
         # bytes this reader reads before polars joins the candidates (0: it is one, or never
-        # will be); see POLARS_BYTES and REMEASURE_IMPORT_BYTES
+        # will be); see POLARS_BYTES, POLARS_PLAIN_BYTES and REMEASURE_IMPORT_BYTES
         self._polars_after = 0
         if "polars" in names and pinned is None and "polars" not in sys.modules:
             if got is not None and got.chosen != "polars":
                 self._polars_after = REMEASURE_IMPORT_BYTES
-            elif sum(self._unit_bytes()) < POLARS_BYTES:
-                self._polars_after = POLARS_BYTES
+            else:
+                need = POLARS_BYTES if self._polars is not None else POLARS_PLAIN_BYTES
+                if sum(self._unit_bytes()) < need:
+                    self._polars_after = need
             if self._polars_after:
                 names.remove("polars")
         self._chooser = Chooser(names, exclusive=("polars",))
