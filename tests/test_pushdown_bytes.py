@@ -260,6 +260,32 @@ def test_filtered_count_reads_no_row_group_that_checked_statistics_decide(lake):
     assert 0 < fs.stats.bytes_read <= id_bytes, (fs.stats.bytes_read, id_bytes)
 
 
+def test_loader_reads_no_filter_column_of_row_groups_checked_statistics_keep_whole(lake, tmp_path, monkeypatch):
+    """``id < 5000`` on ascending ids, ``id`` not selected: a row group whose checked
+    statistics put every id below 5000 is read without the predicate (its ``id`` chunk never
+    read, its rows not filtered), as DuckDB skips a filter its zone maps prove true; only the
+    straddling row groups read ``id``. The rows are plain pyarrow's, in order."""
+    monkeypatch.setenv("ARROWLOAD_DECODER", "pyarrow")  # one decoder: no measured trial reads
+    root, facts = lake
+    fs, ds = footers_loaded(root)
+    got = pa.Table.from_batches(list(ds.filter("id < 5000").select("f0", "label").loader(
+        1000, output="arrow", cache_dir=str(tmp_path))))
+    truth = plain(root).to_table(columns=["f0", "label"], filter=pc.field("id") < 5000)
+    assert got.equals(truth)
+    whole = [(p, rg) for p, f in facts.items() for rg in range(f.num_row_groups)
+             if f.stats("id", rg).max < 5000]
+    straddling = [(p, rg) for p, f in facts.items() for rg in range(f.num_row_groups)
+                  if f.stats("id", rg).min < 5000 <= f.stats("id", rg).max]
+    assert whole and straddling
+
+    def id_reads(cells):
+        spans = {(p, span) for p, rg in cells for span in facts[p].chunk_spans({"id"}, [rg])}
+        return [r for r in fs.stats.reads for p, (a, b) in spans
+                if r.path == p and r.offset < b and a < r.offset + r.nbytes]
+    assert not id_reads(whole)
+    assert id_reads(straddling)
+
+
 def test_float_filters_are_counted_by_reading(tmp_path):
     """Float statistics leave NaN out of min / max: a row group with {1.0, NaN} has max 1.0,
     and "all rows <= 10" would count the NaN row, which DuckDB's order (NaN above every

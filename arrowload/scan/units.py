@@ -170,6 +170,7 @@ class UnitReader:
         self._compile_scan(scan)
         self._bad: set[tuple[str, int]] = set()  # (decoder, file) that failed where dataset read
         self._decided: frozenset[int] | None = None
+        self._whole: frozenset[int] | None = None  # _kept_whole, once found
         self._decide_lock = threading.Lock()
         self._sizes: tuple[int, ...] | None = None
         self._cache_dir = cache_dir
@@ -541,9 +542,23 @@ class UnitReader:
                 self._bad.add((failed, unit.file))
         return out
 
+    def _kept_whole(self) -> frozenset:
+        """Source unit indices whose every row the checked statistics prove the predicate
+        keeps (``_statistics_decided``, as counts use them): read without it."""
+        got = self._whole
+        if got is None:
+            decided = self._statistics_decided()
+            got = self._whole = frozenset(self.units[i].index for i in decided)
+        return got
+
     def _scan_unit(self, dec, unit, m) -> pa.Table:
-        """The scan's rows of ``unit`` (its output schema)."""
-        if self._pred is None:
+        """The scan's rows of ``unit`` (its output schema). A unit whose rows the checked
+        statistics all keep (``id < 400000`` over row groups of ids below it) is read
+        without the predicate: its columns are neither read nor evaluated, and its rows not
+        copied by a filter that keeps them all -- as DuckDB skips a filter its zone maps
+        prove always true. Measured reads take the usual path (their cost per byte is
+        compared between decoders)."""
+        if self._pred is None or (m is None and unit.index in self._kept_whole()):
             return self._output(dec.read(unit, self._need, m), None)
         if self._polars is not None and dec.name == "polars":
             table = dec.read(unit, self._polars_cols, m, polars_filter=self._polars.polars)
