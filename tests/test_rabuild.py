@@ -94,12 +94,14 @@ def test_build_of_units_made_of_several_chunks():
     assert built.equals(table)
 
 
-def test_stacked_group_is_held_row_major_once():
-    n = 3_000
+@pytest.mark.parametrize("sizes", [[1_000, 1_500, 500], [1_000, 20_000, 9_001]])
+def test_stacked_group_is_held_row_major_once(sizes):
+    # units past collate.STACK_BLOCK_BYTES (8,192 rows of 16 float32) are written by row blocks
+    n = sum(sizes)
     rng = np.random.default_rng(1)
     feats = {c: rng.standard_normal(n).astype(np.float32) for c in FEATS}
     table = pa.table({"id": np.arange(n), **feats, "label": pa.array(rng.integers(0, 2, n, dtype=np.int8))})
-    read, counts = _units(table, [1_000, 1_500, 500])
+    read, counts = _units(table, sizes)
     built = rabuild.build(read, counts, table.schema, stack={"x": "f*"}, memory_budget=1 << 40, threads=2)
     assert built.schema.names == ["id", "x", "label"]
     field = built.schema.field("x")
@@ -109,22 +111,22 @@ def test_stacked_group_is_held_row_major_once():
     assert built.nbytes == table.nbytes  # the member columns are not kept twice
     src = TableRowSource(built, unit_rows=1_024, schema=table.schema)
     assert src.read_unit(1).equals(table.slice(1_024, 1_024))
-    rows = np.array([2_999, 0, 17, 1_500, 17])
+    rows = np.array([n - 1, 0, 17, 1_500, 17, n // 2])
     assert src.gather(rows).equals(table.take(rows))
 
 
-def test_groups_with_nulls_or_mixed_dtypes_keep_their_columns():
-    n = 2_000
+@pytest.mark.parametrize("n", [2_000, 40_000])
+def test_groups_with_nulls_or_mixed_dtypes_keep_their_columns(n):
     rng = np.random.default_rng(2)
     mask = np.zeros(n, dtype=bool)
-    mask[1_500] = True  # one null, in the last unit
+    mask[n * 3 // 4] = True  # one null, in the last unit
     table = pa.table({
         "a": pa.array(rng.standard_normal(n).astype(np.float32)),
         "b": pa.array(rng.standard_normal(n).astype(np.float32), mask=mask),
         "c": pa.array(rng.integers(0, 9, n, dtype=np.int32)),
         "d": pa.array(rng.standard_normal(n).astype(np.float32)),
     })
-    read, counts = _units(table, [1_000, 1_000])
+    read, counts = _units(table, [n // 2, n - n // 2])
     built = rabuild.build(read, counts, table.schema, stack={"ab": ["a", "b"], "cd": ["c", "d"]},
                           memory_budget=1 << 40, threads=2)
     assert built.equals(table)  # ab had a null: split back; cd mixes int32 and float32

@@ -39,7 +39,7 @@ import pyarrow as pa
 from .. import progress as _progress
 from ..errors import ArrowloadError
 from ..options import usable_cores
-from .collate import resolve_stack
+from .collate import _interleave, resolve_stack
 
 #: field metadata of a stacked column: JSON list of the columns it holds, in order
 STACK_KEY = b"arrowload.stack"
@@ -133,16 +133,28 @@ class _Group:
         return self.buffer.size
 
     def put(self, j: int, arr: pa.Array, at: int) -> None:
-        n = len(arr)
+        self.put_many([(j, arr)], at)
+
+    def put_many(self, columns: list[tuple[int, pa.Array]], at: int) -> None:
+        """Members ``j`` of rows ``at ..``: arrays of one length, written row block by row
+        block (``collate._interleave``: the block stays in cache across the columns)."""
+        n = len(columns[0][1])
         if n == 0:
             return
-        if arr.null_count:
-            with self._lock:
-                mask = self.valid.get(j)
-                if mask is None:  # allocated once per column, not per chunk with nulls
-                    mask = self.valid[j] = np.ones(self.rows, dtype=bool)
-            mask[at:at + n] = arr.is_valid().to_numpy(zero_copy_only=False)
-        self.values[at:at + n, j] = _raw_view(arr, self.dtype)
+        views = []
+        for j, arr in columns:
+            if arr.null_count:
+                with self._lock:
+                    mask = self.valid.get(j)
+                    if mask is None:  # allocated once per column, not per chunk with nulls
+                        mask = self.valid[j] = np.ones(self.rows, dtype=bool)
+                mask[at:at + n] = arr.is_valid().to_numpy(zero_copy_only=False)
+            raw = _raw_view(arr, self.dtype)
+            if isinstance(raw, int):  # nulls without a data buffer
+                self.values[at:at + n, j] = raw
+            else:
+                views.append((j, raw))
+        _interleave(self.values[at:at + n], views, n)
 
     def arrays(self, schema: pa.Schema) -> list[tuple[pa.Field, pa.Array]]:
         """The group as one fixed-size-list column, or (it has nulls) its columns again."""
@@ -307,6 +319,7 @@ def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Seque
     def put(t: int, i: int, table: pa.Table) -> int:
         layout, schema, at = layouts[t], schemas[t], int(offsets[t][i])
         got = 0
+        whole: dict[int, tuple] = {}  # group -> its members' single-chunk columns, written together
         for name, column in zip(table.schema.names, table.columns):
             typ = schema.field(name).type
             if column.type != typ:
@@ -316,6 +329,10 @@ def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Seque
                 got += column.nbytes
                 continue
             target = layout.fixed.get(name)
+            if target is None and column.num_chunks == 1:
+                g, j = layout.member[name]
+                whole.setdefault(id(g), (g, []))[1].append((j, column.chunk(0)))
+                continue
             pos = at
             for chunk in column.chunks:
                 if target is not None:
@@ -324,6 +341,8 @@ def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Seque
                     g, j = layout.member[name]
                     g.put(j, chunk, pos)
                 pos += len(chunk)
+        for g, columns in whole.values():
+            g.put_many(columns, at)
         return got
 
     def fill(k: int) -> int:
