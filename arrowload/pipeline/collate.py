@@ -206,7 +206,7 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
                 fast.append((j, col.to_numpy(zero_copy_only=True)))  # a view of Arrow's buffer
             else:
                 slow.append((j, c))
-        _interleave(buf, fast, n)
+        write_by_row_blocks(buf, fast, n)
         if slow:  # nulls (filled or refused) and bit-packed booleans go through to_host
             names_slow = [c for _, c in slow]
             parts = to_host(batch.select(names_slow), restricted(opts, names_slow))
@@ -241,7 +241,7 @@ _BOOL_ID = pa.bool_().id
 STACK_BLOCK_BYTES = 512 << 10
 
 
-def _interleave(buf: np.ndarray, columns: list, n: int) -> None:
+def write_by_row_blocks(buf: np.ndarray, columns: list, n: int) -> None:
     """``buf[:n, j] = values`` for each ``(j, values)`` of ``columns``, by row blocks."""
     if not columns:
         return

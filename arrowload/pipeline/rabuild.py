@@ -39,7 +39,7 @@ import pyarrow as pa
 from .. import progress as _progress
 from ..errors import ArrowloadError
 from ..options import usable_cores
-from .collate import _interleave, resolve_stack
+from .collate import resolve_stack, write_by_row_blocks
 
 #: field metadata of a stacked column: JSON list of the columns it holds, in order
 STACK_KEY = b"arrowload.stack"
@@ -137,7 +137,7 @@ class _Group:
 
     def put_many(self, columns: list[tuple[int, pa.Array]], at: int) -> None:
         """Members ``j`` of rows ``at ..``: arrays of one length, written row block by row
-        block (``collate._interleave``: the block stays in cache across the columns)."""
+        block (``collate.write_by_row_blocks``: the block stays in cache across the columns)."""
         n = len(columns[0][1])
         if n == 0:
             return
@@ -154,7 +154,7 @@ class _Group:
                 self.values[at:at + n, j] = raw
             else:
                 views.append((j, raw))
-        _interleave(self.values[at:at + n], views, n)
+        write_by_row_blocks(self.values[at:at + n], views, n)
 
     def arrays(self, schema: pa.Schema) -> list[tuple[pa.Field, pa.Array]]:
         """The group as one fixed-size-list column, or (it has nulls) its columns again."""
