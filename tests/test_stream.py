@@ -289,6 +289,46 @@ def test_default_never_imports_polars_for_a_short_epoch(lake, tmp_path):
     assert out[1] == f"{rows} ['{STREAM_DECODER}']", out
 
 
+def test_a_fresh_process_reads_per_unit_while_polars_imports_then_streams(tmp_path, monkeypatch):
+    """Polars not imported: the stream's first tasks read on the per-unit path while its
+    import runs on a thread of its own (the first batch does not wait for it), then the query
+    opens at the next task's start -- mid-file, after a filter: the file's rows before that
+    unit are sliced off ahead of the filter. The batches are the per-unit path's, the rows
+    DuckDB's. (The consumer paces itself, 4 ms a batch, so that the epoch outlasts the import.)"""
+    import json
+    import subprocess
+    import sys
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    rng = np.random.default_rng(3)
+    n = 40_000
+    pq.write_table(pa.table({"id": np.arange(n, dtype=np.int64), "x": rng.standard_normal(n).astype(np.float32),
+                             "k": rng.integers(0, 10, n).astype(np.int32)}), lake / "a.parquet", row_group_size=128)
+    where = "k IN (1, 2)"
+    code = (
+        "import json, time, arrowload as al\n"
+        "from arrowload.pipeline import loader as L\n"
+        "L.STREAM_FILTER_IMPORT_BYTES = 0  # this small lake streams by default, as a large one\n"
+        f"ds = al.dataset({str(lake)!r}).filter({where!r}).select('id', 'x')\n"
+        "batches = []\n"
+        f"with ds.loader(32, prefetch=64 << 10, cache_dir={str(tmp_path)!r}) as ld:\n"
+        "    for b in ld:\n"
+        "        batches.append(b['id'].tolist())\n"
+        "        time.sleep(0.004)\n"
+        "    print(json.dumps({'batches': batches, 'dec': ld.stats().decoders}))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                    env=env, timeout=300).stdout.strip().splitlines()[-1])
+    assert set(out["dec"]) == {"pyarrow", STREAM_DECODER}, out["dec"]
+    assert out["dec"]["pyarrow"] >= 1 and out["dec"][STREAM_DECODER] >= 1
+    monkeypatch.setenv("ARROWLOAD_STREAM", "0")
+    with al.dataset(str(lake)).filter(where).select("id", "x").loader(32, cache_dir=str(tmp_path)) as ld:
+        unit_path = [b["id"].tolist() for b in ld]
+    assert out["batches"] == unit_path
+    truth = duckdb.sql(f"SELECT id FROM read_parquet('{lake}/*.parquet') WHERE {where} ORDER BY id").fetchall()
+    assert [i for b in out["batches"] for i in b] == [r[0] for r in truth]
+
+
 def test_default_keeps_to_the_budget(lake, cache_dir, monkeypatch):
     """By default the stream runs only where what polars decodes ahead fits half of
     ``prefetch``: a tiny budget keeps the per-unit path (and its bound), a roomy one

@@ -345,7 +345,8 @@ class Loader:
         held, close = 0, None
         query = self._stream_query(order, ranges) if stream else None
         if query is not None:  # one polars query per range; the tasks take their rows from it
-            reads = StreamReads(query, self._source, order, ranges, conv, self._source.reader.count_decoded)
+            reads = StreamReads(query, self._source, order, ranges, conv, self._source.reader.count_decoded,
+                                wait_import=bool(stream_setting()))
             read, close = reads.read, reads.close
             held = query.held_bytes(max(shape.unit_bytes, default=0))
         return Stages(tasks=tasks, read=read,

@@ -4,9 +4,9 @@ An unshuffled epoch reads its positions in source order, a contiguous range per 
 elastic resume: a few). Where polars can read the scan exactly as the unit decoders do
 (:meth:`StreamQuery.compile` says where), one ``collect_batches`` query per range reads
 it: the files from the range's first unit's to its last unit's, the predicate evaluated
-inside polars' Parquet decoder, the rows before the range's start skipped with a slice
-(pushed into the scan without a filter; with one, the filtered rows before the start are
-decoded and dropped), its rows handed over as Arrow record batches (``to_arrow``, zero
+inside polars' Parquet decoder, the rows of the first unit's file before it sliced off
+ahead of the filter (pushed into the scan: their row groups are not read), the rows of the
+first unit before the range's start skipped after it, its rows handed over as Arrow record batches (``to_arrow``, zero
 copy). Polars decodes on its own thread pool; the loader's reader threads only take the
 rows in order (``pipeline/streamreads.py``).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -52,6 +53,40 @@ def env_decoders() -> list[str]:
     return [d.strip() for d in os.environ.get(DECODER_ENV, "").split(",") if d.strip()]
 
 
+_importer: threading.Thread | None = None
+_importer_lock = threading.Lock()
+
+
+def polars_imported() -> bool:
+    """Whether polars is imported (and not still being imported by another thread)."""
+    mod = sys.modules.get("polars")
+    return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False)
+
+
+def _import_polars() -> None:
+    """Import polars off the reading threads; a broken polars install only leaves it out
+    (its decoder then fails and the dataset scanner reads; a stream falls back per unit)."""
+    try:
+        import polars  # noqa: F401
+    except Exception:  # noqa: BLE001 - see above
+        pass
+
+
+def import_polars_in_background() -> threading.Thread | None:
+    """Start polars' import (about 0.15-0.2 s, holding the GIL) on a thread of its own,
+    once per process, so that no read waits for it: the unit reader's polars reads and a
+    stream's query wait for it to end, reading otherwise meanwhile. The thread (to join),
+    or None where polars is imported already."""
+    global _importer
+    if polars_imported():
+        return None
+    with _importer_lock:
+        if _importer is None:
+            _importer = threading.Thread(target=_import_polars, daemon=True, name="arrowload-import-polars")
+            _importer.start()
+        return _importer
+
+
 def stream_setting() -> bool | None:
     """What the environment says of the stream: ``$ARROWLOAD_STREAM`` ``1`` / ``0`` forces it
     on (wherever eligible) / off; else ``$ARROWLOAD_DECODER`` (comma-separated decoder names,
@@ -71,8 +106,8 @@ class StreamQuery:
 
     Built by :meth:`compile` (None where the scan is not eligible). ``batches(first, last,
     skip, n)``: record batches of ``n`` rows of units ``first..last`` (positions in
-    ``scan.selected_units()``), after skipping ``skip`` rows of the first unit's file
-    (after the filter), in the plan's schema."""
+    ``scan.selected_units()``), after skipping ``skip`` rows of the first unit (after the
+    filter), in the plan's schema."""
 
     def __init__(self, scan: Scan, schema: pa.Schema, columns: Sequence[tuple[str, str]], predicate) -> None:
         self.scan = scan
@@ -81,6 +116,7 @@ class StreamQuery:
         self.predicate = predicate  # a polars_filter.PolarsSplit translating it whole, or None
         self.units = scan.selected_units()
         self._pl = None
+        self._starts: dict[int, int] | None = None  # unit index -> its first row in its file
 
     @classmethod
     def compile(cls, plan: Plan, options: Options) -> StreamQuery | None:
@@ -140,15 +176,24 @@ class StreamQuery:
         threads = pl.thread_pool_size() if pl is not None and hasattr(pl, "thread_pool_size") else usable_cores()
         return (AHEAD_PER_THREAD * threads + AHEAD_EXTRA + 1) * max(1, unit_bytes)
 
-    def skip_before(self, first: int, counts: Sequence[int]) -> int:
-        """Rows of unit ``first``'s file before it, after the filter (units of the file not
-        selected hold none: the statistics proved the predicate keeps none of their rows)."""
-        f = self.units[first].file
-        return sum(int(counts[i]) for i in range(first) if self.units[i].file == f)
+    def _file_offset(self, first: int) -> int:
+        """Rows of unit ``first``'s file before its row group, every row group counted (those
+        the scan does not select too): where the query slices before filtering."""
+        if self._starts is None:
+            starts, at, last = {}, 0, None
+            for u in self.scan.source.units():
+                if u.file != last:
+                    at, last = 0, u.file
+                starts[u.index] = at
+                at += (u.num_rows or 0) + u.deleted
+            self._starts = starts
+        return self._starts[self.units[first].index]
 
     def batches(self, first: int, last: int, skip: int, n: int) -> Iterator[pa.RecordBatch]:
         """The query's record batches (see the class doc). Lazy: nothing runs until the
-        first ``next``; dropping the iterator stops the query."""
+        first ``next``; dropping the iterator stops the query. The rows before unit
+        ``first`` in its file are sliced off before the filter (polars skips their row
+        groups unread), the ``skip`` rows of unit ``first`` after it."""
         if self._pl is None:
             import polars as pl
             self._pl = pl
@@ -162,6 +207,9 @@ class StreamQuery:
         # row groups whose checked statistics allow a match
         lf = pl.scan_parquet(paths, glob=False, hive_partitioning=False, cache=False, use_statistics=False,
                              extra_columns="ignore")
+        offset = self._file_offset(first)
+        if offset:
+            lf = lf.slice(offset)
         if self.predicate is not None:
             lf = lf.filter(self.predicate.polars)
         lf = lf.slice(skip, n).select([pl.col(c).alias(name) for name, c in self.columns])
@@ -181,4 +229,5 @@ class StreamQuery:
                     yield b
 
 
-__all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "env_decoders", "stream_setting"]
+__all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "env_decoders", "import_polars_in_background",
+           "polars_imported", "stream_setting"]

@@ -48,7 +48,7 @@ from ..source.retry import retry
 from . import execute, memory
 from .choose import MEASURE_METHOD, Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
-from .stream import STREAM_DECODER, env_decoders
+from .stream import STREAM_DECODER, env_decoders, import_polars_in_background
 
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
 # polars costs an import (about 0.2 CPU seconds, once per process); on the 4M-row benchmark
@@ -87,16 +87,6 @@ def _keep(table: pa.Table, mask: pa.ChunkedArray | None) -> pa.Table:
 
 def _trues(mask: pa.ChunkedArray) -> int:
     return int(pc.sum(mask).as_py() or 0)
-
-
-def _import_polars() -> None:
-    """Import polars off the reading threads (``UnitReader._polars_ready``); a broken polars
-    install only leaves it out of the candidates' reads (its decoder then fails and the
-    dataset scanner reads, as for any decoder failure)."""
-    try:
-        import polars  # noqa: F401
-    except Exception:  # noqa: BLE001 - see above
-        pass
 
 
 def _is_polars_panic(exc: BaseException) -> bool:
@@ -470,14 +460,10 @@ class UnitReader:
         import (about 0.15-0.2 s, holding the GIL) starts on a thread of its own, and reads
         go on with another decoder until it is done, so no unit (the first batch's
         included) waits for it; the rows are the same whichever decoder reads."""
-        mod = sys.modules.get("polars")
-        if mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False):
+        importer = import_polars_in_background()
+        if importer is None:
             return True
-        with self._lock:
-            if self._polars_importer is None:
-                self._polars_importer = threading.Thread(target=_import_polars, daemon=True,
-                                                         name="arrowload-import-polars")
-                self._polars_importer.start()
+        self._polars_importer = importer
         return False
 
     def _count_read(self, size: int) -> None:
