@@ -39,7 +39,7 @@ from ..order.elastic import Ranges, take
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, scans, walk, with_sources
 from ..scan.execute import as_record_batch
-from ..scan.stream import stream_setting
+from ..scan.stream import import_polars_in_background, stream_setting
 from ..source.footer import keep_checks, recall_checks
 from . import arguments as _arguments
 from . import preflight
@@ -213,6 +213,21 @@ class Loader:
         self._output = BatchOutput(self._convert, options.stack, self._pool, widths=self._widths,
                                    to_device=self._device_stage.to_device if self._device_stage else None,
                                    place=place)
+        self._warm_stream()
+
+    def _warm_stream(self) -> None:
+        """Where this loader's epochs will stream by the default rule (``_stream_query``) and
+        polars is not imported yet, its import starts now on a thread of its own: a program
+        that builds its model between making the loader and iterating it finds polars
+        imported, and no task of the first epoch reads per unit waiting for it."""
+        if self.shuffle_kind is not ShuffleKind.NONE or "polars" in sys.modules:
+            return
+        try:
+            start, stop = self._rank_rows()
+            if stop > start and self._stream_query(self._order(self.epoch), [(start, stop)]) is not None:
+                import_polars_in_background()
+        except Exception:  # noqa: BLE001 - only a head start: the first epoch decides again
+            pass
 
     # -- what the loader reads: a dataset, bound ------------------------------------
     def _bind(self, dataset) -> _Binding:
