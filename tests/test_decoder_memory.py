@@ -154,11 +154,17 @@ def test_a_damaged_document_is_ignored_and_rewritten(lake, tmp_path, damage):
         _schema_validator().validate(json.load(f))
 
 
-def test_a_loader_remembers_in_its_cache_dir(lake, tmp_path):
+def test_a_loader_remembers_in_its_cache_dir(lake, tmp_path, monkeypatch):
+    """The loader's unit reader saves its decoder measurements in the loader's cache dir.
+    Its epochs read per unit (with polars imported they would stream, and only the counting
+    would go through the unit reader: its threads could count every unit with pyarrow while
+    polars' first trial ran, leaving no choice to save -- about 1 run in 20), one read at a
+    time, so the candidates' trials alternate and end within a few reads."""
     import polars  # noqa: F401
+    monkeypatch.setenv("ARROWLOAD_STREAM", "0")
     cache = str(tmp_path / "cache")
     ds = al.dataset(lake).filter("k = 3").select("x", "y")
-    rows = [sum(len(b["x"]) for b in ds.loader(500, cache_dir=cache)) for _ in range(2)]
+    rows = [sum(len(b["x"]) for b in ds.loader(500, cache_dir=cache, io_threads=1)) for _ in range(2)]
     assert rows == [_truth(lake).num_rows] * 2
     assert glob.glob(os.path.join(cache, "decoders-*.json"))
 
