@@ -219,8 +219,9 @@ class Loader:
         """Where this loader's epochs will stream by the default rule (``_stream_query``) and
         polars is not imported yet, its import starts now on a thread of its own: a program
         that builds its model between making the loader and iterating it finds polars
-        imported, and no task of the first epoch reads per unit waiting for it."""
-        if self.shuffle_kind is not ShuffleKind.NONE or "polars" in sys.modules:
+        imported, and no task of the first epoch reads per unit waiting for it. (Not for a
+        mixture's components: the mixture reads them, per unit.)"""
+        if self._sources is not None or self.shuffle_kind is not ShuffleKind.NONE or "polars" in sys.modules:
             return
         try:
             start, stop = self._rank_rows()
