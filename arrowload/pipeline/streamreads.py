@@ -13,7 +13,7 @@ no thread waits on one that is not), takes its own, then converts them outside t
 Polars decodes on its own pool meanwhile.
 
 Polars not imported yet (a fresh process): the first task starts its import on a thread of
-its own (``stream.import_polars_in_background``) and the tasks read on the per-unit path
+its own (``stream.polars_ready``) and the tasks read on the per-unit path
 until it has ended (where the stream is forced on, they wait for it); the query then opens
 at the next task's start (it slices off the rows
 of the file before that unit before filtering: their row groups are not read). The first
@@ -35,7 +35,8 @@ import pyarrow as pa
 
 from ..errors import SnapshotChangedError
 from ..order.tasks import TaskKind
-from ..scan.stream import STREAM_DECODER, StreamQuery, import_polars_in_background
+from ..scan.stream import STREAM_DECODER, StreamQuery, polars_ready
+from .stages import take_rows
 
 
 def _changed(what: str) -> SnapshotChangedError:
@@ -83,8 +84,8 @@ class StreamReads:
     # -- the reads ---------------------------------------------------------------------
     def read(self, task, *, cache=None, map_units=None) -> tuple[list, float]:
         """Task ``task``'s rows, taken from the range's query in position order (the first
-        task of a range opens it: polars is imported then, the first time), or from the
-        per-unit path once a query failed."""
+        task of a range opens it, once polars is imported: see the module doc), or from the
+        per-unit path while polars imports or once a query failed."""
         if task.kind != TaskKind.UNIT or not task.rows:
             return self._fallback(task, cache, map_units)
         start, stop = task.positions(self.order)
@@ -95,7 +96,7 @@ class StreamReads:
                 self._cond.wait(0.05)
             batches = None
             try:
-                if self.failed is None and (self._it is not None or self._ready_at(start)):
+                if self.failed is None and (self._it is not None or polars_ready(wait=self._wait_import)):
                     try:
                         if self._it is None:
                             self._open(start)
@@ -125,17 +126,6 @@ class StreamReads:
         items = [self.conv.chunk(b) for b in batches]
         return items, time.perf_counter() - t0
 
-    def _ready_at(self, start: int) -> bool:  # noqa: ARG002 - any start will do
-        """Whether the query may open (at any position ``start``): polars is imported (the
-        first time it is not, its import starts on a thread of its own and the tasks read per
-        unit meanwhile; where the stream is forced on -- ``$ARROWLOAD_STREAM=1``, a pinned
-        ``polars-stream`` -- they wait for it instead; lock held)."""
-        importer = import_polars_in_background()
-        if importer is not None and self._wait_import:
-            importer.join()
-            return True
-        return importer is None
-
     def _fallback(self, task, cache, map_units):
         return self.source.read(task, self.order, self.conv, cache=cache, map_units=map_units)
 
@@ -161,22 +151,15 @@ class StreamReads:
 
     def _take(self, n: int) -> list[pa.RecordBatch]:
         """The next ``n`` rows of the query, as zero-copy slices of its batches (lock held)."""
-        parts, got = [], 0
         left = self._left
-        while got < n:
-            if not left:
-                b = next(self._it, None)
-                if b is None:
-                    raise _changed(f"{n - got} rows fewer than counted")
-                left.append(b)
-            b = left.popleft()
-            take = min(b.num_rows, n - got)
-            if take < b.num_rows:
-                left.appendleft(b.slice(take))
-                b = b.slice(0, take)
-            parts.append(b)
-            got += take
-        return parts
+        have = sum(b.num_rows for b in left)
+        while have < n:
+            b = next(self._it, None)
+            if b is None:
+                raise _changed(f"{n - have} rows fewer than counted")
+            left.append(b)
+            have += b.num_rows
+        return take_rows(left, n)
 
     def _finish_range(self) -> None:
         """The range's rows are all taken: its query must be exhausted (lock held)."""

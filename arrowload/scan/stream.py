@@ -87,6 +87,18 @@ def import_polars_in_background() -> threading.Thread | None:
         return _importer
 
 
+def polars_ready(wait: bool = False) -> bool:
+    """Whether polars may be used now: it is imported. The first time it is not, its import
+    starts on a thread of its own (``import_polars_in_background``) and the caller reads
+    otherwise meanwhile -- or, with ``wait``, waits for that import (then True: a broken
+    install fails the polars read, whose fallback answers)."""
+    importer = import_polars_in_background()
+    if importer is not None and wait:
+        importer.join()
+        return True
+    return importer is None
+
+
 def stream_setting() -> bool | None:
     """What the environment says of the stream: ``$ARROWLOAD_STREAM`` ``1`` / ``0`` forces it
     on (wherever eligible) / off; else ``$ARROWLOAD_DECODER`` (comma-separated decoder names,
@@ -230,4 +242,4 @@ class StreamQuery:
 
 
 __all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "env_decoders", "import_polars_in_background",
-           "polars_imported", "stream_setting"]
+           "polars_imported", "polars_ready", "stream_setting"]

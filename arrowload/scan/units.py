@@ -48,7 +48,7 @@ from ..source.retry import retry
 from . import execute, memory
 from .choose import MEASURE_METHOD, Chooser, Gate, Measure, pool_cpu_readable
 from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
-from .stream import STREAM_DECODER, env_decoders, import_polars_in_background
+from .stream import STREAM_DECODER, env_decoders, polars_ready
 
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
 # polars costs an import (about 0.2 CPU seconds, once per process); on the 4M-row benchmark
@@ -164,7 +164,6 @@ class UnitReader:
         self._decide_lock = threading.Lock()
         self._sizes: tuple[int, ...] | None = None
         self._cache_dir = cache_dir
-        self._polars_importer: threading.Thread | None = None  # imports polars (_polars_ready)
         self._compile_decoders(decoders)
 
     # -- compile ---------------------------------------------------------------
@@ -455,17 +454,6 @@ class UnitReader:
         name, measure = self._chooser.pick()
         return self._read_with(name, measure, i, fn, counting)
 
-    def _polars_ready(self) -> bool:
-        """Whether polars may read now: it is imported. The first time it is wanted, the
-        import (about 0.15-0.2 s, holding the GIL) starts on a thread of its own, and reads
-        go on with another decoder until it is done, so no unit (the first batch's
-        included) waits for it; the rows are the same whichever decoder reads."""
-        importer = import_polars_in_background()
-        if importer is None:
-            return True
-        self._polars_importer = importer
-        return False
-
     def _count_read(self, size: int) -> None:
         with self._lock:
             self._read_bytes += size
@@ -481,15 +469,17 @@ class UnitReader:
             if not self._usable(name, unit, self._columns_for(name, counting)):
                 name, measure = next((n for n in self.candidates if n != picked and
                                       self._usable(n, unit, self._columns_for(n, counting))), "dataset"), False
-            elif name == "polars" and not self._polars_ready():
-                # another thread imports polars: read with another fast decoder meanwhile
+            elif name == "polars" and not polars_ready():
+                # polars' import (about 0.15-0.2 s, holding the GIL) runs on a thread of its own:
+                # read with another fast decoder meanwhile, so no unit (the first batch's
+                # included) waits for it -- the rows are the same whichever decoder reads
                 # (none: wait for the import, as a decoder pinned alone does)
                 other = next((n for n in self.candidates if n not in (picked, "dataset") and
                               self._usable(n, unit, self._columns_for(n, counting))), None)
                 if other is not None:
                     name, measure = other, False
                 else:
-                    self._polars_importer.join()
+                    polars_ready(wait=True)
             with self._gate.enter(alone=measure):
                 m = Measure() if measure else None
                 if name == "dataset":
