@@ -423,17 +423,17 @@ class _Parser:
         return value
 
     def disjunction(self) -> Expression:
-        node = self.conjunction()
-        while self.peek() == "OR":
-            self.i += 1
-            node = Or(this=node, expression=self.conjunction())
-        return node
+        return self._chain("OR", Or, self.conjunction)
 
     def conjunction(self) -> Expression:
-        node = self.negation()
-        while self.peek() == "AND":
+        return self._chain("AND", And, self.negation)
+
+    def _chain(self, word: str, node_type, operand) -> Expression:
+        """``operand (word operand)*``, folded to the left as sqlglot folds it."""
+        node = operand()
+        while self.peek() == word:
             self.i += 1
-            node = And(this=node, expression=self.negation())
+            node = node_type(this=node, expression=operand())
         return node
 
     def negation(self) -> Expression:
