@@ -56,7 +56,6 @@ class Group:
         self._reader: UnitReader | None = None
         self._position: dict[int, int] = {}
         self._lock = threading.Lock()
-        self.decodes = 0
 
     def add(self, c: int, reader: UnitReader) -> None:
         with self._lock:
@@ -85,8 +84,6 @@ class Group:
         the members that read it."""
         reader = self._union_reader()
         raw = reader.read(self._position[unit])
-        with self._lock:
-            self.decodes += 1
         found: dict[Any, pa.ChunkedArray] = {}
 
         def masks(expr, columns) -> pa.ChunkedArray:
