@@ -10,6 +10,8 @@ jax ``sharding=`` places them on GPUs.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -181,6 +183,27 @@ def test_cuda_held_batch_is_not_overwritten_by_later_ones(tmp_path):
 
 
 @needs_cuda
+@pytest.mark.parametrize("cores", [1, 16])
+def test_cuda_staging_threads_keep_the_order(tmp_path, monkeypatch, cores):
+    """Batches staged on one thread or on four at once arrive in order, each equal to the
+    CPU loader's, all held to the end; ``close()`` stops the staging threads."""
+    import arrowload.pipeline.device as device
+    monkeypatch.setattr(device, "usable_cores", lambda: cores)
+    ds = typed_dataset(20_000)
+    kw = dict(shuffle="global", seed=8, stack={"x": ["f32", "f32b", "f64"]}, cache_dir=str(tmp_path))
+    cpu = list(ds.loader(64, output="torch", **kw))
+    with ds.loader(64, output="torch", device="cuda", **kw) as loader:
+        assert loader._device_stage.copy_threads == (1 if cores == 1 else device.MAX_COPY_THREADS)
+        gpu = list(loader)
+        staging = [t for t in threading.enumerate() if t.name.startswith("arrowload-h2d")]
+        assert 1 <= len(staging) <= loader._device_stage.copy_threads
+    assert len(gpu) == len(cpu) == -(-20_000 // 64)
+    for g, c in zip(gpu, cpu):
+        assert_same_batch(g, c)
+    assert not any(t.is_alive() for t in staging)
+
+
+@needs_cuda
 def test_cuda_pinned_staging_is_reused(tmp_path, monkeypatch):
     """Host arrays go through page-locked staging buffers taken from a pool: far fewer
     pinned allocations than arrays copied, every pooled buffer pinned."""
@@ -236,6 +259,10 @@ def _jax_gpus() -> list:
         return []
 
 
+# jax without jax_enable_x64 (its default) refuses float64: its tests leave f64 out
+JAX_COLUMNS = ["id", "f32", "f32b", "i32", "u8", "flag", "ts", "emb"]
+
+
 @needs_cuda
 def test_jax_sharding_places_batches_on_gpus(tmp_path):
     gpus = _jax_gpus()
@@ -245,7 +272,7 @@ def test_jax_sharding_places_batches_on_gpus(tmp_path):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     sharding = NamedSharding(Mesh(np.array(gpus), ("batch",)), PartitionSpec("batch"))
     size = 40 * len(gpus)
-    ds = typed_dataset()
+    ds = typed_dataset().select(*JAX_COLUMNS)
     kw = dict(shuffle="global", seed=3, drop_last=True, stack={"x": ["f32", "f32b"]}, cache_dir=str(tmp_path))
     cpu = list(ds.loader(size, output="numpy", **kw))
     out = list(ds.loader(size, output="jax", sharding=sharding, **kw))
@@ -255,3 +282,24 @@ def test_jax_sharding_places_batches_on_gpus(tmp_path):
             assert got[name].sharding == sharding
             assert {d.platform for d in got[name].devices()} == {gpus[0].platform}
             np.testing.assert_array_equal(np.asarray(jax.device_get(got[name])), want[name])
+
+
+@needs_cuda
+@pytest.mark.parametrize("shuffle", [False, "global"])
+def test_jax_device_cuda_puts_every_array_on_the_gpu(tmp_path, shuffle):
+    """``output="jax", device="cuda"``, the same spelling as torch's: every array of every
+    batch lives on the first GPU and equals the numpy loader's batch."""
+    gpus = _jax_gpus()
+    if not gpus:
+        pytest.skip("jax has no GPU backend in this environment")
+    import jax
+    ds = typed_dataset().select(*JAX_COLUMNS)
+    kw = dict(shuffle=shuffle, seed=5, stack={"x": ["f32", "f32b"]}, cache_dir=str(tmp_path))
+    cpu = list(ds.loader(96, output="numpy", **kw))
+    out = list(ds.loader(96, output="jax", device="cuda", **kw))
+    assert len(out) == len(cpu) == -(-2000 // 96)
+    for got, want in zip(out, cpu):
+        assert list(got) == list(want)
+        for name, value in want.items():
+            assert got[name].devices() == {gpus[0]}, name
+            np.testing.assert_array_equal(np.asarray(jax.device_get(got[name])), value.astype(got[name].dtype))

@@ -8,6 +8,12 @@ it, so the tensors are safe to use there while the copy of the next batch overla
 step on this one. A staging buffer is reused only after its copy's event completed
 (never by another column of the same batch, nor by another thread, while its copy may
 still be running).
+
+The host copy into pinned memory is the stage's cost (one thread copies at host memory
+speed, a few GB/s, against tens of GB/s for the DMA that follows), so it runs on threads
+of its own (``arrowload-h2d_<n>``, ``copy_threads`` of them: a quarter of the cores, at
+most 4), one batch each: the producer thread hands a batch over and collates the next
+while earlier batches are staged, and the consumer takes them in order.
 With ``devices=[...]`` each batch is split into contiguous row slices (views, no host
 copy), one per device.
 
@@ -23,15 +29,18 @@ Nothing here runs unless a CUDA device / jax placement is asked for: ``device=No
 from __future__ import annotations
 
 import functools
-
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import DeviceUnavailableError
+from ..options import usable_cores
 
+#: Staging threads: a quarter of the cores this process may run on, 1 to this many.
+MAX_COPY_THREADS = 4
 _BUSY = object()  # a staging slot handed out whose copy is not recorded yet
 
 
@@ -47,7 +56,8 @@ class DeviceBatch:
 class TorchDeviceStage:
     """Pinned staging + asynchronous host-to-device copies on a dedicated stream."""
 
-    def __init__(self, devices: list[Any], pool_capacity: int = 6) -> None:
+    def __init__(self, devices: list[Any], pool_capacity: int | None = None,
+                 copy_threads: int | None = None) -> None:
         from ..convert.torch_out import import_torch, target_device
         torch = self.torch = import_torch()
         self.devices = [target_device(d) for d in devices]  # raises clearly without CUDA
@@ -62,7 +72,10 @@ class TorchDeviceStage:
         self.streams = [torch.cuda.Stream(device=d) for d in self.devices]
         self._lock = threading.Lock()
         self._pinned: dict[tuple, list[list]] = {}  # key -> [[tensor, event | None], ...]
-        self.capacity = pool_capacity
+        self.copy_threads = copy_threads or min(MAX_COPY_THREADS, max(1, usable_cores() // 4))
+        # every staging thread may hold one batch's slots while earlier copies still run
+        self.capacity = pool_capacity or 2 * self.copy_threads + 2
+        self._executor: ThreadPoolExecutor | None = None
 
     def _staging(self, shape: tuple[int, ...], dtype: np.dtype):
         torch = self.torch
@@ -82,10 +95,27 @@ class TorchDeviceStage:
                 slots.append(slot)
             return slot
 
-    def to_device(self, host: dict) -> DeviceBatch:
-        """Start copying ``host`` (numpy arrays / lists) to the device(s); returns at once.
-        Thread-safe (DataLoader-style workers share the stage): each column of each batch
-        has its own staging buffer until its copy's event completes."""
+    def to_device(self, host: dict) -> Future:
+        """Hand ``host`` (numpy arrays / lists) to a staging thread; returns at once with the
+        future of its :class:`DeviceBatch` (``ready`` takes either). The host arrays stay
+        referenced, so a pooled collation buffer is not reused, until they are staged."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.copy_threads, thread_name_prefix="arrowload-h2d")
+            return self._executor.submit(self.copy, host)
+
+    def close(self) -> None:
+        """Stop the staging threads (batches not staged yet are dropped). A later
+        ``to_device`` starts them again."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+    def copy(self, host: dict) -> DeviceBatch:
+        """Copy ``host`` into pinned staging and start its copies to the device(s), on the
+        calling thread. Thread-safe: each column of each batch has its own staging buffer
+        until its copy's event completes."""
         torch = self.torch
         n = next((len(v) for v in host.values()), 0)
         k = len(self.devices)
@@ -130,10 +160,13 @@ class TorchDeviceStage:
         for slot in slots:
             slot[1] = None
 
-    def ready(self, batch: DeviceBatch):
+    def ready(self, batch: DeviceBatch | Future):
         """On the consumer's thread: make its current stream wait for the copies and mark
-        the tensors as used there. One dict, or a list of dicts with several devices."""
+        the tensors as used there. One dict, or a list of dicts with several devices. A
+        batch still being staged is waited for (its staging error is raised here)."""
         torch = self.torch
+        if isinstance(batch, Future):
+            batch = batch.result()
         for dev, part, event in zip(self.devices, batch.parts, batch.events):
             current = torch.cuda.current_stream(dev)
             current.wait_event(event)

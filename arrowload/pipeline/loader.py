@@ -664,6 +664,8 @@ class Loader:
         close = getattr(self._source, "close", None)
         if close is not None:  # the files a scan's decoders hold open
             close()
+        if self._device_stage is not None:
+            self._device_stage.close()
         self._closed = True
 
     def __enter__(self) -> Loader:
