@@ -140,12 +140,15 @@ def main(argv=None) -> int:
                  f"`.to(non_blocking=True)` {b_gbs:.2f} GB/s = **{h2d:.2f}×**; from the Parquet lake "
                  f"(decode included) {e_gbs:.2f} GB/s = {e_gbs / b_gbs:.2f}×")
     print(lines[-1])
-    from arrowload.pipeline.device import TorchDeviceStage
+    from arrowload.pipeline import device as stage
+    per_batch = sum(t.numel() * t.element_size() for t in host[0].values())
+    where = (f"on {stage.default_copy_threads()} staging threads" if per_batch >= stage.THREAD_BYTES
+             else "on the producer thread")
     lines.append(f"- where it goes: the same loader with host batches only {gbs['host_only']:.2f} GB/s; one "
                  f"host copy of the same arrays on one thread {gbs['memcpy']:.2f} GB/s (the device path "
-                 f"makes one, into pinned staging, on {TorchDeviceStage([dev]).copy_threads} staging "
-                 f"threads); torch's `pin_memory()` + `.to(non_blocking=True)` per array (what "
-                 f"`DataLoader(pin_memory=True)` does) {gbs['pin_each']:.2f} GB/s")
+                 f"makes one, into pinned staging, {where}: {per_batch / 2**20:.1f} MiB a batch); torch's "
+                 f"`pin_memory()` + `.to(non_blocking=True)` per array (what `DataLoader(pin_memory=True)` "
+                 f"does) {gbs['pin_each']:.2f} GB/s")
     print(lines[-1])
 
     # -- 2. overlap with a training step ---------------------------------------------------

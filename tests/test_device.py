@@ -183,22 +183,24 @@ def test_cuda_held_batch_is_not_overwritten_by_later_ones(tmp_path):
 
 
 @needs_cuda
-@pytest.mark.parametrize(("threads", "pack"), [(0, True), (0, False), (1, True), (3, True), (2, False)])
-def test_cuda_staging_keeps_the_order(tmp_path, monkeypatch, threads, pack):
-    """Batches staged on the producer thread, on one staging thread or on several at once,
-    packed into one copy or copied column by column, arrive in order, each equal to the CPU
-    loader's, all held to the end; ``close()`` stops the staging threads."""
+@pytest.mark.parametrize(("threads", "where"), [(0, "all"), (1, "all"), (3, "all"), (2, "full"), (2, "none")])
+def test_cuda_staging_keeps_the_order(tmp_path, monkeypatch, threads, where):
+    """Batches staged on the producer thread, on one staging thread, on several at once, or
+    the full ones on threads and the short last one inline, arrive in order, each equal to
+    the CPU loader's, all held to the end; ``close()`` stops the staging threads."""
     import arrowload.pipeline.device as device
-    monkeypatch.setattr(device, "default_copy_threads", lambda: threads)
-    monkeypatch.setattr(device, "PACK", pack)
     ds = typed_dataset(20_000)
     kw = dict(shuffle="global", seed=8, stack={"x": ["f32", "f32b", "f64"]}, cache_dir=str(tmp_path))
     cpu = list(ds.loader(64, output="torch", **kw))
+    full = sum(t.numel() * t.element_size() for t in cpu[0].values() if isinstance(t, torch.Tensor))
+    assert cpu[-1]["id"].numel() < 64  # a short last batch: fewer bytes than ``full``
+    monkeypatch.setattr(device, "default_copy_threads", lambda: threads)
+    monkeypatch.setattr(device, "THREAD_BYTES", {"all": 0, "full": full, "none": full + 1}[where])
     with ds.loader(64, output="torch", device="cuda", **kw) as loader:
-        assert (loader._device_stage.copy_threads, loader._device_stage.pack) == (threads, pack)
+        assert loader._device_stage.copy_threads == threads
         gpu = list(loader)
         staging = [t for t in threading.enumerate() if t.name.startswith("arrowload-h2d")]
-        assert (1 if threads else 0) <= len(staging) <= threads
+        assert len(staging) <= threads and (len(staging) > 0) == (threads > 0 and where != "none")
     assert len(gpu) == len(cpu) == -(-20_000 // 64)
     for g, c in zip(gpu, cpu):
         assert_same_batch(g, c)

@@ -9,18 +9,16 @@ step on this one. A staging buffer is reused only after its copy's event complet
 (never by another column of the same batch, nor by another thread, while its copy may
 still be running).
 
-The numeric arrays of a batch are packed into one pinned buffer (each at a 256-byte
-aligned offset) and cross in one copy, and the batch's tensors are views of the one device
-buffer it lands in: keeping any of them keeps the whole batch's device memory (``.clone()``
-a column kept past its batch). One copy per batch instead of one per column matters on the
-host side: every torch call that copies releases the GIL, and a thread that gives the GIL
-up waits for it behind the reader and producer threads (up to the interpreter's switch
-interval); with per-column copies that wait was most of the stage's time at 4096 rows.
-
-The host copy into pinned memory runs on staging threads of the stage's own
-(``arrowload-h2d_<n>``, ``copy_threads``: 1, or 2 with 8 cores or more; ``0`` stages on the
-producer thread), one batch each: the producer collates the next batch while earlier ones
-are staged, and the consumer takes them in order.
+Where a batch's arrays are large (``THREAD_BYTES``, 4 MiB, or more) the host copy into
+pinned memory runs on staging threads of the stage's own (``arrowload-h2d_<n>``,
+``copy_threads``: 1, or 2 with 8 cores or more), one batch each: the producer collates
+the next batch while earlier ones are staged, and the consumer takes them in order.
+Smaller batches are staged on the producer thread: there the hand-off to another thread
+and back (GIL hand-offs, a future) buys nothing measurable and costs CPU. On an H100 host
+(``benchmarks/RESULTS.md``), in-memory table to the GPU, same run: 65,536-row batches
+(21 MB) went from 2.99 to 4.07 GB/s on two staging threads (CPU 338 -> 403 ms an epoch);
+4,096-row batches (1.3 MB) from 1.99 to 2.15 GB/s, within the run's noise, for 20% more
+CPU (468 -> 563 ms).
 With ``devices=[...]`` each batch is split into contiguous row slices (views, no host
 copy), one per device.
 
@@ -45,17 +43,15 @@ import numpy as np
 
 from ..errors import DeviceUnavailableError
 from ..options import usable_cores
-from .collate import _bucket
 
-#: Pack a batch's arrays into one staging buffer and one device copy (``False``: one each).
-PACK = True
-#: Byte alignment of each array in a batch's packed staging buffer (and device buffer).
-ALIGN = 256
+#: A batch whose host arrays hold at least this many bytes is staged on a staging thread.
+THREAD_BYTES = 4 << 20
 
 
 def default_copy_threads() -> int:
     """Staging threads by default: 1, or 2 where the process may run on 8 cores or more."""
     return 2 if usable_cores() >= 8 else 1
+
 
 _BUSY = object()  # a staging slot handed out whose copy is not recorded yet
 
@@ -73,7 +69,7 @@ class TorchDeviceStage:
     """Pinned staging + asynchronous host-to-device copies on a dedicated stream."""
 
     def __init__(self, devices: list[Any], pool_capacity: int | None = None,
-                 copy_threads: int | None = None, pack: bool | None = None) -> None:
+                 copy_threads: int | None = None) -> None:
         from ..convert.torch_out import import_torch, target_device
         torch = self.torch = import_torch()
         self.devices = [target_device(d) for d in devices]  # raises clearly without CUDA
@@ -89,11 +85,9 @@ class TorchDeviceStage:
         self._lock = threading.Lock()
         self._pinned: dict[tuple, list[list]] = {}  # key -> [[tensor, event | None], ...]
         self.copy_threads = default_copy_threads() if copy_threads is None else copy_threads
-        self.pack = PACK if pack is None else pack
         # every staging thread may hold one batch's slots while earlier copies still run
         self.capacity = pool_capacity or 2 * self.copy_threads + 4
         self._executor: ThreadPoolExecutor | None = None
-        self._dtypes: dict[np.dtype, Any] = {}  # numpy dtype -> torch dtype
 
     def _staging(self, shape: tuple[int, ...], dtype: np.dtype):
         torch = self.torch
@@ -114,11 +108,13 @@ class TorchDeviceStage:
             return slot
 
     def to_device(self, host: dict) -> Future | DeviceBatch:
-        """Hand ``host`` (numpy arrays / lists) to a staging thread; returns at once with the
-        future of its :class:`DeviceBatch` (``ready`` takes either), or stages it here with
-        ``copy_threads=0``. The host arrays stay referenced, so a pooled collation buffer is
-        not reused, until they are staged."""
-        if self.copy_threads == 0:
+        """Start copying ``host`` (numpy arrays / lists) to the device(s). A batch of
+        ``THREAD_BYTES`` or more goes to a staging thread and this returns at once with the
+        future of its :class:`DeviceBatch` (``ready`` takes either); a smaller one, or any
+        with ``copy_threads=0``, is staged here. The host arrays stay referenced, so a
+        pooled collation buffer is not reused, until they are staged."""
+        if self.copy_threads == 0 or sum(v.nbytes for v in host.values()
+                                         if isinstance(v, np.ndarray)) < THREAD_BYTES:
             return self.copy(host)
         with self._lock:
             if self._executor is None:
@@ -135,8 +131,8 @@ class TorchDeviceStage:
 
     def copy(self, host: dict) -> DeviceBatch:
         """Copy ``host`` into pinned staging and start its copies to the device(s), on the
-        calling thread. Thread-safe: each batch has its own staging buffer(s) until its
-        copy's event completes."""
+        calling thread. Thread-safe: each column of each batch has its own staging buffer
+        until its copy's event completes."""
         torch = self.torch
         n = next((len(v) for v in host.values()), 0)
         k = len(self.devices)
@@ -153,16 +149,12 @@ class TorchDeviceStage:
                     arr = out[name]
                     arrays[name] = arr.view(np.int64) if arr.dtype.kind in "mM" else arr
             try:
-                if self.pack:
-                    self._copy_packed(arrays, dev, stream, used, out)
-                else:
-                    with torch.cuda.stream(stream):
-                        for name, arr in arrays.items():
-                            slot = self._staging(arr.shape, arr.dtype)
-                            used.append(slot)
-                            np.copyto(slot[0].numpy(), arr)  # the one host copy, into pinned memory
-                            out[name] = slot[0].to(dev, non_blocking=True)
                 with torch.cuda.stream(stream):
+                    for name, arr in arrays.items():
+                        slot = self._staging(arr.shape, arr.dtype)
+                        used.append(slot)
+                        np.copyto(slot[0].numpy(), arr)  # the one host copy, into pinned memory
+                        out[name] = slot[0].to(dev, non_blocking=True)
                     event = torch.cuda.Event()
                     event.record(stream)
             except BaseException:
@@ -173,28 +165,6 @@ class TorchDeviceStage:
             parts.append(out)
             events.append(event)
         return DeviceBatch(parts, events, self)
-
-    def _copy_packed(self, arrays: dict, dev, stream, used: list, out: dict) -> None:
-        """``arrays`` packed into one pinned buffer, copied in one piece; ``out`` gets views."""
-        torch = self.torch
-        offsets, total = [], 0
-        for arr in arrays.values():
-            offsets.append(total)
-            total += -(-arr.nbytes // ALIGN) * ALIGN
-        if not arrays:
-            return
-        slot = self._staging((_bucket(total),), np.uint8)
-        used.append(slot)
-        flat = slot[0].numpy()
-        for arr, at in zip(arrays.values(), offsets):  # the one host copy, into pinned memory
-            np.copyto(flat[at:at + arr.nbytes].view(arr.dtype).reshape(arr.shape), arr)
-        with torch.cuda.stream(stream):
-            whole = slot[0][:total].to(dev, non_blocking=True)
-        for (name, arr), at in zip(arrays.items(), offsets):
-            dtype = self._dtypes.get(arr.dtype)
-            if dtype is None:
-                dtype = self._dtypes[arr.dtype] = torch.from_numpy(np.empty(0, arr.dtype)).dtype
-            out[name] = whole[at:at + arr.nbytes].view(dtype).view(arr.shape)
 
     @staticmethod
     def _free_after(stream, slots: list) -> None:
