@@ -93,6 +93,7 @@ def _resident(spec):
 
 def _arrowload(spec, shuffle):
     import arrowload as al
+    import polars  # noqa: F401 - imported lazily by arrowload's stream reads: outside the clock, as the peers' imports
     holder = {}
 
     def feed():
