@@ -215,6 +215,28 @@ def test_pipeline_reraises_a_read_error_where_the_consumer_iterates():
     assert reader_threads() == before  # the failure closed the pipeline: its readers ended
 
 
+def test_pipeline_a_delivery_error_ends_the_epoch():
+    """``deliver`` fails on the consumer's thread (the device stage's copy of a batch did):
+    the error reaches the consumer and the pipeline's threads end with it, as for a read."""
+    def deliver(b):
+        if b.column("x")[0].as_py() == 30:
+            raise RuntimeError("the copy of batch 3 failed")
+        return b
+
+    tasks = [Task(TaskKind.UNIT, 10, 80, unit=i, lo=0, hi=10) for i in range(40)]
+    read = lambda task, cache=None, map_units=None: ([pa.record_batch({"x": np.arange(10) + 10 * task.unit})], 0.0)  # noqa: E731
+    before = loader_thread_names()
+    it = EpochIterator(Stages(tasks, read, lambda p: pa.concat_batches(p), lambda b: b, deliver=deliver),
+                       Settings(batch_size=10, prefetch=1 << 20, max_readers=2))
+    got = 0
+    with pytest.raises(RuntimeError, match="batch 3"):
+        for _ in it:
+            got += 1
+    assert got == 3
+    assert loader_thread_names() <= before  # the producer and the readers ended
+    assert list(it) == []  # and the epoch is over
+
+
 # ---------------------------------------------------------------------------
 # reader threads of a loader: sized to the machine, bounded, invisible in the batches
 

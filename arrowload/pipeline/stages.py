@@ -690,8 +690,13 @@ class EpochIterator:
         out, rows = self._pipeline.next()
         if self._deliver is not None:  # may wait for the batch's staging (pipeline/device.py)
             t0 = time.perf_counter()
-            out = self._deliver(out)
-            self.stats.wait_s += time.perf_counter() - t0
+            try:
+                out = self._deliver(out)
+            except BaseException:
+                self.close()  # a batch that failed to arrive ends the epoch, as a failed read does
+                raise
+            finally:
+                self.stats.wait_s += time.perf_counter() - t0
         if self._on_batch is not None:
             self._on_batch(rows)
         return out
