@@ -374,3 +374,82 @@ def test_default_keeps_to_the_budget(lake, cache_dir, monkeypatch):
             held = src.stream_query().held_bytes(max(src.est_bytes(i) for i in range(len(src.counts))))
             assert (STREAM_DECODER in decoders) is (held <= prefetch // 2), (prefetch, held, decoders)
     assert got[4096] == got[64 << 20]
+
+
+# ---------------------------------------------------------------------------
+# a global shuffle's random-access table built from the stream (rowsource.materialize)
+
+
+def _count_queries(monkeypatch, fail: str | None = None) -> list:
+    """Wrap ``StreamQuery.batches``: each call recorded; ``fail`` makes the query raise after
+    its first batch (``"error"``), end a batch early (``"short"``) or repeat its first batch
+    (``"long"``)."""
+    calls = []
+    orig = StreamQuery.batches
+
+    def batches(self, *a, **k):
+        calls.append(a)
+        it = orig(self, *a, **k)
+        if fail is None:
+            return it
+
+        def broken():
+            batches = list(it)
+            yield batches[0]
+            if fail == "error":
+                raise RuntimeError("the query failed")
+            if fail == "long":
+                yield batches[0]
+            yield from batches[1:-1] if fail == "short" else batches[1:]
+        return broken()
+
+    monkeypatch.setattr(StreamQuery, "batches", batches)
+    return calls
+
+
+@pytest.mark.parametrize("where", [None, "k < 5 AND s = 'a'", "id >= 1500"])
+@pytest.mark.parametrize("stack", [None, {"v": ["x", "k"]}])
+def test_global_table_from_the_stream_equals_the_units(lake, tmp_path, monkeypatch, where, stack):
+    """A global shuffle's table built from one polars query holds what the build from the
+    units holds: every batch of the epoch equal (rows, order), the rows DuckDB's."""
+    calls = _count_queries(monkeypatch)
+    ds = al.dataset(lake)
+    if where:
+        ds = ds.filter(where)
+    kw = dict(shuffle="global", seed=3, batch_size=64, stack=stack)
+    streamed, _, _ = _epoch(ds, monkeypatch, True, cache_dir=str(tmp_path / "a"), **kw)
+    assert len(calls) == 1  # the build's query; a global epoch reads the table
+    units, _, _ = _epoch(ds, monkeypatch, False, cache_dir=str(tmp_path / "b"), **kw)
+    assert len(calls) == 1
+    assert streamed == units
+    ids = sorted(r["id"] for r in _rows(streamed))
+    assert ids == [r["id"] for r in _duck(lake, ["id"], where)]
+
+
+@pytest.mark.parametrize("fail", ["error", "short", "long"])
+def test_global_table_falls_back_to_the_units_when_the_stream_fails(lake, tmp_path, monkeypatch, fail):
+    """A query that fails, or gives fewer or more rows than counted, leaves the build to the
+    units: the same epoch as without the stream."""
+    ds = al.dataset(lake).filter("k < 5")
+    kw = dict(shuffle="global", seed=5, batch_size=50)
+    want, _, _ = _epoch(ds, monkeypatch, False, cache_dir=str(tmp_path / "a"), **kw)
+    calls = _count_queries(monkeypatch, fail)
+    got, _, _ = _epoch(ds, monkeypatch, True, cache_dir=str(tmp_path / "b"), **kw)
+    assert len(calls) == 1 and got == want
+
+
+def test_global_table_stream_follows_the_environment(lake, tmp_path, monkeypatch):
+    """By default (polars imported here) the table streams; ``ARROWLOAD_DECODER`` naming only
+    unit decoders, or ``ARROWLOAD_STREAM=0``, keeps it on the units."""
+    import polars  # noqa: F401 - the default rule streams where polars is imported
+    calls = _count_queries(monkeypatch)
+    ds = al.dataset(lake)
+    for env, streams in [({}, True), ({"ARROWLOAD_DECODER": "pyarrow"}, False), ({"ARROWLOAD_STREAM": "0"}, False)]:
+        monkeypatch.delenv("ARROWLOAD_STREAM", raising=False)
+        monkeypatch.delenv("ARROWLOAD_DECODER", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        before = len(calls)
+        with ds.loader(100, shuffle="global", seed=1, cache_dir=str(tmp_path / str(len(calls)))) as loader:
+            assert sum(len(b["id"]) for b in loader) == sum(n for n, _ in FILES)
+        assert (len(calls) > before) is streams, env

@@ -74,6 +74,24 @@ STREAM_IMPORT_BYTES = 1 << 30
 STREAM_FILTER_IMPORT_BYTES = 256 << 20
 
 
+def _stream_build(query, read_bytes: int, unit_bytes: int, *, prefetch: int) -> bool:
+    """Whether a random-access table is built from one polars streaming query
+    (``rowsource.materialize``) rather than from its units read side by side: by the
+    unshuffled epoch's rule (``Loader._stream_query``: the environment, else where what
+    polars decodes ahead of the writer fits half of ``prefetch`` and polars is imported
+    already or the read pays its import). On the 4M-row benchmark lake, with polars
+    imported (fresh processes): the build 0.25-0.26 s wall, 0.46 CPU s, against 0.37-0.44 s,
+    0.66-0.79 CPU s from the units (pyarrow)."""
+    setting = stream_setting()
+    if setting is not None or not STREAM_DEFAULT:
+        return bool(setting)
+    if query.held_bytes(unit_bytes) > prefetch // 2:
+        return False
+    if "polars" in sys.modules:
+        return True
+    return read_bytes >= (STREAM_FILTER_IMPORT_BYTES if query.predicate is not None else STREAM_IMPORT_BYTES)
+
+
 def _distributed_defaults() -> tuple[int, int]:
     """rank / world_size from torch.distributed when initialized, else from jax
     (``jax.process_index()`` / ``jax.process_count()``) when ``jax.distributed`` is
@@ -287,7 +305,7 @@ class Loader:
             src = materialize(plan, dataset.options, memory_budget=budget,
                               cache_dir=self._cache_dir, reuse=reuse,
                               stack=opts.stack if opts.output != "arrow" and opts.transform is None else None,
-                              remote=self._remote)
+                              remote=self._remote, stream=functools.partial(_stream_build, prefetch=opts.prefetch))
         else:
             src = ScanRowSource(plan, dataset.options, self._cache_dir, self.max_readers, self._remote)
         return kind, src

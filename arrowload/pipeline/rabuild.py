@@ -22,6 +22,10 @@ copied straight to its row offset, column by column, then dropped:
 
 No concatenation of whole tables, no copy of the table: the peak is the table plus the
 units being read (one per thread) plus, at the end, one variable-width column's copy.
+
+``build_stream`` fills the same layout from one polars streaming query's record batches
+(``scan/stream.py``: polars decodes the units in order on its own threads, ahead by a
+few row groups), each written at its running row offset on the calling thread.
 """
 
 from __future__ import annotations
@@ -317,33 +321,7 @@ def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Seque
     stop = threading.Event()
 
     def put(t: int, i: int, table: pa.Table) -> int:
-        layout, schema, at = layouts[t], schemas[t], int(offsets[t][i])
-        got = 0
-        whole: dict[int, tuple] = {}  # group -> its members' single-chunk columns, written together
-        for name, column in zip(table.schema.names, table.columns):
-            typ = schema.field(name).type
-            if column.type != typ:
-                column = column.cast(typ)
-            if name in layout.other:
-                pieces[t][name][i] = column.chunks
-                got += column.nbytes
-                continue
-            target = layout.fixed.get(name)
-            if target is None and column.num_chunks == 1:
-                g, j = layout.member[name]
-                whole.setdefault(id(g), (g, []))[1].append((j, column.chunk(0)))
-                continue
-            pos = at
-            for chunk in column.chunks:
-                if target is not None:
-                    target.put(chunk, pos)
-                else:
-                    g, j = layout.member[name]
-                    g.put(j, chunk, pos)
-                pos += len(chunk)
-        for g, columns in whole.values():
-            g.put_many(columns, at)
-        return got
+        return _put(layouts[t], schemas[t], pieces[t], i, table, int(offsets[t][i]))
 
     def fill(k: int) -> int:
         if stop.is_set():
@@ -385,6 +363,75 @@ def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Seque
         # allocator would keep it (tens of MiB) beside the table for the whole epoch
         pa.default_memory_pool().release_unused()
     return [_assemble(lay, p) for lay, p in zip(layouts, pieces)]
+
+
+def _put(layout: Layout, schema: pa.Schema, pieces: dict[str, list], slot: int, table: pa.Table,
+         at: int) -> int:
+    """``table``'s rows written at row ``at`` of ``layout``'s buffers, its variable-width
+    columns' chunks kept as ``pieces[name][slot]``; the bytes of those (counted against the
+    budget as they come)."""
+    got = 0
+    whole: dict[int, tuple] = {}  # group -> its members' single-chunk columns, written together
+    for name, column in zip(table.schema.names, table.columns):
+        typ = schema.field(name).type
+        if column.type != typ:
+            column = column.cast(typ)
+        if name in layout.other:
+            pieces[name][slot] = column.chunks
+            got += column.nbytes
+            continue
+        target = layout.fixed.get(name)
+        if target is None and column.num_chunks == 1:
+            g, j = layout.member[name]
+            whole.setdefault(id(g), (g, []))[1].append((j, column.chunk(0)))
+            continue
+        pos = at
+        for chunk in column.chunks:
+            if target is not None:
+                target.put(chunk, pos)
+            else:
+                g, j = layout.member[name]
+                g.put(j, chunk, pos)
+            pos += len(chunk)
+    for g, columns in whole.values():
+        g.put_many(columns, at)
+    return got
+
+
+class StreamMismatch(Exception):
+    """A stream gave other rows than the counts said (``build_stream``; internal: the caller
+    builds from the units instead)."""
+
+
+def build_stream(batches, rows: int, schema: pa.Schema, *, stack: Mapping[str, Any] | None,
+                 memory_budget: int) -> pa.Table | None:
+    """The table ``build`` makes, from ``batches``: record batches of ``schema`` holding the
+    ``rows`` rows of the units in order (one polars streaming query's, ``scan/stream.py``,
+    decoding on polars' own threads), each written at its running row offset on this
+    thread. ``None`` when it does not fit ``memory_budget``; :class:`StreamMismatch` when
+    the batches hold other than ``rows`` rows (a file changed: the caller reads again)."""
+    if fixed_bytes(schema, rows) > memory_budget:
+        return None
+    layout = make_layout(schema, rows, stack)
+    pieces: dict[str, list] = {name: [] for name in layout.other}
+    other, at = 0, 0
+    try:
+        track = _progress.track(batches, rows, "building the random-access table", "rows", size=len)
+        for k, batch in enumerate(track):
+            n = batch.num_rows
+            if at + n > rows:
+                raise StreamMismatch(f"the stream gave more than the {rows} rows counted")
+            for name in pieces:
+                pieces[name].append(None)
+            other += _put(layout, schema, pieces, k, pa.Table.from_batches([batch]), at)
+            at += n
+            if layout.preallocated + other > memory_budget:
+                return None
+        if at != rows:
+            raise StreamMismatch(f"the stream gave {at} rows, {rows} counted")
+    finally:
+        pa.default_memory_pool().release_unused()
+    return _assemble(layout, pieces)
 
 
 def _assemble(layout: Layout, pieces: dict[str, list]) -> pa.Table:

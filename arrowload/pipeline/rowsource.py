@@ -27,7 +27,7 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -367,8 +367,38 @@ class TableRowSource:
         return _parts(self.gather(rows), conv)
 
 
+_UNITS = object()  # _build_streamed: build from the units instead
+
+
+def _build_streamed(units: ScanRowSource, schema: pa.Schema, stack, memory_budget: int, stream):
+    """The random-access table read through one polars streaming query where ``stream``
+    allows it (``rabuild.build_stream``), or ``_UNITS``: not eligible, not allowed, or the
+    query failed (the per-unit build then reads everything again)."""
+    if stream is None:  # (a remote source has no stream query)
+        return _UNITS
+    query = units.stream_query()
+    rows = sum(units.counts)
+    if query is None or rows == 0 or len(query.units) != len(units.counts):
+        return _UNITS
+    n = len(units.counts)
+    if not stream(query, sum(units.read_bytes(i) for i in range(n)), max(units.est_bytes(i) for i in range(n))):
+        return _UNITS
+    from ..scan.stream import polars_ready
+    polars_ready(wait=True)
+    try:
+        return rabuild.build_stream(query.batches(0, len(query.units) - 1, 0, rows), rows, schema,
+                                    stack=stack, memory_budget=memory_budget)
+    except rabuild.StreamMismatch:
+        return _UNITS
+    except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
+        return _UNITS
+
+
 def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: str | None,
-                reuse: bool, stack: Mapping[str, Any] | None = None, remote: Any = None) -> TableRowSource:
+                reuse: bool, stack: Mapping[str, Any] | None = None, remote: Any = None,
+                stream: Callable[[Any, int, int], bool] | None = None) -> TableRowSource:
     """Run ``plan`` once into a random-access table: in memory while it fits
     ``memory_budget`` bytes, else into an Arrow IPC cache file under ``cache_dir`` (reused
     by later loaders while the snapshot and plan are unchanged when ``reuse``).
@@ -378,7 +408,11 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     passed where its batches are gathered into host arrays) holds those groups row-major.
     Other plans, and selections that do not fit, stream through ``execute.iter_batches``
     (the cache file always holds the plan's own columns). ``remote``: where a plan over one
-    scan reads its units (see ``ScanRowSource``), as many side by side as it has CPUs."""
+    scan reads its units (see ``ScanRowSource``), as many side by side as it has CPUs.
+    ``stream(query, read_bytes, unit_bytes)``: whether to build from one polars streaming query over the
+    units (``scan/stream.py``; decoded on polars' threads, written here) where the scan is
+    eligible; its failure (a polars error, other rows than counted) falls back to the
+    units."""
     found = scans(plan)
     snapshot, what, base = _cache_base(plan, cache_dir)
     if base and reuse:
@@ -391,8 +425,10 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
         if remote is not None:
             threads = max(threads, remote.parallelism)
         try:
-            table = rabuild.build(units.read_unit, units.counts, plan.schema, stack=stack,
-                                  memory_budget=memory_budget, threads=threads)
+            table = _build_streamed(units, plan.schema, stack, memory_budget, stream)
+            if table is _UNITS:
+                table = rabuild.build(units.read_unit, units.counts, plan.schema, stack=stack,
+                                      memory_budget=memory_budget, threads=threads)
         finally:
             units.close()  # the files its decoders hold open
         if table is not None:
