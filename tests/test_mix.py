@@ -463,3 +463,70 @@ def test_interleaves_are_the_blocks_interleaves(n, keys, epoch):
     s = Schedule((10, 20), (Phase(0, (0.5, 0.5), (0, 0)),), max(1, n % 97), 3, epoch)
     blocks = [b * 7 for b in range(len(keys) + 1)]
     np.testing.assert_array_equal(s.interleaves(blocks), np.array([s.interleave(b) for b in blocks]))
+
+
+# -- a global mixture's tables built from one polars stream over the union (mixture.shared) ----
+
+
+def _stream_calls(monkeypatch, fail: bool = False) -> list:
+    """Count ``StreamQuery.batches`` calls; ``fail``: the query raises after its first batch."""
+    from arrowload.scan.stream import StreamQuery
+    calls, orig = [], StreamQuery.batches
+
+    def batches(self, *a, **k):
+        calls.append(a)
+        it = orig(self, *a, **k)
+        if not fail:
+            return it
+
+        def broken():
+            yield next(it)
+            raise RuntimeError("the query failed")
+        return broken()
+
+    monkeypatch.setattr(StreamQuery, "batches", batches)
+    return calls
+
+
+def _overlapping_mix(lake, cache):
+    ds = al.dataset(lake)
+    comps = {"us": ds.filter("country = 'US'").select("id", "label", comp="'us'"),
+             "pos": ds.filter("label = 1 AND id % 3 <> 0").select("id", "label", comp="'pos'"),
+             "de": ds.filter("country = 'DE' AND label = 0").select("id", "label", comp="'de'")}
+    return al.mix(comps, weights=[2, 1, 1], stopping="all_exhausted", seed=4, cache_dir=cache)
+
+
+@pytest.mark.parametrize("make", [_shared_mix, _overlapping_mix])
+def test_global_tables_from_the_union_stream_equal_the_per_unit_build(parquet_lake, tmp_path, monkeypatch, make):
+    """One polars query over the union of the components' reads, each batch split among them
+    as a shared unit is: the same epoch as the per-unit build (``ARROWLOAD_STREAM=0``), rows
+    several components select drawn in each, and every component's rows DuckDB's."""
+    from arrowload.pipeline import rabuild
+    calls = _stream_calls(monkeypatch)
+    per_unit = []
+    build_many = rabuild.build_many
+    monkeypatch.setattr(rabuild, "build_many", lambda *a, **k: per_unit.append(1) or build_many(*a, **k))
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    streamed = batches(make(parquet_lake, str(tmp_path / "a")).loader(64, shuffle="global",
+                                                                      cache_dir=str(tmp_path / "a")))
+    assert len(calls) == 1 and not per_unit  # built from the stream, not read again per unit
+    monkeypatch.setenv("ARROWLOAD_STREAM", "0")
+    units = batches(make(parquet_lake, str(tmp_path / "b")).loader(64, shuffle="global",
+                                                                   cache_dir=str(tmp_path / "b")))
+    assert len(calls) == 1 and per_unit and streamed == units
+    drawn = by_component(streamed)
+    if make is _overlapping_mix:  # all_exhausted: every row of every component at least once
+        assert set(drawn["us"]) == duck_ids(parquet_lake, "country = 'US'")
+        assert set(drawn["pos"]) == duck_ids(parquet_lake, "label = 1 AND id % 3 <> 0")
+        assert set(drawn["de"]) == duck_ids(parquet_lake, "country = 'DE' AND label = 0")
+
+
+def test_global_tables_fall_back_to_units_when_the_union_stream_fails(parquet_lake, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARROWLOAD_STREAM", "0")
+    want = batches(_shared_mix(parquet_lake, str(tmp_path / "a")).loader(64, shuffle="global",
+                                                                         cache_dir=str(tmp_path / "a")))
+    calls = _stream_calls(monkeypatch, fail=True)
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    got = batches(_shared_mix(parquet_lake, str(tmp_path / "b")).loader(64, shuffle="global",
+                                                                        cache_dir=str(tmp_path / "b")))
+    assert len(calls) == 1 and got == want

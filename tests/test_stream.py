@@ -412,15 +412,19 @@ def _count_queries(monkeypatch, fail: str | None = None) -> list:
 def test_global_table_from_the_stream_equals_the_units(lake, tmp_path, monkeypatch, where, stack):
     """A global shuffle's table built from one polars query holds what the build from the
     units holds: every batch of the epoch equal (rows, order), the rows DuckDB's."""
+    from arrowload.pipeline import rabuild
     calls = _count_queries(monkeypatch)
+    per_unit = []
+    build = rabuild.build
+    monkeypatch.setattr(rabuild, "build", lambda *a, **k: per_unit.append(1) or build(*a, **k))
     ds = al.dataset(lake)
     if where:
         ds = ds.filter(where)
     kw = dict(shuffle="global", seed=3, batch_size=64, stack=stack)
     streamed, _, _ = _epoch(ds, monkeypatch, True, cache_dir=str(tmp_path / "a"), **kw)
-    assert len(calls) == 1  # the build's query; a global epoch reads the table
+    assert len(calls) == 1 and not per_unit  # the build's query (a global epoch reads the table)
     units, _, _ = _epoch(ds, monkeypatch, False, cache_dir=str(tmp_path / "b"), **kw)
-    assert len(calls) == 1
+    assert len(calls) == 1 and per_unit
     assert streamed == units
     ids = sorted(r["id"] for r in _rows(streamed))
     assert ids == [r["id"] for r in _duck(lake, ["id"], where)]

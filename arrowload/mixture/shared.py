@@ -14,6 +14,10 @@ share is evaluated once) and each member takes its rows with its own plan
 
 - Global shuffle: the members' random-access tables are built in **one pass** over the lake
   (``rabuild.build_many``): each unit decoded once and copied into every member's table.
+  Where the union can stream and the loader's rule for a streamed build allows it
+  (``pipeline.loader._stream_build``), that pass is one polars streaming query over the
+  union (``Group.union_stream``): its batches are split among the members on a few threads,
+  in order, and written at each member's running offset (``rabuild.build_stream_many``).
 - Block / none: the members' scans read their units through a :class:`UnitCache`: the
   first member to need a unit decodes it for all; the others' rows wait in the cache
   (capped in bytes, counted in the loader's byte budget) until they are read. The mixture
@@ -28,8 +32,8 @@ limits) or read by Ray are bound as any loader binds its dataset.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from concurrent.futures import Future
+from collections import OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -38,6 +42,8 @@ from ..errors import SnapshotChangedError
 from ..order import ShuffleKind
 from ..plan.nodes import Map, Scan, scans, walk
 from ..scan.units import UnitReader, _evaluate
+
+_UNITS = object()  # SharedSources._streamed: build from the units instead
 
 #: share of the prefetch budget the decoded-unit cache of block / none shuffles may hold
 CACHE_SHARE = 4
@@ -82,8 +88,13 @@ class Group:
     def split(self, unit: int) -> dict[int, pa.Table]:
         """Unit ``unit`` (a source unit index) decoded once: each member's rows of it, for
         the members that read it."""
-        reader = self._union_reader()
-        raw = reader.read(self._position[unit])
+        raw = self._union_reader().read(self._position[unit])
+        return self.split_rows(raw, [c for c in self.members if unit in self._local[c]])
+
+    def split_rows(self, raw: pa.Table, members) -> dict[int, pa.Table]:
+        """Rows the union read decoded (a unit's, or a stream batch's: ``union_stream``):
+        each of ``members``' rows of them, after its whole plan; a predicate several
+        members share is evaluated once."""
         found: dict[Any, pa.ChunkedArray] = {}
 
         def masks(expr, columns) -> pa.ChunkedArray:
@@ -93,12 +104,13 @@ class Group:
                 got = found[key] = _evaluate(raw.select(list(columns)), [expr], ["_"])[0]
             return got
 
-        out = {}
-        for c, r in self.members.items():
-            i = self._local[c].get(unit)
-            if i is not None:
-                out[c] = r.read_decoded(i, raw, masks)
-        return out
+        return {c: self.members[c].read_decoded(0, raw, masks) for c in members}
+
+    def union_stream(self):
+        """The polars streaming query that reads the union's units in source order
+        (``scan/stream.py``), or None where it cannot."""
+        from ..scan.stream import StreamQuery
+        return StreamQuery.compile(self._union_reader().scan, self.options)
 
     def close(self) -> None:
         if self._reader is not None:
@@ -122,6 +134,23 @@ def _any_of(readers: list[UnitReader]):
             seen.append(shape)
             preds.append(pred)
     return disjoin(preds)
+
+
+def _ordered_map(fn, items, workers: int):
+    """``fn`` of each item on ``workers`` threads, results in the items' order; at most
+    twice ``workers`` items in flight (a stream's batches are taken as results are)."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="arrowload-table") as pool:
+        pending: deque = deque()
+        try:
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) > 2 * workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
 
 
 class UnitCache:
@@ -351,9 +380,11 @@ class SharedSources:
                     out.append((t, first + i, table))
                 return out
 
-            from ..options import usable_cores
-            tables = rabuild.build_many(read, len(units), counts, schemas, stack=stack, memory_budget=budget,
-                                        threads=usable_cores())
+            tables = self._streamed(group, todo, sources, at, schemas, stack, budget)
+            if tables is _UNITS:
+                from ..options import usable_cores
+                tables = rabuild.build_many(read, len(units), counts, schemas, stack=stack, memory_budget=budget,
+                                            threads=usable_cores())
         finally:
             for src in sources:
                 src.close()
@@ -367,6 +398,42 @@ class SharedSources:
                                    schema=self.plans[c].schema)
             self._tables[c] = found
             self.joint[c] = (tables[t], row, found)
+
+    def _streamed(self, group: Group, todo: list[int], sources: list, at: list, schemas: list, stack,
+                  budget: int):
+        """The members' tables filled from one polars streaming query over the union of
+        their reads (``rabuild.build_stream_many``; each batch split among the members as a
+        shared unit is), where the union can stream and the loader's rule for a streamed
+        table build allows it (``pipeline.loader._stream_build``); else, or where the query
+        fails or gives a member other rows than counted, ``_UNITS`` (read per unit)."""
+        from ..pipeline import rabuild
+        from ..pipeline.loader import _stream_build
+        from ..scan.stream import polars_ready
+        query = group.union_stream()
+        if query is None or not query.units:
+            return _UNITS
+        read = max(sum(src.read_bytes(i) for i in range(len(src.counts))) for src in sources)
+        unit = max(max((src.est_bytes(i) for i in range(len(src.counts))), default=0) for src in sources)
+        if not _stream_build(query, read, unit, prefetch=self.options.prefetch):
+            return _UNITS
+        polars_ready(wait=True)
+        members = [(t, row, int(sum(src.counts))) for src, (t, _, row) in zip(sources, at)]
+        index = {c: m for m, c in enumerate(todo)}
+
+        def split(batch):
+            got = group.split_rows(pa.Table.from_batches([batch]), todo)
+            return [(index[c], table) for c, table in got.items()]
+
+        from ..options import usable_cores
+        try:
+            parts = _ordered_map(split, query.batches(0, len(query.units) - 1, 0, None), usable_cores())
+            return rabuild.build_stream_many(parts, members, schemas, stack=stack, memory_budget=budget)
+        except rabuild.StreamMismatch:
+            return _UNITS
+        except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
+            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                raise
+            return _UNITS
 
     def joint_table(self, sources: list) -> tuple[Any, list[int]] | None:
         """``(table, first rows)`` where every component's row source is its slice of one

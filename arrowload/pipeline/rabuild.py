@@ -410,28 +410,57 @@ def build_stream(batches, rows: int, schema: pa.Schema, *, stack: Mapping[str, A
     decoding on polars' own threads), each written at its running row offset on this
     thread. ``None`` when it does not fit ``memory_budget``; :class:`StreamMismatch` when
     the batches hold other than ``rows`` rows (a file changed: the caller reads again)."""
-    if fixed_bytes(schema, rows) > memory_budget:
+    got = build_stream_many(([(0, pa.Table.from_batches([b]))] for b in batches), [(0, 0, rows)], [schema],
+                            stack=stack, memory_budget=memory_budget)
+    return None if got is None else got[0]
+
+
+def build_stream_many(parts, members: Sequence[tuple[int, int, int]], schemas: Sequence[pa.Schema], *,
+                      stack: Mapping[str, Any] | None, memory_budget: int) -> list[pa.Table] | None:
+    """Several tables from one stream, as ``build_many`` makes them from reads: member ``m``
+    (``members[m] = (t, first, rows)``) fills rows ``first .. first + rows`` of target
+    ``t``; each item of ``parts`` (a stream batch, split) is a list of ``(m, table)`` pairs,
+    each member's rows in order, written at the member's running offset on this thread.
+    ``None`` over ``memory_budget``; :class:`StreamMismatch` where a member gets other than
+    its ``rows`` rows."""
+    rows = [0] * len(schemas)
+    for t, first, n in members:
+        rows[t] = max(rows[t], first + n)
+    if sum(fixed_bytes(s, r) for s, r in zip(schemas, rows)) > memory_budget:
         return None
-    layout = make_layout(schema, rows, stack)
-    pieces: dict[str, list] = {name: [] for name in layout.other}
-    other, at = 0, 0
+    layouts = [make_layout(s, r, stack) for s, r in zip(schemas, rows)]
+    # each member's variable-width chunks in arrival order, joined in member order at the end
+    pieces: list[dict[str, list]] = [{name: [] for name in layouts[t].other} for t, _, _ in members]
+    at = [first for _, first, _ in members]
+    preallocated = sum(lay.preallocated for lay in layouts)
+    other = 0
     try:
-        track = _progress.track(batches, rows, "building the random-access table", "rows", size=len)
-        for k, batch in enumerate(track):
-            n = batch.num_rows
-            if at + n > rows:
-                raise StreamMismatch(f"the stream gave more than the {rows} rows counted")
-            for name in pieces:
-                pieces[name].append(None)
-            other += _put(layout, schema, pieces, k, pa.Table.from_batches([batch]), at)
-            at += n
-            if layout.preallocated + other > memory_budget:
+        total = sum(n for _, _, n in members)
+        track = _progress.track(parts, total, "building the random-access table", "rows",
+                                size=lambda split: sum(table.num_rows for _, table in split))
+        for split in track:
+            for m, table in split:
+                t, first, n = members[m]
+                if at[m] + table.num_rows > first + n:
+                    raise StreamMismatch(f"the stream gave member {m} more than the {n} rows counted")
+                mine = pieces[m]
+                for name in mine:
+                    mine[name].append(None)
+                slot = len(next(iter(mine.values()))) - 1 if mine else 0
+                other += _put(layouts[t], schemas[t], mine, slot, table, at[m])
+                at[m] += table.num_rows
+            if preallocated + other > memory_budget:
                 return None
-        if at != rows:
-            raise StreamMismatch(f"the stream gave {at} rows, {rows} counted")
+        for m, (t, first, n) in enumerate(members):
+            if at[m] != first + n:
+                raise StreamMismatch(f"the stream gave member {m} {at[m] - first} rows, {n} counted")
     finally:
         pa.default_memory_pool().release_unused()
-    return _assemble(layout, pieces)
+    joined = [{name: [] for name in lay.other} for lay in layouts]
+    for (t, _, _), mine in sorted(zip(members, pieces), key=lambda pair: pair[0][:2]):  # row order
+        for name, chunks in mine.items():
+            joined[t][name].extend(chunks)
+    return [_assemble(lay, p) for lay, p in zip(layouts, joined)]
 
 
 def _assemble(layout: Layout, pieces: dict[str, list]) -> pa.Table:

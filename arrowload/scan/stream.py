@@ -201,11 +201,12 @@ class StreamQuery:
             self._starts = starts
         return self._starts[self.units[first].index]
 
-    def batches(self, first: int, last: int, skip: int, n: int) -> Iterator[pa.RecordBatch]:
+    def batches(self, first: int, last: int, skip: int, n: int | None) -> Iterator[pa.RecordBatch]:
         """The query's record batches (see the class doc). Lazy: nothing runs until the
         first ``next``; dropping the iterator stops the query. The rows before unit
         ``first`` in its file are sliced off before the filter (polars skips their row
-        groups unread), the ``skip`` rows of unit ``first`` after it."""
+        groups unread), the ``skip`` rows of unit ``first`` after it; ``n=None``: every row
+        to the end of unit ``last``'s file."""
         if self._pl is None:
             import polars as pl
             self._pl = pl
@@ -224,7 +225,9 @@ class StreamQuery:
             lf = lf.slice(offset)
         if self.predicate is not None:
             lf = lf.filter(self.predicate.polars)
-        lf = lf.slice(skip, n).select([pl.col(c).alias(name) for name, c in self.columns])
+        if skip or n is not None:
+            lf = lf.slice(skip, n)
+        lf = lf.select([pl.col(c).alias(name) for name, c in self.columns])
         return self._arrow(lf.collect_batches(engine="streaming"))
 
     def _arrow(self, frames) -> Iterator[pa.RecordBatch]:
