@@ -43,8 +43,6 @@ from ..order import ShuffleKind
 from ..plan.nodes import Map, Scan, scans, walk
 from ..scan.units import UnitReader, _evaluate
 
-_UNITS = object()  # SharedSources._streamed: build from the units instead
-
 #: share of the prefetch budget the decoded-unit cache of block / none shuffles may hold
 CACHE_SHARE = 4
 
@@ -381,7 +379,7 @@ class SharedSources:
                 return out
 
             tables = self._streamed(group, todo, sources, at, schemas, stack, budget)
-            if tables is _UNITS:
+            if tables is rabuild.UNITS:
                 from ..options import usable_cores
                 tables = rabuild.build_many(read, len(units), counts, schemas, stack=stack, memory_budget=budget,
                                             threads=usable_cores())
@@ -405,17 +403,17 @@ class SharedSources:
         their reads (``rabuild.build_stream_many``; each batch split among the members as a
         shared unit is), where the union can stream and the loader's rule for a streamed
         table build allows it (``pipeline.loader._stream_build``); else, or where the query
-        fails or gives a member other rows than counted, ``_UNITS`` (read per unit)."""
+        fails or gives a member other rows than counted, ``rabuild.UNITS`` (read per unit)."""
         from ..pipeline import rabuild
         from ..pipeline.loader import _stream_build
         from ..scan.stream import polars_ready
         query = group.union_stream()
         if query is None or not query.units:
-            return _UNITS
+            return rabuild.UNITS
         read = max(sum(src.read_bytes(i) for i in range(len(src.counts))) for src in sources)
         unit = max(max((src.est_bytes(i) for i in range(len(src.counts))), default=0) for src in sources)
         if not _stream_build(query, read, unit, prefetch=self.options.prefetch):
-            return _UNITS
+            return rabuild.UNITS
         polars_ready(wait=True)
         members = [(t, row, int(sum(src.counts))) for src, (t, _, row) in zip(sources, at)]
         index = {c: m for m, c in enumerate(todo)}
@@ -425,15 +423,9 @@ class SharedSources:
             return [(index[c], table) for c, table in got.items()]
 
         from ..options import usable_cores
-        try:
-            parts = _ordered_map(split, query.batches(0, len(query.units) - 1, 0, None), usable_cores())
-            return rabuild.build_stream_many(parts, members, schemas, stack=stack, memory_budget=budget)
-        except rabuild.StreamMismatch:
-            return _UNITS
-        except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
-            if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
-                raise
-            return _UNITS
+        parts = _ordered_map(split, query.batches(0, len(query.units) - 1, 0, None), usable_cores())
+        return rabuild.try_stream(lambda: rabuild.build_stream_many(parts, members, schemas, stack=stack,
+                                                                    memory_budget=budget))
 
     def joint_table(self, sources: list) -> tuple[Any, list[int]] | None:
         """``(table, first rows)`` where every component's row source is its slice of one

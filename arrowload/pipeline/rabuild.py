@@ -403,6 +403,23 @@ class StreamMismatch(Exception):
     builds from the units instead)."""
 
 
+#: ``try_stream``'s answer where the stream failed: build from the units instead.
+UNITS = object()
+
+
+def try_stream(build):
+    """``build()`` (a ``build_stream*`` over a polars query), or ``UNITS`` where the query
+    raised (a polars error, or a panic) or gave other rows than counted."""
+    try:
+        return build()
+    except StreamMismatch:
+        return UNITS
+    except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
+        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+            raise
+        return UNITS
+
+
 def build_stream(batches, rows: int, schema: pa.Schema, *, stack: Mapping[str, Any] | None,
                  memory_budget: int) -> pa.Table | None:
     """The table ``build`` makes, from ``batches``: record batches of ``schema`` holding the

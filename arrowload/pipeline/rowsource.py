@@ -367,33 +367,23 @@ class TableRowSource:
         return _parts(self.gather(rows), conv)
 
 
-_UNITS = object()  # _build_streamed: build from the units instead
-
-
 def _build_streamed(units: ScanRowSource, schema: pa.Schema, stack, memory_budget: int, stream):
     """The random-access table read through one polars streaming query where ``stream``
-    allows it (``rabuild.build_stream``), or ``_UNITS``: not eligible, not allowed, or the
+    allows it (``rabuild.build_stream``), or ``rabuild.UNITS``: not eligible, not allowed, or the
     query failed (the per-unit build then reads everything again)."""
     if stream is None:  # (a remote source has no stream query)
-        return _UNITS
+        return rabuild.UNITS
     query = units.stream_query()
     rows = sum(units.counts)
     if query is None or rows == 0 or len(query.units) != len(units.counts):
-        return _UNITS
+        return rabuild.UNITS
     n = len(units.counts)
     if not stream(query, sum(units.read_bytes(i) for i in range(n)), max(units.est_bytes(i) for i in range(n))):
-        return _UNITS
+        return rabuild.UNITS
     from ..scan.stream import polars_ready
     polars_ready(wait=True)
-    try:
-        return rabuild.build_stream(query.batches(0, len(query.units) - 1, 0, rows), rows, schema,
-                                    stack=stack, memory_budget=memory_budget)
-    except rabuild.StreamMismatch:
-        return _UNITS
-    except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
-        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
-            raise
-        return _UNITS
+    return rabuild.try_stream(lambda: rabuild.build_stream(query.batches(0, len(query.units) - 1, 0, rows), rows,
+                                                          schema, stack=stack, memory_budget=memory_budget))
 
 
 def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: str | None,
@@ -426,7 +416,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
             threads = max(threads, remote.parallelism)
         try:
             table = _build_streamed(units, plan.schema, stack, memory_budget, stream)
-            if table is _UNITS:
+            if table is rabuild.UNITS:
                 table = rabuild.build(units.read_unit, units.counts, plan.schema, stack=stack,
                                       memory_budget=memory_budget, threads=threads)
         finally:
