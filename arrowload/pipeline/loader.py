@@ -80,8 +80,8 @@ def _stream_build(query, read_bytes: int, unit_bytes: int, *, prefetch: int) -> 
     unshuffled epoch's rule (``Loader._stream_query``: the environment, else where what
     polars decodes ahead of the writer fits half of ``prefetch`` and polars is imported
     already or the read pays its import). On the 4M-row benchmark lake, with polars
-    imported (fresh processes): the build 0.25-0.26 s wall, 0.46 CPU s, against 0.37-0.44 s,
-    0.66-0.79 CPU s from the units (pyarrow)."""
+    imported, a global epoch (build included; ten interleaved pairs of fresh processes):
+    0.405 s, 0.69 CPU s, against 0.507 s, 0.87 CPU s from the units (pyarrow)."""
     setting = stream_setting()
     if setting is not None or not STREAM_DEFAULT:
         return bool(setting)
