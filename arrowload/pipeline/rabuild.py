@@ -43,6 +43,7 @@ import pyarrow as pa
 from .. import progress as _progress
 from ..errors import ArrowloadError
 from ..options import usable_cores
+from ..scan.decoders import recoverable
 from .collate import resolve_stack, write_by_row_blocks
 
 #: field metadata of a stacked column: JSON list of the columns it holds, in order
@@ -412,10 +413,8 @@ def try_stream(build):
     raised (a polars error, or a panic) or gave other rows than counted."""
     try:
         return build()
-    except StreamMismatch:
-        return UNITS
     except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
-        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+        if not recoverable(exc):
             raise
         return UNITS
 

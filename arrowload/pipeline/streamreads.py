@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from ..errors import SnapshotChangedError
 from ..order.tasks import TaskKind
+from ..scan.decoders import recoverable
 from ..scan.stream import STREAM_DECODER, StreamQuery, polars_ready
 from .stages import take_rows
 
@@ -106,7 +107,7 @@ class StreamReads:
                         self._drop()
                         raise
                     except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
-                        if not isinstance(exc, Exception) and type(exc).__name__ != "PanicException":
+                        if not recoverable(exc):
                             raise
                         self.failed = exc  # the per-unit path gives the answer
                         self._drop()

@@ -266,6 +266,13 @@ class ParquetDecoder(_Base):
         self._files.close()
 
 
+def recoverable(exc: BaseException) -> bool:
+    """Whether a fallback may answer a read that raised ``exc``: any ``Exception``, and
+    polars' panics (``PanicException`` derives from ``BaseException``); never an interrupt
+    or an exit."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
 def polars_reads(t: pa.DataType) -> bool:
     """Types polars reads from Parquet and hands back with the same values (cast back to
     ``t``): numbers but float16, booleans, strings, binaries, dates, naive or UTC

@@ -47,7 +47,7 @@ from ..source import FileSource
 from ..source.retry import retry
 from . import execute, memory
 from .choose import MEASURE_METHOD, Chooser, Gate, Measure, pool_cpu_readable
-from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns
+from .decoders import DatasetDecoder, ParquetDecoder, PolarsDecoder, empty_columns, recoverable
 from .stream import STREAM_DECODER, env_decoders, polars_ready
 
 ORDER = ("pyarrow", "polars", "dataset")  # the order candidates are first tried in
@@ -87,10 +87,6 @@ def _keep(table: pa.Table, mask: pa.ChunkedArray | None) -> pa.Table:
 
 def _trues(mask: pa.ChunkedArray) -> int:
     return int(pc.sum(mask).as_py() or 0)
-
-
-def _is_polars_panic(exc: BaseException) -> bool:
-    return type(exc).__name__ == "PanicException"
 
 
 class _Stage:
@@ -488,7 +484,7 @@ class UnitReader:
                     try:
                         out = fn(self._decoders[name], unit, m)
                     except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
-                        if not isinstance(exc, Exception) and not _is_polars_panic(exc):
+                        if not recoverable(exc):
                             raise
                         return self._on_dataset(unit, fn, failed=name)
                 if m is not None and name == picked:
