@@ -15,7 +15,7 @@ share is evaluated once) and each member takes its rows with its own plan
 - Global shuffle: the members' random-access tables are built in **one pass** over the lake
   (``rabuild.build_many``): each unit decoded once and copied into every member's table.
   Where the union can stream and the loader's rule for a streamed build allows it
-  (``pipeline.loader._stream_build``), that pass is one polars streaming query over the
+  (``pipeline.loader._stream_allowed``), that pass is one polars streaming query over the
   union (``Group.union_stream``): its batches are split among the members on a few threads,
   in order, and written at each member's running offset (``rabuild.build_stream_many``).
 - Block / none: the members' scans read their units through a :class:`UnitCache`: the
@@ -402,19 +402,20 @@ class SharedSources:
         """The members' tables filled from one polars streaming query over the union of
         their reads (``rabuild.build_stream_many``; each batch split among the members as a
         shared unit is), where the union can stream and the loader's rule for a streamed
-        table build allows it (``pipeline.loader._stream_build``); else, or where the query
+        table build allows it (``pipeline.loader._stream_allowed``); else, or where the query
         fails or gives a member other rows than counted, ``rabuild.UNITS`` (read per unit)."""
         from ..pipeline import rabuild
-        from ..pipeline.loader import _stream_build
-        from ..scan.stream import polars_ready
+        from ..pipeline.loader import _stream_allowed
         query = group.union_stream()
         if query is None or not query.units:
             return rabuild.UNITS
-        read = max(sum(src.read_bytes(i) for i in range(len(src.counts))) for src in sources)
         unit = max(max((src.est_bytes(i) for i in range(len(src.counts))), default=0) for src in sources)
-        if not _stream_build(query, read, unit, prefetch=self.options.prefetch):
+
+        def read() -> int:  # the largest member's read (the union reads at least that)
+            return max(sum(src.read_bytes(i) for i in range(len(src.counts))) for src in sources)
+
+        if not _stream_allowed(query, unit, read, prefetch=self.options.prefetch):
             return rabuild.UNITS
-        polars_ready(wait=True)
         members = [(t, row, int(sum(src.counts))) for src, (t, _, row) in zip(sources, at)]
         index = {c: m for m, c in enumerate(todo)}
 

@@ -27,7 +27,7 @@ import functools
 import os
 import sys
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..convert.batches import BatchOutput, concat_arrow
@@ -74,22 +74,28 @@ STREAM_IMPORT_BYTES = 1 << 30
 STREAM_FILTER_IMPORT_BYTES = 256 << 20
 
 
-def _stream_build(query, read_bytes: int, unit_bytes: int, *, prefetch: int) -> bool:
-    """Whether a random-access table is built from one polars streaming query
-    (``rowsource.materialize``) rather than from its units read side by side: by the
-    unshuffled epoch's rule (``Loader._stream_query``: the environment, else where what
-    polars decodes ahead of the writer fits half of ``prefetch`` and polars is imported
-    already or the read pays its import). On the 4M-row benchmark lake, with polars
-    imported, a global epoch (build included; ten interleaved pairs of fresh processes):
-    0.405 s, 0.69 CPU s, against 0.507 s, 0.87 CPU s from the units (pyarrow)."""
+def _stream_allowed(query, unit_bytes: int, read_bytes: Callable[[], int], *, prefetch: int,
+                    polars_chosen: bool = False) -> bool:
+    """Whether to read through ``query`` (one polars streaming query, ``scan/stream.py``)
+    rather than per unit: an unshuffled epoch (``Loader._stream_query``) and a random-access
+    table's build (``rowsource.materialize``, ``mixture.shared``) alike. What the
+    environment says (``stream.stream_setting``) where it says it; else only where what
+    polars decodes ahead (``StreamQuery.held_bytes`` of units of ``unit_bytes``) fits half
+    of ``prefetch``, and polars is imported already, or the unit reader chose it to
+    prefilter (``polars_chosen``: it imports it anyway), or the read (``read_bytes()``,
+    compressed) pays its import: ``STREAM_FILTER_IMPORT_BYTES`` with a filter polars
+    evaluates, ``STREAM_IMPORT_BYTES`` without (see there). On the 4M-row benchmark lake,
+    with polars imported, a global epoch (build included; ten interleaved pairs of fresh
+    processes): 0.405 s, 0.69 CPU s, against 0.507 s, 0.87 CPU s from the units (pyarrow)."""
     setting = stream_setting()
     if setting is not None or not STREAM_DEFAULT:
         return bool(setting)
     if query.held_bytes(unit_bytes) > prefetch // 2:
-        return False
-    if "polars" in sys.modules:
-        return True
-    return read_bytes >= (STREAM_FILTER_IMPORT_BYTES if query.predicate is not None else STREAM_IMPORT_BYTES)
+        return False  # what polars decodes ahead would not fit the budget: reads stay per unit
+    if "polars" in sys.modules or polars_chosen:
+        return True  # its import is paid already, or will be
+    # else its import (0.085 CPU s, before the first batch) only pays on a long read
+    return read_bytes() >= (STREAM_FILTER_IMPORT_BYTES if query.predicate is not None else STREAM_IMPORT_BYTES)
 
 
 def _distributed_defaults() -> tuple[int, int]:
@@ -305,7 +311,7 @@ class Loader:
             src = materialize(plan, dataset.options, memory_budget=budget,
                               cache_dir=self._cache_dir, reuse=reuse,
                               stack=opts.stack if opts.output != "arrow" and opts.transform is None else None,
-                              remote=self._remote, stream=functools.partial(_stream_build, prefetch=opts.prefetch))
+                              remote=self._remote, stream=functools.partial(_stream_allowed, prefetch=opts.prefetch))
         else:
             src = ScanRowSource(plan, dataset.options, self._cache_dir, self.max_readers, self._remote)
         return kind, src
@@ -392,33 +398,27 @@ class Loader:
 
     def _stream_query(self, order: EpochOrder, ranges: list[tuple[int, int]]):
         """The polars stream an unshuffled epoch over a scan reads from (``scan/stream.py``),
-        or None: shuffled, a table, not eligible, ``$ARROWLOAD_STREAM=0`` or
-        ``$ARROWLOAD_DECODER`` naming decoders without ``polars-stream``; by default also where
-        what polars decodes ahead (``StreamQuery.held_bytes``) exceeds half of ``prefetch``,
-        or polars is not imported (nor chosen by the unit reader for a filter) and the epoch
-        reads less than ``STREAM_FILTER_IMPORT_BYTES`` / ``STREAM_IMPORT_BYTES`` (see there). Forced on, the stream's read-ahead is
-        counted even where it exceeds ``prefetch``."""
+        or None: shuffled, a table, not eligible, or not allowed by ``_stream_allowed`` (the
+        epoch's ranges read, the unit reader's choice of polars). Forced on, the stream's
+        read-ahead is counted even where it exceeds ``prefetch``."""
         src = self._source
         if order.kind != ShuffleKind.NONE.value or not isinstance(src, ScanRowSource):
             return None
-        setting = stream_setting()
-        if setting is False or (setting is None and not STREAM_DEFAULT):
-            return None
+        if stream_setting() is False:
+            return None  # forced off: not even compiled
         query = src.stream_query()
-        if query is None or setting:
-            return query
+        if query is None:
+            return None
         shape = self._source_shape()
-        if query.held_bytes(max(shape.unit_bytes, default=0)) > self.options.prefetch // 2:
-            return None  # what polars decodes ahead would not fit the budget: reads stay per unit
-        if "polars" in sys.modules:
-            return query  # its import is paid already
-        if query.predicate is not None and src.reader.decoder == "polars":
-            return query  # the unit reader would import it to prefilter anyway
-        # else its import (0.085 CPU s, before the first batch) only pays on a long epoch
-        read = sum(shape.read_bytes[u] * (hi - lo) // max(1, shape.counts[u])
-                   for a, b in ranges for u, lo, hi in order.unit_pieces(a, b))
-        return query if read >= (STREAM_FILTER_IMPORT_BYTES if query.predicate is not None
-                                 else STREAM_IMPORT_BYTES) else None
+
+        def read() -> int:
+            return sum(shape.read_bytes[u] * (hi - lo) // max(1, shape.counts[u])
+                       for a, b in ranges for u, lo, hi in order.unit_pieces(a, b))
+
+        chosen = query.predicate is not None and src.reader.decoder == "polars"
+        allowed = _stream_allowed(query, max(shape.unit_bytes, default=0), read, prefetch=self.options.prefetch,
+                                  polars_chosen=chosen)
+        return query if allowed else None
 
     def _decoded_by(self) -> dict[str, int]:
         reader = getattr(self._source, "reader", None)

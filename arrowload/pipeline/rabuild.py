@@ -44,6 +44,7 @@ from .. import progress as _progress
 from ..errors import ArrowloadError
 from ..options import usable_cores
 from ..scan.decoders import recoverable
+from ..scan.stream import polars_ready
 from .collate import resolve_stack, write_by_row_blocks
 
 #: field metadata of a stacked column: JSON list of the columns it holds, in order
@@ -409,8 +410,10 @@ UNITS = object()
 
 
 def try_stream(build):
-    """``build()`` (a ``build_stream*`` over a polars query), or ``UNITS`` where the query
-    raised (a polars error, or a panic) or gave other rows than counted."""
+    """``build()`` (a ``build_stream*`` over a polars query) once polars is imported (waiting
+    for its import), or ``UNITS`` where the query raised (a polars error, or a panic) or gave
+    other rows than counted."""
+    polars_ready(wait=True)
     try:
         return build()
     except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions

@@ -378,17 +378,16 @@ def _build_streamed(units: ScanRowSource, schema: pa.Schema, stack, memory_budge
     if query is None or rows == 0 or len(query.units) != len(units.counts):
         return rabuild.UNITS
     n = len(units.counts)
-    if not stream(query, sum(units.read_bytes(i) for i in range(n)), max(units.est_bytes(i) for i in range(n))):
+    if not stream(query, max(units.est_bytes(i) for i in range(n)),
+                  lambda: sum(units.read_bytes(i) for i in range(n))):
         return rabuild.UNITS
-    from ..scan.stream import polars_ready
-    polars_ready(wait=True)
     return rabuild.try_stream(lambda: rabuild.build_stream(query.batches(0, len(query.units) - 1, 0, rows), rows,
                                                           schema, stack=stack, memory_budget=memory_budget))
 
 
 def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: str | None,
                 reuse: bool, stack: Mapping[str, Any] | None = None, remote: Any = None,
-                stream: Callable[[Any, int, int], bool] | None = None) -> TableRowSource:
+                stream: Callable[..., bool] | None = None) -> TableRowSource:
     """Run ``plan`` once into a random-access table: in memory while it fits
     ``memory_budget`` bytes, else into an Arrow IPC cache file under ``cache_dir`` (reused
     by later loaders while the snapshot and plan are unchanged when ``reuse``).
@@ -399,7 +398,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     Other plans, and selections that do not fit, stream through ``execute.iter_batches``
     (the cache file always holds the plan's own columns). ``remote``: where a plan over one
     scan reads its units (see ``ScanRowSource``), as many side by side as it has CPUs.
-    ``stream(query, read_bytes, unit_bytes)``: whether to build from one polars streaming query over the
+    ``stream(query, unit_bytes, read_bytes)`` (``loader._stream_allowed``): whether to build from one polars streaming query over the
     units (``scan/stream.py``; decoded on polars' threads, written here) where the scan is
     eligible; its failure (a polars error, other rows than counted) falls back to the
     units."""
