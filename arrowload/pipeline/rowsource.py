@@ -398,10 +398,10 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     Other plans, and selections that do not fit, stream through ``execute.iter_batches``
     (the cache file always holds the plan's own columns). ``remote``: where a plan over one
     scan reads its units (see ``ScanRowSource``), as many side by side as it has CPUs.
-    ``stream(query, unit_bytes, read_bytes)`` (``loader._stream_allowed``): whether to build from one polars streaming query over the
-    units (``scan/stream.py``; decoded on polars' threads, written here) where the scan is
-    eligible; its failure (a polars error, other rows than counted) falls back to the
-    units."""
+    ``stream(query, unit_bytes, read_bytes)`` (``loader._stream_allowed``): whether to build
+    from one polars streaming query over the units (``scan/stream.py``; decoded on polars'
+    threads, written here) where the scan is eligible; its failure (a polars error, other
+    rows than counted) falls back to the units."""
     found = scans(plan)
     snapshot, what, base = _cache_base(plan, cache_dir)
     if base and reuse:

@@ -202,8 +202,9 @@ class StreamQuery:
         return self._starts[self.units[first].index]
 
     def batches(self, first: int, last: int, skip: int, n: int | None) -> Iterator[pa.RecordBatch]:
-        """The query's record batches (see the class doc). Lazy: nothing runs until the
-        first ``next``; dropping the iterator stops the query. The rows before unit
+        """The query's record batches (see the class doc). The query starts here: polars
+        decodes ahead on its own threads (``held_bytes``) before the first ``next``;
+        dropping the iterator stops it. The rows before unit
         ``first`` in its file are sliced off before the filter (polars skips their row
         groups unread), the ``skip`` rows of unit ``first`` after it; ``n=None``: every row
         to the end of unit ``last``'s file."""
