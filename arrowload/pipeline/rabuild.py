@@ -323,7 +323,10 @@ def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Seque
     stop = threading.Event()
 
     def put(t: int, i: int, table: pa.Table) -> int:
-        return _put(layouts[t], schemas[t], pieces[t], i, table, int(offsets[t][i]))
+        got, kept = _put(layouts[t], schemas[t], table, int(offsets[t][i]))
+        for name, chunks in kept.items():
+            pieces[t][name][i] = chunks
+        return got
 
     def fill(k: int) -> int:
         if stop.is_set():
@@ -367,19 +370,19 @@ def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Seque
     return [_assemble(lay, p) for lay, p in zip(layouts, pieces)]
 
 
-def _put(layout: Layout, schema: pa.Schema, pieces: dict[str, list], slot: int, table: pa.Table,
-         at: int) -> int:
-    """``table``'s rows written at row ``at`` of ``layout``'s buffers, its variable-width
-    columns' chunks kept as ``pieces[name][slot]``; the bytes of those (counted against the
-    budget as they come)."""
+def _put(layout: Layout, schema: pa.Schema, table: pa.Table, at: int) -> tuple[int, dict[str, list]]:
+    """``table``'s rows written at row ``at`` of ``layout``'s buffers; its variable-width
+    columns' chunks (name -> chunks, for the caller to keep in row order) and their bytes
+    (counted against the budget as they come)."""
     got = 0
+    kept: dict[str, list] = {}
     whole: dict[int, tuple] = {}  # group -> its members' single-chunk columns, written together
     for name, column in zip(table.schema.names, table.columns):
         typ = schema.field(name).type
         if column.type != typ:
             column = column.cast(typ)
         if name in layout.other:
-            pieces[name][slot] = column.chunks
+            kept[name] = column.chunks
             got += column.nbytes
             continue
         target = layout.fixed.get(name)
@@ -397,7 +400,7 @@ def _put(layout: Layout, schema: pa.Schema, pieces: dict[str, list], slot: int, 
             pos += len(chunk)
     for g, columns in whole.values():
         g.put_many(columns, at)
-    return got
+    return got, kept
 
 
 class StreamMismatch(Exception):
@@ -462,11 +465,10 @@ def build_stream_many(parts, members: Sequence[tuple[int, int, int]], schemas: S
                 t, first, n = members[m]
                 if at[m] + table.num_rows > first + n:
                     raise StreamMismatch(f"the stream gave member {m} more than the {n} rows counted")
-                mine = pieces[m]
-                for name in mine:
-                    mine[name].append(None)
-                slot = len(next(iter(mine.values()))) - 1 if mine else 0
-                other += _put(layouts[t], schemas[t], mine, slot, table, at[m])
+                got, kept = _put(layouts[t], schemas[t], table, at[m])
+                for name, chunks in kept.items():
+                    pieces[m][name].append(chunks)
+                other += got
                 at[m] += table.num_rows
             if preallocated + other > memory_budget:
                 return None
