@@ -85,8 +85,9 @@ def _stream_allowed(query, unit_bytes: int, read_bytes: Callable[[], int], *, pr
     prefilter (``polars_chosen``: it imports it anyway), or the read (``read_bytes()``,
     compressed) pays its import: ``STREAM_FILTER_IMPORT_BYTES`` with a filter polars
     evaluates, ``STREAM_IMPORT_BYTES`` without (see there). On the 4M-row benchmark lake,
-    with polars imported, a global epoch (build included; ten interleaved pairs of fresh
-    processes): 0.405 s, 0.69 CPU s, against 0.507 s, 0.87 CPU s from the units (pyarrow)."""
+    with polars imported, W3 (a global epoch, build included; ``benchmarks/run.py``,
+    ``ARROWLOAD_STREAM=0`` for the units): 0.435 s streamed against 0.478-0.494 s from
+    the units (pyarrow)."""
     setting = stream_setting()
     if setting is not None or not STREAM_DEFAULT:
         return bool(setting)
