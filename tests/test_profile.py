@@ -11,10 +11,8 @@ spinning on the CPU beside a thread that keeps a core busy).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import threading
 import time
 
 import numpy as np
@@ -190,45 +188,75 @@ def test_verdict_slow_reader(parquet_lake, tmp_path):
     assert "io_threads=4" in v.advice and "of 2 readers busy" in v.finding
 
 
+_CONTENDED = r"""
+import hashlib, json, os, sys, threading, time
+if hasattr(os, "sched_setaffinity"):  # one core for every thread of this process, polars' pools included
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+import arrowload as al
+lake, cache = sys.argv[1:3]
+stop = threading.Event()
+
+def busy():
+    data = b"x" * (32 << 20)
+    while not stop.is_set():
+        hashlib.sha256(data).digest()
+
+def step(batch):
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.004:
+        pass
+
+thread = threading.Thread(target=busy, daemon=True)
+thread.start()
+try:
+    with al.dataset(lake).loader(1000, io_threads=2, cache_dir=cache) as loader:
+        prof = loader.profile(step_fn=step)
+finally:
+    stop.set()
+    thread.join()
+out = prof.as_dict()
+out["text"] = str(prof)
+out["cores"] = prof.stats.cores
+print(json.dumps(out, default=str))
+"""
+
+
 def test_verdict_cpu_contention(tmp_path):
     """A thread of the consumer keeps a core busy (hashing 32 MiB at a time releases the
     GIL) while the step spins on the CPU, and the loader decodes every column of a lake of
-    100,000 rows beside them on a machine of few cores. The step is kept off its core, or
-    the process saturates the cores: either way the verdict is contention, with numbers."""
+    100,000 rows beside them. The contended run is a process of its own, held to one core
+    (``sched_setaffinity`` before any thread starts), so the contention is certain on any
+    machine rather than only on one of few, idle cores: the verdict is contention, with
+    numbers. The control, in this process on every core: the same step beside a loader of
+    one column and no busy thread is the consumer."""
+    import subprocess
+    import sys
+
     from arrowload.datagen import write_lake
     lake = tmp_path / "lake"
     write_lake(lake, rows=100_000, shards=2, row_group_size=10_000, nulls=False)
-    stop = threading.Event()
-
-    def busy():
-        data = b"x" * (32 << 20)
-        while not stop.is_set():
-            hashlib.sha256(data).digest()
 
     def step(batch):
         t0 = time.thread_time()
         while time.thread_time() - t0 < 0.004:
             pass
 
-    # the control: the same step beside a loader of one column, no busy thread: the consumer
     with al.dataset(str(lake)).select("label").loader(1000, io_threads=2, cache_dir=str(tmp_path)) as loader:
         light = loader.profile(step_fn=step)
     assert light.verdict().kind == "consumer", str(light)
 
-    thread = threading.Thread(target=busy, daemon=True)
-    thread.start()
-    try:
-        with al.dataset(str(lake)).loader(1000, io_threads=2, cache_dir=str(tmp_path)) as loader:
-            prof = loader.profile(step_fn=step)
-    finally:
-        stop.set()
-        thread.join()
-    _check_bounded(prof)
-    v = prof.verdict()
-    assert v.kind == "contention", str(prof)
-    assert "io_threads=1" in v.advice and "cores" in v.finding and "loader threads" in v.finding
-    assert prof.step_cpu_s >= 0.004 * prof.batches * 0.9   # the step computed (the truth: its own clock)
-    assert "of a core" in str(prof)
+    run = subprocess.run([sys.executable, "-c", _CONTENDED, str(lake), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    prof = json.loads(run.stdout.strip().splitlines()[-1])
+    text, v = prof["text"], prof["verdict"]
+    assert prof["batches"] == 100 and prof["rows"] == 100_000, text
+    assert v["kind"] == "contention", text
+    assert "io_threads=1" in v["advice"] and "cores" in v["finding"] and "loader threads" in v["finding"]
+    assert prof["step_cpu_s"] >= 0.004 * prof["batches"] * 0.9, text  # the step computed (its own clock)
+    assert "of a core" in text
+    st = prof["stages"]
+    assert all(x >= 0 for x in st.values()) and prof["step_s"] <= prof["wall_s"] + EPS, text
 
 
 # -- the plot ------------------------------------------------------------------------------
