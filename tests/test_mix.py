@@ -530,3 +530,173 @@ def test_global_tables_fall_back_to_units_when_the_union_stream_fails(parquet_la
     got = batches(_shared_mix(parquet_lake, str(tmp_path / "b")).loader(64, shuffle="global",
                                                                         cache_dir=str(tmp_path / "b")))
     assert len(calls) == 1 and got == want
+
+
+# -- an unshuffled mixture over one lake from one polars stream (mixture.stream) ------------
+
+
+def _overlapping_first(lake, cache):
+    ds = al.dataset(lake)
+    comps = {"us": ds.filter("country = 'US'").select("id", "label", comp="'us'"),
+             "pos": ds.filter("label = 1 AND id % 3 <> 0").select("id", "label", comp="'pos'"),
+             "de": ds.filter("country = 'DE' AND label = 0").select("id", "label", comp="'de'")}
+    return al.mix(comps, weights=[2, 1, 1], seed=4, cache_dir=cache)
+
+
+def _unshuffled(make, lake, cache, **kw):
+    kw.setdefault("cache_dir", cache)
+    return make(lake, cache).loader(kw.pop("batch_size", 64), shuffle=False, **kw)
+
+
+@pytest.mark.parametrize("make", [_shared_mix, _overlapping_first])
+@pytest.mark.parametrize("world", [1, 2])
+def test_unshuffled_mixture_from_the_union_stream_equals_the_per_unit_path(parquet_lake, tmp_path, monkeypatch,
+                                                                          make, world):
+    """One polars query over the union of the components' reads, each batch split among
+    them and queued per component: every rank's batches those of the per-unit path
+    (``ARROWLOAD_STREAM=0``), rows several components select drawn in each, every
+    component's rows DuckDB's."""
+    calls = _stream_calls(monkeypatch)
+    got = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("ARROWLOAD_STREAM", env)
+        for rank in range(world):
+            cache = str(tmp_path / env)
+            loader = _unshuffled(make, parquet_lake, cache, rank=rank, world_size=world)
+            got[env, rank] = batches(loader)
+            if env == "1":
+                assert loader._stream is not None and loader._stream.failed is None
+                assert loader._stream.queries == 1 and loader.stats().peak_prefetch_bytes >= loader._stream.peak > 0
+            else:
+                assert loader._stream is None
+    assert len(calls) == world  # one query per rank's epoch
+    for rank in range(world):
+        assert got["1", rank] == got["0", rank] and got["1", rank]
+    if world == 2:  # disjoint ranks
+        ids = [set(zip(*[(i, c) for b in got["1", r] for i, c in zip(b["id"], b["comp"])])) for r in range(2)]
+        assert not ids[0] & ids[1]
+    drawn = by_component(got["1", 0])
+    truth = {"us": "country = 'US'", "de": "country = 'DE'", "in": "country = 'IN'"} if make is _shared_mix else \
+        {"us": "country = 'US'", "pos": "label = 1 AND id % 3 <> 0", "de": "country = 'DE' AND label = 0"}
+    for name, ids in drawn.items():
+        assert set(ids) <= duck_ids(parquet_lake, truth[name]) and len(ids) == len(set(ids))
+
+
+def test_unshuffled_mixture_stream_resumes_mid_epoch(parquet_lake, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    whole = _unshuffled(_overlapping_first, parquet_lake, str(tmp_path))
+    want = batches(whole)
+    for k in (1, len(want) // 2, len(want) - 1):
+        first = _unshuffled(_overlapping_first, parquet_lake, str(tmp_path))
+        it = iter(first)
+        head = [next(it) for _ in range(k)]
+        state = first.state_dict()
+        first.close()
+        again = _unshuffled(_overlapping_first, parquet_lake, str(tmp_path))
+        again.load_state_dict(state)
+        rest = batches(again)
+        assert len(head) + len(rest) == len(want) and rest == want[k:]
+        assert again._stream is not None and again._stream.queries == 1 and again._stream.failed is None
+
+
+def _sorted_lake(lake: str, out) -> str:
+    import pyarrow.parquet as pq
+    table = pa.concat_tables([t for _, t in _shards(lake)]).sort_by("country")
+    out.mkdir()
+    pq.write_table(table, str(out / "part-0.parquet"), row_group_size=1000)
+    return str(out)
+
+
+def _shards(lake: str):
+    import os
+    import pyarrow.parquet as pq
+    return [(n, pq.read_table(os.path.join(lake, n))) for n in sorted(os.listdir(lake)) if n.endswith(".parquet")]
+
+
+def test_unshuffled_mixture_reads_per_unit_where_the_stream_would_queue_too_much(parquet_lake, tmp_path,
+                                                                                monkeypatch):
+    """On a lake sorted by the components' column the stream would have to queue nearly all
+    of one component to reach the next: over the queues' bound (``prefetch / 4``) the epoch
+    reads per unit; the same lake unsorted streams at the same budget. Where the estimate
+    lets it through, the bound at run time ends the stream mid-epoch: the same batches."""
+    from arrowload.mixture import loader as mixloader
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    prefetch = 96 << 10
+    lake = _sorted_lake(parquet_lake, tmp_path / "sorted")
+    streamed = _unshuffled(_shared_mix, parquet_lake, str(tmp_path / "a"), prefetch=prefetch)
+    assert batches(streamed) and streamed._stream is not None and streamed._stream.failed is None
+    assert streamed._stream.peak <= prefetch // 4 + prefetch // 4 + streamed._stream.query.held_bytes(
+        max(s.unit_bytes and max(s.unit_bytes) for s in streamed._shapes))
+    refused = _unshuffled(_shared_mix, lake, str(tmp_path / "b"), prefetch=prefetch)
+    want = batches(refused)
+    assert refused._stream is None and want
+    # the estimate overruled: the stream starts, its queues pass the bound, the rest per unit
+    span = mixloader.stream_span
+    monkeypatch.setattr(mixloader, "stream_span", lambda *a: span(*a)[:2] + (0.0,))
+    forced = _unshuffled(_shared_mix, lake, str(tmp_path / "c"), prefetch=prefetch)
+    assert batches(forced) == want
+    assert forced._stream is not None and "bound" in str(forced._stream.failed)
+
+
+def test_unshuffled_mixture_falls_back_to_units_when_the_union_stream_fails(parquet_lake, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARROWLOAD_STREAM", "0")
+    want = batches(_unshuffled(_shared_mix, parquet_lake, str(tmp_path / "a")))
+    calls = _stream_calls(monkeypatch, fail=True)
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    loader = _unshuffled(_shared_mix, parquet_lake, str(tmp_path / "b"), batch_size=64, prefetch=1 << 16)
+    assert batches(loader) == want and len(calls) == 1
+    assert isinstance(loader._stream.failed, RuntimeError)
+
+
+def _queued_by_simulation(per, row_bytes, sched, first_block, stop_block):
+    """The most bytes a stream read unit by unit queues serving blocks ``[first_block,
+    stop_block)`` in order, from the schedule's exact block counts."""
+    starts, counts = sched.blocks(first_block, stop_block)
+    ends = starts + counts
+    rows = np.vstack([np.zeros(per.shape[1], np.int64), np.cumsum(per, axis=0)])
+    stop = ends[-1]
+    live = stop > starts[0]
+    j = int(min(np.searchsorted(rows[1:, c], starts[0, c], side="right") for c in np.flatnonzero(live)))
+    avail = rows[j].copy()
+    peak = 0.0
+    for b in range(len(starts)):
+        while np.any(avail < ends[b]):
+            avail = np.minimum(rows[j + 1], stop)
+            j += 1
+            head = starts[b]
+            peak = max(peak, float(np.maximum(0, avail - np.maximum(head, starts[0])) @ row_bytes))
+    return peak
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_stream_span_queues_match_a_unit_by_unit_simulation(data):
+    from arrowload.mixture.stream import stream_span
+    m = data.draw(st.integers(1, 4))
+    units = data.draw(st.integers(1, 12))
+    per = np.array(data.draw(st.lists(st.lists(st.integers(0, 300), min_size=m, max_size=m),
+                                      min_size=units, max_size=units)), dtype=np.int64)
+    per[0] += 1  # every component has a row
+    weights = data.draw(st.lists(st.integers(1, 9), min_size=m, max_size=m))
+    batch = data.draw(st.sampled_from([1, 7, 32]))
+    row_bytes = np.array(data.draw(st.lists(st.integers(1, 16), min_size=m, max_size=m)), dtype=np.float64)
+    sched = Schedule(tuple(int(x) for x in per.sum(axis=0)), (Phase(0, tuple(map(float, weights)), (0,) * m),),
+                     batch, 3, 0)
+    blocks = sched.num_blocks
+    if not blocks:
+        return
+    first = data.draw(st.integers(0, blocks - 1))
+    members = [(tuple(range(units)), tuple(int(x) for x in per[:, c])) for c in range(m)]
+    span = stream_span(tuple(range(units)), members, list(row_bytes), 0, (0,) * m, sched.apportions[0].q, batch,
+                       first, blocks, sched.stream_index(first), sched.stream_index(blocks))
+    assert span is not None
+    rows, j0, peak = span
+    np.testing.assert_array_equal(rows[1:], np.cumsum(per, axis=0))
+    truth = _queued_by_simulation(per, row_bytes, sched, first, blocks)
+    # on the line of the weights: within a block and a few rows per component of the exact run
+    slack = (batch + 8 * m) * float(row_bytes.max())
+    assert abs(peak - truth) <= slack, (peak, truth)
+    # a component drawn past its pass is refused (the stream reads one pass)
+    assert stream_span(tuple(range(units)), members, list(row_bytes), 0, (0,) * m, sched.apportions[0].q, batch,
+                       first, blocks, sched.stream_index(first),
+                       (int(per[:, 0].sum()) + 1,) + sched.stream_index(blocks)[1:]) is None

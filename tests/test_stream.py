@@ -329,32 +329,38 @@ def test_a_fresh_process_reads_per_unit_while_polars_imports_then_streams(tmp_pa
     assert [i for b in out["batches"] for i in b] == [r[0] for r in truth]
 
 
-def test_a_mixtures_components_do_not_start_polars_import(lake, tmp_path):
-    """A loader whose epochs will stream starts polars' import when it is made; a mixture's
-    components are loaders the mixture reads per unit, so making an unshuffled mixture
-    imports nothing (a single loader over the same selection, as the control, does)."""
+def test_an_unshuffled_mixture_streams_by_the_loaders_rule(lake, tmp_path):
+    """A mixture's components are loaders the mixture reads: they start no polars import of
+    their own. The unshuffled mixture itself reads one union stream by the single loader's
+    rule (``_stream_allowed``): on this small lake at the default import thresholds it
+    reads per unit and imports nothing; where the read pays the import (threshold 0, as a
+    large lake) its first task starts the import and the epoch streams once it has ended."""
     import subprocess
     import sys
     code = (
         "import sys, threading, arrowload as al\n"
         "from arrowload.pipeline import loader as L\n"
-        "L.STREAM_FILTER_IMPORT_BYTES = 0  # this small lake streams by default, as a large one\n"
         f"ds = al.dataset({lake!r})\n"
         "parts = {s: ds.filter(f\"s = '{s}'\").select('id', 'x') for s in 'abc'}\n"
-        f"mx = al.mix(parts, temperature=1.0, cache_dir={str(tmp_path)!r}).loader(50, shuffle=False, cache_dir={str(tmp_path)!r})\n"
+        "def mix():\n"
+        f"    return al.mix(parts, temperature=1.0, cache_dir={str(tmp_path)!r}).loader(50, shuffle=False, "
+        f"cache_dir={str(tmp_path)!r})\n"
+        "mx = mix()\n"
         "n = sum(len(b['id']) for b in mx)\n"
         "busy = [t for t in threading.enumerate() if t.name == 'arrowload-import-polars']\n"
-        "print(n > 0, 'polars' in sys.modules or bool(busy))\n"
-        f"single = ds.filter(\"s IN ('a', 'b', 'c')\").select('id', 'x').loader(50, cache_dir={str(tmp_path)!r})\n"
+        "print(n > 0, 'polars' in sys.modules or bool(busy), mx._stream is None)\n"
+        "L.STREAM_FILTER_IMPORT_BYTES = 0  # this small lake streams by default, as a large one\n"
+        "mx = mix()\n"
+        "n = sum(len(b['id']) for b in mx)\n"
         "for t in threading.enumerate():\n"
         "    if t.name == 'arrowload-import-polars':\n"
         "        t.join()\n"
-        "print('polars' in sys.modules)\n")
+        "print(n > 0, 'polars' in sys.modules, mx._stream is not None)\n")
     env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
                          timeout=120).stdout.split("\n")
-    assert out[0] == "True False", out
-    assert out[1] == "True", out
+    assert out[0] == "True False True", out
+    assert out[1] == "True True True", out
 
 
 def test_default_keeps_to_the_budget(lake, cache_dir, monkeypatch):

@@ -37,7 +37,7 @@ from ..errors import InvalidArgumentError, LoaderClosedError, StateMismatchError
 from ..order import EpochOrder, ShuffleKind, TaskKind, derive_key, plan_tasks
 from ..order.mixture import (MIXTURE_ORDER_SINCE, MIXTURE_ORDER_VERSION, ComponentOrder, Phase, Schedule,
                              component_key, rank_blocks, units_key)
-from ..order.tasks import read_rows
+from ..order.tasks import READ_SHARE, read_rows
 from ..pipeline import arguments as _arguments
 from ..convert.host import array_valued
 from ..pipeline.chunks import HostChunk, _varlist
@@ -48,6 +48,7 @@ from ..options import default_cache_dir
 from ..pipeline.options import reader_bound
 from . import weights as _weights
 from .shared import SharedSources
+from .stream import MixStream, queue_cap, stream_span
 
 STATE_FORMAT = "arrowload.mixture_state"
 STATE_VERSION = 1
@@ -124,6 +125,7 @@ class MixtureLoader:
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._orders: dict = {}
+        self._stream: MixStream | None = None  # the current iteration's (mixture.stream)
         #: reads convert to host arrays on the reader threads where every column has them
         #: (decided from the schema: finding out from a read would read its task twice)
         self._host_ok = self._chunks is not None and all(
@@ -200,17 +202,75 @@ class MixtureLoader:
         o = self.options
         caches = [SharedCache(_KEPT_READS) for _ in self.sizes]
         self._shared.restart()
-        stages = Stages(tasks=self._tasks(blocks), read=functools.partial(self._read, sched, blocks, caches),
+        stream, held = self._stream_of(sched, blocks)
+        self._stream = stream
+        stages = Stages(tasks=self._tasks(blocks), read=functools.partial(self._read, sched, blocks, caches,
+                                                                          stream),
                         combine=self._chunks.combine if self._chunks is not None else concat_arrow,
                         finish=self._output, transform=self._transform,
-                        deliver=self._device_stage.ready if self._device_stage is not None else None)
-        # the decoded-unit caches' bytes are taken out of the budget (stats() counts them)
+                        deliver=self._device_stage.ready if self._device_stage is not None else None,
+                        held=held, close=stream.close if stream is not None else None)
+        # the decoded-unit caches' (or the stream's queues') bytes are taken out of the
+        # budget (stats() counts them)
         settings = Settings(batch_size=o.batch_size, prefetch=max(1, o.prefetch - self._shared.cache_bytes),
                             max_readers=self.max_readers)
         it = EpochIterator(stages, settings, on_batch=self._advance)
         self._stats = it.stats
         self._active.add(it)
         return it
+
+    def _stream_of(self, sched: Schedule, blocks: range) -> tuple[MixStream | None, int]:
+        """The epoch's rows from one polars query over the union of the components' reads
+        (``mixture.stream``) and what polars holds ahead, or ``(None, 0)``: a component
+        shuffled or not in the lake's one group, the union not streamable or not allowed by
+        the loader's rule (``pipeline.loader._stream_allowed``), or queues over their bound."""
+        from ..pipeline.loader import _stream_allowed
+        from ..scan.stream import stream_setting
+        m = len(self.sizes)
+        if not blocks or stream_setting() is False or len(self._shared.members) != 1 or \
+                sorted(self._shared.members[0]) != list(range(m)):
+            return None, 0
+        group = self._shared.groups[0]
+        srcs = [comp._source for comp in self._components]
+        if group is None or sorted(group.members) != list(range(m)) or any(
+                comp.shuffle_kind is not ShuffleKind.NONE or src.kind != "scan" for comp, src in zip(self._components, srcs)):
+            return None, 0
+        query = group.union_stream()
+        if query is None or not query.units:
+            return None, 0
+        unit = max(max((src.est_bytes(i) for i in range(len(src.counts))), default=0) for src in srcs)
+
+        def read() -> int:  # the largest member's read (the union reads at least that)
+            return max(sum(src.read_bytes(i) for i in range(len(src.counts))) for src in srcs)
+
+        o = self.options
+        if not _stream_allowed(query, unit, read, prefetch=o.prefetch):
+            return None, 0
+        last = blocks[-1] + 1
+        i = sched.phase_index(blocks.start)
+        if i + 1 < len(self._phases):
+            return None, 0  # a phase starts inside the span: per unit
+        phase, ap = self._phases[i], sched.apportions[i]
+        cap = queue_cap(o.prefetch)
+        # a queued row's bytes: a unit's decoded bytes over all its rows (the filter's rejects
+        # too: the decode holds them)
+        per_row = [sum(src.est_bytes(i) for i in range(len(src.counts))) /
+                   max(1, sum(u.num_rows if u.num_rows is not None else n
+                              for u, n in zip(src.scan.selected_units(), src.counts))) for src in srcs]
+        span = stream_span(tuple(u.index for u in query.units), [(src.units, src.counts) for src in srcs],
+                           [max(1.0, b) for b in per_row], phase.start, phase.offsets, ap.q, o.batch_size, blocks.start, last,
+                           sched.stream_index(blocks.start), sched.stream_index(last))
+        if span is None or span[2] > cap:
+            return None, 0  # a second pass, or a lake whose order would queue too much (sorted)
+        rows = span[0]
+        stop = sched.stream_index(last)
+        last_unit = max(int(np.searchsorted(rows[1:, c], stop[c] - 1, side="right")) for c in range(m) if stop[c])
+        from ..options import usable_cores
+        held = query.held_bytes(unit)
+        # at run time the queues may pass the estimate by a task's rows (a task fills each
+        # component in turn) and a unit (a polars batch may span units)
+        return MixStream(query, group, rows, stop, cap + o.prefetch // READ_SHARE + unit, usable_cores(), last_unit,
+                         self._chunks if self._host_ok else None, wait_import=bool(stream_setting())), held
 
     def _advance(self, rows: int) -> None:
         self._position += self.world_size
@@ -306,8 +366,8 @@ class MixtureLoader:
         if len(wanted) > 1:
             map_units(lambda item: item[1].warm(item[0][1]), list(wanted.items()))
 
-    def _read(self, sched: Schedule, blocks: range, caches: list, task: MixTask, *, cache=None,
-              map_units=None) -> tuple[list, float]:
+    def _read(self, sched: Schedule, blocks: range, caches: list, stream: MixStream | None, task: MixTask, *,
+              cache=None, map_units=None) -> tuple[list, float]:
         mine = blocks[task.first:task.stop]
         starts, counts = self._locate(sched, mine)
         b = self.options.batch_size
@@ -323,8 +383,13 @@ class MixtureLoader:
         # batch rows are gathered from it at once, straight into their places
         joint = self._shared.joint_table([c._source for c in self._components]) if conv is not None else None
         found: list[list] = []
+        streamed = stream.take(task.first, task.stop, pieces) if stream is not None else None
         if joint is not None:
             sizes = [int(k) for k in counts.sum(axis=0)]
+        elif streamed is not None:  # host chunks converted on the stream's threads, or record batches
+            hosts = all(p.host is not None for parts in streamed for p in parts)
+            found = [[p.host if hosts else p.batch for p in parts] for parts in streamed]
+            sizes = [sum(p.num_rows for p in parts) for parts in found]
         else:
             self._prewarm(pieces, map_units)
             for c in range(len(self.sizes)):
@@ -353,7 +418,7 @@ class MixtureLoader:
             if chunk is not None:
                 return [chunk], time.perf_counter() - t0
             self._host_ok = False  # no host views (nulls): each component's path, Arrow from now on
-            return self._read(sched, blocks, caches, task, cache=cache, map_units=map_units)
+            return self._read(sched, blocks, caches, stream, task, cache=cache, map_units=map_units)
         if conv is not None:
             t0 = time.perf_counter()
             chunk = _scatter(found, base, sizes, idx, conv.pool)
@@ -362,7 +427,9 @@ class MixtureLoader:
             # a part did not convert (nulls without fill_null): Arrow from now on, this task
             # again (its error is raised for the batch that holds the value)
             self._host_ok = False
-            return self._read(sched, blocks, caches, task, cache=cache, map_units=map_units)
+            conv = None
+            if streamed is None:
+                return self._read(sched, blocks, caches, stream, task, cache=cache, map_units=map_units)
         tables = [pa.Table.from_batches(parts) for parts in found if parts]
         target = tables[0].schema
         tables = [t if t.schema.equals(target) else t.cast(target) for t in tables]
@@ -475,11 +542,13 @@ class MixtureLoader:
     # -- introspection -------------------------------------------------------------------
     def stats(self):
         """Counters of the current (or last) iteration; ``peak_prefetch_bytes`` includes the
-        most the decoded-unit caches held (``mixture.shared``)."""
+        most the decoded-unit caches (``mixture.shared``) or the stream's queues
+        (``mixture.stream``) held."""
         if not hasattr(self, "_stats"):
             return None
+        stream = self._stream
         return dataclasses.replace(self._stats, peak_prefetch_bytes=self._stats.peak_prefetch_bytes +
-                                   self._shared.peak())
+                                   self._shared.peak() + (stream.peak if stream is not None else 0))
 
     def passes(self) -> tuple[float, ...]:
         """Passes over each component this epoch draws (at this loader's batch size)."""

@@ -1,0 +1,306 @@
+"""An unshuffled mixture over one lake read through one polars streaming query.
+
+The components of a mixture over one lake (a :class:`~arrowload.mixture.shared.Group`) read
+without shuffle take their rows in source order: block ``b`` holds rows ``[s_c(b), s_c(b) +
+n_c(b))`` of each component's rows in lake order (``order.mixture.Schedule``). One streaming
+query over the union of their reads (``Group.union_stream``: the OR of their predicates,
+the union of their columns) yields every row any of them keeps, in lake order; each of its
+batches is split among the members (``Group.split_rows``, each member's whole plan, on a
+few threads in order) and queued per member. A task (a few consecutive blocks of this rank)
+takes, per component, the rows its blocks hold from the head of that component's queue,
+after dropping the rows before them (other ranks' blocks). The rows, order and batches are
+those of the per-unit path (``MixtureLoader._component_rows``); only where they come from
+differs.
+
+Bounded: a component's rows may arrive far ahead of their turn (a lake sorted by the
+component's column: the stream must pass all of one component to reach the next). Before
+the epoch, :func:`stream_span` works out from the components' exact per-unit counts and the
+schedule's arithmetic how many bytes the queues would hold at most; over ``cap`` the epoch
+reads per unit (the decoded-unit cache of ``mixture.shared``). While it runs, queues over
+``cap`` plus a unit's slack (a polars batch may span units) end the stream too.
+
+Tasks run on the reader threads in submission order (FIFO): a task waits for the one before
+it to have taken its rows, as ``pipeline.streamreads.StreamReads`` does. Failure (a polars
+error, fewer rows than counted, the queues over their bound, polars not imported yet): this
+task and every later one read on the per-unit path, whose rows or error are the answer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..pipeline.streamreads import merge_ranges
+from ..scan.decoders import recoverable
+from ..scan.stream import polars_ready
+
+#: what the queues may hold, as a share of the prefetch budget (the decoded-unit cache's)
+QUEUE_SHARE = 4
+
+
+def stream_span(union_units: tuple[int, ...], members: list[tuple[tuple[int, ...], tuple[int, ...]]],
+                row_bytes: list[float], phase_start: int, offsets: tuple[int, ...], q: tuple[int, ...],
+                batch_size: int, first_block: int, stop_block: int, drawn_first: tuple[int, ...],
+                drawn_stop: tuple[int, ...]) -> tuple[np.ndarray, int, float] | None:
+    """What the stream over ``union_units`` (source unit indices, in order) holds queued
+    while it serves the blocks ``[first_block, stop_block)``, read unit by unit.
+
+    ``members[c] = (units, counts)``: component ``c``'s units (source indices) and its rows
+    in each; ``row_bytes[c]`` its decoded bytes per row; ``drawn_first`` / ``drawn_stop``
+    each component's stream index at the first block and past the last. From
+    ``phase_start`` on, component ``c`` draws ``offsets[c] + cumulative_c(b - phase_start)``
+    rows by block ``b``, within a few rows of ``B q_c / Q`` per block (``order.mixture``):
+    the queues are taken on that line (a few rows either way, against units of rows).
+    Unit ``j`` is read when the first block the units before it cannot serve comes; the
+    queues then hold its rows and those the blocks served so far left.
+
+    The answer: ``(rows, first unit, peak bytes)``: ``rows[j, c]``, component ``c``'s rows
+    in union units before position ``j`` (``[J + 1, m]``), the union position the stream
+    starts at, and the most bytes queued; None where a component's unit is outside the
+    union or a component is drawn past its pass (the stream reads one pass)."""
+    from ..order.mixture import Q
+    m = len(members)
+    pos = {u: j for j, u in enumerate(union_units)}
+    per = np.zeros((len(union_units), m), dtype=np.int64)
+    for c, (units, counts) in enumerate(members):
+        for u, n in zip(units, counts):
+            j = pos.get(u)
+            if j is None:
+                if n:
+                    return None
+                continue
+            per[j, c] = n
+    rows = np.zeros((len(union_units) + 1, m), dtype=np.int64)
+    np.cumsum(per, axis=0, out=rows[1:])
+    total = rows[-1]
+    first = np.asarray(drawn_first, dtype=np.int64)
+    stop = np.asarray(drawn_stop, dtype=np.int64)
+    if np.any(stop > total):
+        return None  # a second pass (or a count the stream cannot hold): per unit
+    live = stop > first
+    if not live.any():
+        return None
+    # the union position holding each live component's first row of the span
+    starts = [int(np.searchsorted(rows[1:, c], first[c], side="right")) for c in range(m) if live[c]]
+    j0 = min(starts)
+    avail = np.minimum(rows[j0 + 1:], stop[None, :]).astype(np.float64)  # after reading each unit
+    rate = np.asarray(q, dtype=np.float64) * batch_size / Q  # rows per block
+    off = np.asarray(offsets, dtype=np.float64)
+    # the blocks the rows read so far serve: the least, over the components drawing, of
+    # the blocks their rows cover
+    drawing = rate > 0
+    if not drawing.any():
+        return None
+    k = np.min(np.where(drawing[None, :], (avail - off[None, :]) / np.where(drawing, rate, 1.0)[None, :],
+                        np.inf), axis=1) + phase_start
+    k = np.clip(k, first_block, stop_block)
+    # unit j is read when a block the units before it cannot serve comes: the queues then
+    # hold its rows and those the blocks served so far left
+    before = np.concatenate([[float(first_block)], k[:-1]])
+    consumed = np.maximum(off[None, :] + rate[None, :] * (before - phase_start)[:, None], first[None, :])
+    held = np.maximum(0.0, avail - consumed) @ np.asarray(row_bytes, dtype=np.float64)
+    return rows, j0, float(held.max()) if held.size else 0.0
+
+
+class MixStream:
+    """Component rows of an unshuffled mixture over one lake from one polars query (see the
+    module doc). ``query``: the union's ``StreamQuery``; ``group``: the members' ``Group``;
+    ``rows``: ``stream_span``'s per-unit cumulative counts (union positions); ``stop``:
+    each component's stream index past the epoch's last block; ``cap``: the queues' bound in
+    bytes; ``workers``: threads splitting batches."""
+
+    def __init__(self, query, group, rows: np.ndarray, stop: tuple[int, ...], cap: int, workers: int,
+                 last_unit: int, conv=None, wait_import: bool = False) -> None:
+        self.query = query
+        self.wait_import = wait_import  # the stream forced on: every task waits for polars' import
+        self.conv = conv
+        self.group = group
+        self.rows = rows
+        self.stop = tuple(int(x) for x in stop)
+        self.cap = cap
+        self.workers = workers
+        self.last_unit = last_unit
+        m = len(self.stop)
+        self._queues: list[deque] = [deque() for _ in range(m)]
+        self._head = [0] * m  # each queue's first row: its component stream index
+        self._count = [0] * m
+        self._bytes = [0] * m
+        self._it = None
+        self._source = None
+        self._next = 0  # the next task's first block (index into this rank's blocks)
+        self._cond = threading.Condition()
+        self._closed = False
+        self.failed: BaseException | str | None = None
+        self.queries = 0
+        self.peak = 0
+
+    def take(self, first: int, stop: int, pieces: list[list[tuple[int, int]]]) -> list[list[Part]] | None:
+        """The rows of the task of blocks ``[first, stop)``: per component the parts
+        (:class:`Part`) of its stream ranges ``pieces[c]`` in order; None: read it per unit
+        (see the module doc). Waits for the tasks before it."""
+        with self._cond:
+            while not self._closed and self._next != first:
+                self._cond.wait(0.05)
+            if self._closed:
+                return None
+            try:
+                if self.failed is not None:
+                    return None
+                if self._it is None:
+                    if not polars_ready(wait=self.wait_import):
+                        return None  # its import runs on a thread of its own: per unit meanwhile
+                    self._open(pieces)
+                try:
+                    return [self._take(c, ranges) for c, ranges in enumerate(pieces)]
+                except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
+                    if not recoverable(exc):
+                        raise
+                    self._fail(exc)
+                    return None
+            finally:
+                self._next = stop
+                self._cond.notify_all()
+
+    def _open(self, pieces: list[list[tuple[int, int]]]) -> None:
+        """Start the query at the union unit holding the first row any component takes
+        (lock held): the queues' heads are the components' rows before that unit."""
+        rows = self.rows
+        firsts = [int(np.searchsorted(rows[1:, c], ranges[0][0], side="right"))
+                  for c, ranges in enumerate(pieces) if ranges]
+        j0 = min(firsts) if firsts else 0
+        self._head = [int(x) for x in rows[j0]]
+        from .shared import _ordered_map
+        members = list(self.group.members)
+
+        conv = self.conv
+
+        def split(batch: pa.RecordBatch) -> dict[int, list[Part]]:
+            # on the splitting threads: each member's rows, converted to host arrays once
+            got = self.group.split_rows(pa.Table.from_batches([batch]), members)
+            return {c: [Part.of(b, conv) for b in table.to_batches() if b.num_rows] for c, table in got.items()}
+
+        self._source = self.query.batches(j0, self.last_unit, 0, None)
+        self._it = _ordered_map(split, self._source, self.workers)
+        self.queries += 1
+
+    def _take(self, c: int, ranges: list[tuple[int, int]]) -> list:
+        out: list = []
+        for lo, hi in merge_ranges(ranges):  # a block's rows follow the block before it's
+            self._fill(c, hi)
+            self._drop(c, lo)
+            queue, got = self._queues[c], 0
+            while got < hi - lo:
+                b = queue.popleft()
+                n = min(b.num_rows, hi - lo - got)
+                if n < b.num_rows:
+                    queue.appendleft(b.slice(n))
+                    b = b.slice(0, n)
+                out.append(b)
+                got += n
+            self._head[c] = hi
+            self._count[c] -= got
+        self._bytes[c] = sum(p.nbytes for p in self._queues[c])
+        return out
+
+    def _drop(self, c: int, lo: int) -> None:
+        """Drop component ``c``'s queued rows before stream index ``lo``."""
+        queue = self._queues[c]
+        while self._head[c] < lo:
+            b = queue.popleft()
+            n = min(b.num_rows, lo - self._head[c])
+            if n < b.num_rows:
+                queue.appendleft(b.slice(n))
+            self._head[c] += n
+            self._count[c] -= n
+
+    def _fill(self, c: int, hi: int) -> None:
+        """Pull batches until component ``c`` holds its rows up to ``hi`` (lock held)."""
+        while self._head[c] + self._count[c] < hi:
+            got = next(self._it, None)
+            if got is None:
+                raise _Short(f"the stream ended {hi - self._head[c] - self._count[c]} rows short of component {c}")
+            for m, parts in got.items():
+                for part in parts:
+                    self._put(m, part)
+            held = sum(self._bytes)
+            self.peak = max(self.peak, held)
+            if held > self.cap:
+                raise _Short(f"the queues passed their bound ({held} bytes > {self.cap})")
+
+    def _put(self, m: int, part: Part) -> None:
+        """Queue component ``m``'s rows of a batch, keeping none past its last drawn row."""
+        end = self._head[m] + self._count[m]
+        keep = min(part.num_rows, max(0, self.stop[m] - end))
+        if not keep:
+            return
+        if keep < part.num_rows:
+            part = part.slice(0, keep)
+        self._queues[m].append(part)
+        self._count[m] += keep
+        self._bytes[m] += part.nbytes
+
+    def _fail(self, exc: BaseException | str) -> None:
+        self.failed = exc
+        self._release()
+
+    def _release(self) -> None:
+        it, self._it = self._it, None
+        for q in self._queues:
+            q.clear()
+        self._count = [0] * len(self._count)
+        self._bytes = [0] * len(self._bytes)
+        if it is not None:
+            it.close()  # the split threads end
+            source, self._source = self._source, None
+            if hasattr(source, "close"):
+                source.close()  # polars' query is dropped
+
+    def close(self) -> None:
+        """Stop the query and wake every task waiting for its turn. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._release()
+            self._cond.notify_all()
+
+
+class Part:
+    """A component's rows of a stream batch: the record batch and, where the loader converts
+    reads to host arrays and this one converts whole, its host chunk (sliced together)."""
+
+    __slots__ = ("batch", "host", "num_rows")
+
+    def __init__(self, batch: pa.RecordBatch, host) -> None:
+        self.batch = batch
+        self.host = host
+        self.num_rows = batch.num_rows
+
+    @classmethod
+    def of(cls, batch: pa.RecordBatch, conv) -> "Part":
+        from ..pipeline.chunks import HostChunk
+        host = conv.chunk(batch) if conv is not None else None
+        return cls(batch, host if isinstance(host, HostChunk) else None)
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.nbytes if self.host is not None else self.batch.nbytes
+
+    def slice(self, offset: int, length: int | None = None) -> "Part":
+        n = self.num_rows - offset if length is None else length
+        return Part(self.batch.slice(offset, n), self.host.slice(offset, n) if self.host is not None else None)
+
+
+class _Short(Exception):
+    """The stream cannot serve a task (fewer rows than counted, queues over their bound):
+    it and every later task read per unit."""
+
+
+def queue_cap(prefetch: int) -> int:
+    return max(1, prefetch // QUEUE_SHARE)
+
+
+__all__ = ["MixStream", "Part", "QUEUE_SHARE", "queue_cap", "stream_span"]
+
