@@ -543,12 +543,66 @@ def _overlapping_first(lake, cache):
     return al.mix(comps, weights=[2, 1, 1], seed=4, cache_dir=cache)
 
 
+def _plain_mix(lake, cache, columns=("id", "label", "f0")):
+    """Components that keep the lake's columns unchanged (one renamed): the stream hands
+    out their rows as positions in each batch (``Group.pick_rows``)."""
+    ds = al.dataset(lake)
+    comps = {c.lower(): ds.filter(f"country = '{c}'").select(*columns[1:], ident=columns[0]) for c in SHARED}
+    comps["pos"] = ds.filter("label = 1 AND id % 3 <> 0").select(*columns[1:], ident=columns[0])
+    return al.mix(comps, temperature=1.0, seed=5, cache_dir=cache)
+
+
 def _unshuffled(make, lake, cache, **kw):
     kw.setdefault("cache_dir", cache)
     return make(lake, cache).loader(kw.pop("batch_size", 64), shuffle=False, **kw)
 
 
-@pytest.mark.parametrize("make", [_shared_mix, _overlapping_first])
+def test_plain_components_stream_as_positions(parquet_lake, tmp_path, monkeypatch):
+    """Components that keep their columns unchanged take their rows as positions in each
+    converted stream batch: the per-unit path's batches, every component's ids DuckDB's
+    rows in lake order (an unshuffled component keeps its order), overlaps drawn in each."""
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    got = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("ARROWLOAD_STREAM", env)
+        loader = _unshuffled(_plain_mix, parquet_lake, str(tmp_path / env))
+        got[env] = [{k: np.asarray(v).tolist() for k, v in b.items()} for b in loader]
+        if env == "1":
+            assert loader._stream.picked > 0 and loader._stream.failed is None
+    assert got["1"] == got["0"] and got["1"]
+    assert set(got["1"][0]) == {"ident", "label", "f0"}
+    # each id drawn at most once per component selecting it; nearly all drawn (temperature=1)
+    truths = [duck_ids(parquet_lake, f"country = '{c}'") for c in SHARED] + \
+        [duck_ids(parquet_lake, "label = 1 AND id % 3 <> 0")]
+    drawn = collections.Counter(i for b in got["1"] for i in b["ident"])
+    assert all(n <= sum(i in t for t in truths) for i, n in drawn.items())
+    assert sum(drawn.values()) >= sum(map(len, truths)) - 4 * 64
+    assert any(n == 2 for n in drawn.values())  # a row two components select, drawn in each
+
+
+def test_plain_components_with_nulls_raise_where_the_per_unit_path_raises(parquet_lake, tmp_path, monkeypatch):
+    """A column with nulls (``score``) converts to no host arrays: the stream's rows go the
+    Arrow way and the batch holding a null raises as on the per-unit path; with
+    ``output='arrow'`` both give the same batches."""
+    from arrowload.errors import ConversionError
+    out = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("ARROWLOAD_STREAM", env)
+        cache = str(tmp_path / env)
+        loader = _plain_mix(parquet_lake, cache, ("id", "score")).loader(64, shuffle=False, cache_dir=cache)
+        seen = []
+        with pytest.raises(ConversionError):
+            for b in loader:
+                seen.append(np.asarray(b["ident"]).tolist())
+        arrow = _plain_mix(parquet_lake, cache, ("id", "score")).loader(64, shuffle=False, cache_dir=cache,
+                                                                         output="arrow")
+        out[env] = (seen, [b.to_pydict() for b in arrow])
+        if env == "1":
+            assert arrow._stream is not None and arrow._stream.failed is None
+    assert out["1"] == out["0"] and out["1"][1]
+
+
+@pytest.mark.parametrize("make", [_shared_mix, _overlapping_first, _plain_mix])
 @pytest.mark.parametrize("world", [1, 2])
 def test_unshuffled_mixture_from_the_union_stream_equals_the_per_unit_path(parquet_lake, tmp_path, monkeypatch,
                                                                           make, world):
@@ -563,7 +617,7 @@ def test_unshuffled_mixture_from_the_union_stream_equals_the_per_unit_path(parqu
         for rank in range(world):
             cache = str(tmp_path / env)
             loader = _unshuffled(make, parquet_lake, cache, rank=rank, world_size=world)
-            got[env, rank] = batches(loader)
+            got[env, rank] = [{k: np.asarray(v).tolist() for k, v in b.items()} for b in loader]
             if env == "1":
                 assert loader._stream is not None and loader._stream.failed is None
                 assert loader._stream.queries == 1 and loader.stats().peak_prefetch_bytes >= loader._stream.peak > 0
@@ -572,8 +626,10 @@ def test_unshuffled_mixture_from_the_union_stream_equals_the_per_unit_path(parqu
     assert len(calls) == world  # one query per rank's epoch
     for rank in range(world):
         assert got["1", rank] == got["0", rank] and got["1", rank]
+    if make is _plain_mix:
+        return  # no component names in its rows (test_plain_components_stream_as_positions)
     if world == 2:  # disjoint ranks
-        ids = [set(zip(*[(i, c) for b in got["1", r] for i, c in zip(b["id"], b["comp"])])) for r in range(2)]
+        ids = [{(i, c) for b in got["1", r] for i, c in zip(b["id"], b["comp"])} for r in range(2)]
         assert not ids[0] & ids[1]
     drawn = by_component(got["1", 0])
     truth = {"us": "country = 'US'", "de": "country = 'DE'", "in": "country = 'IN'"} if make is _shared_mix else \

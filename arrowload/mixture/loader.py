@@ -48,7 +48,7 @@ from ..options import default_cache_dir
 from ..pipeline.options import reader_bound
 from . import weights as _weights
 from .shared import SharedSources
-from .stream import MixStream, queue_cap, stream_span
+from .stream import MixStream, gather, queue_cap, stream_span
 
 STATE_FORMAT = "arrowload.mixture_state"
 STATE_VERSION = 1
@@ -386,10 +386,8 @@ class MixtureLoader:
         streamed = stream.take(task.first, task.stop, pieces) if stream is not None else None
         if joint is not None:
             sizes = [int(k) for k in counts.sum(axis=0)]
-        elif streamed is not None:  # host chunks converted on the stream's threads, or record batches
-            hosts = all(p.host is not None for parts in streamed for p in parts)
-            found = [[p.host if hosts else p.batch for p in parts] for parts in streamed]
-            sizes = [sum(p.num_rows for p in parts) for parts in found]
+        elif streamed is not None:  # rows the stream's threads converted (mixture.stream.Rows)
+            sizes = [sum(r.num_rows for r in rows) for rows in streamed]
         else:
             self._prewarm(pieces, map_units)
             for c in range(len(self.sizes)):
@@ -421,7 +419,8 @@ class MixtureLoader:
             return self._read(sched, blocks, caches, stream, task, cache=cache, map_units=map_units)
         if conv is not None:
             t0 = time.perf_counter()
-            chunk = _scatter(found, base, sizes, idx, conv.pool)
+            chunk = gather(streamed, base, idx, conv.pool) if streamed is not None else \
+                _scatter(found, base, sizes, idx, conv.pool)
             if chunk is not None:  # each component's host rows copied once to their places
                 return [chunk], time.perf_counter() - t0
             # a part did not convert (nulls without fill_null): Arrow from now on, this task
@@ -430,6 +429,8 @@ class MixtureLoader:
             conv = None
             if streamed is None:
                 return self._read(sched, blocks, caches, stream, task, cache=cache, map_units=map_units)
+        if streamed is not None:
+            found = [[r.arrow() for r in rows] for rows in streamed]
         tables = [pa.Table.from_batches(parts) for parts in found if parts]
         target = tables[0].schema
         tables = [t if t.schema.equals(target) else t.cast(target) for t in tables]

@@ -36,7 +36,9 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import SnapshotChangedError
 from ..order import ShuffleKind
@@ -93,16 +95,34 @@ class Group:
         """Rows the union read decoded (a unit's, or a stream batch's: ``union_stream``):
         each of ``members``' rows of them, after its whole plan; a predicate several
         members share is evaluated once."""
-        found: dict[Any, pa.ChunkedArray] = {}
-
-        def masks(expr, columns) -> pa.ChunkedArray:
-            key = (str(expr), tuple(columns))
-            got = found.get(key)
-            if got is None:
-                got = found[key] = _evaluate(raw.select(list(columns)), [expr], ["_"])[0]
-            return got
-
+        masks = _shared_masks(raw)
         return {c: self.members[c].read_decoded(0, raw, masks) for c in members}
+
+    def picks(self) -> tuple[tuple[tuple[str, str], ...], list[int]] | None:
+        """``(picks, members)``: the members whose rows are the union's rows their
+        predicate keeps with the same columns unchanged (``UnitReader.picks``: ``(output
+        name, decoded column)`` each), the first such member's kind; ``pick_rows`` serves
+        them as positions, the others take ``split_rows``. None where no member is one."""
+        first = next((c for c in self.members if self.members[c].picks), None)
+        if first is None:
+            return None
+        picks, schema = self.members[first].picks, self.members[first].plan.schema
+        chosen = [c for c in self.members
+                  if self.members[c].picks == picks and self.members[c].plan.schema.equals(schema)]
+        return picks, chosen
+
+    def pick_rows(self, raw: pa.Table, members) -> dict[int, np.ndarray | None]:
+        """Each of ``members``' rows of ``raw`` as positions (None: every row), for members
+        ``picks`` allows; a predicate several members share is evaluated once."""
+        masks = _shared_masks(raw)
+        out: dict[int, np.ndarray | None] = {}
+        for c in members:
+            mask = self.members[c].keep_mask(raw, masks)
+            if mask is None:
+                out[c] = None
+            else:
+                out[c] = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+        return out
 
     def union_stream(self):
         """The polars streaming query that reads the union's units in source order
@@ -113,6 +133,19 @@ class Group:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+
+
+def _shared_masks(raw: pa.Table):
+    """``masks(expr, columns)`` over ``raw``: each predicate evaluated once."""
+    found: dict[Any, pa.ChunkedArray] = {}
+
+    def masks(expr, columns) -> pa.ChunkedArray:
+        key = (str(expr), tuple(columns))
+        got = found.get(key)
+        if got is None:
+            got = found[key] = _evaluate(raw.select(list(columns)), [expr], ["_"])[0]
+        return got
+    return masks
 
 
 def _any_of(readers: list[UnitReader]):

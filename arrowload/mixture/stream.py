@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..pipeline.chunks import HostChunk
 from ..pipeline.streamreads import merge_ranges
 from ..scan.decoders import recoverable
 from ..scan.stream import polars_ready
@@ -136,11 +137,12 @@ class MixStream:
         self._closed = False
         self.failed: BaseException | str | None = None
         self.queries = 0
+        self.picked = 0  # stream batches served as positions (Group.pick_rows), not filtered copies
         self.peak = 0
 
-    def take(self, first: int, stop: int, pieces: list[list[tuple[int, int]]]) -> list[list[Part]] | None:
+    def take(self, first: int, stop: int, pieces: list[list[tuple[int, int]]]) -> list[list[Rows]] | None:
         """The rows of the task of blocks ``[first, stop)``: per component the parts
-        (:class:`Part`) of its stream ranges ``pieces[c]`` in order; None: read it per unit
+        (:class:`Rows`) of its stream ranges ``pieces[c]`` in order; None: read it per unit
         (see the module doc). Waits for the tasks before it."""
         with self._cond:
             while not self._closed and self._next != first:
@@ -177,11 +179,28 @@ class MixStream:
         members = list(self.group.members)
 
         conv = self.conv
+        found = self.group.picks() if conv is not None else None
+        picks, plain = found if found is not None else ((), [])
 
-        def split(batch: pa.RecordBatch) -> dict[int, list[Part]]:
-            # on the splitting threads: each member's rows, converted to host arrays once
-            got = self.group.split_rows(pa.Table.from_batches([batch]), members)
-            return {c: [Part.of(b, conv) for b in table.to_batches() if b.num_rows] for c, table in got.items()}
+        def split(batch: pa.RecordBatch) -> dict[int, list[Rows]]:
+            # on the splitting threads. Members that keep their rows unchanged: the batch
+            # converted to host arrays once, each member's rows as positions in it; the
+            # others: their rows after their plans, each converted
+            raw = pa.Table.from_batches([batch])
+            out: dict[int, list[Rows]] = {}
+            if plain:
+                picked = pa.RecordBatch.from_arrays([batch.column(col) for _, col in picks],
+                                                    names=[name for name, _ in picks])
+                host = conv.chunk(picked)
+                if isinstance(host, HostChunk):
+                    self.picked += 1
+                    out = {c: [Rows(picked, host, idx)] if idx is None or len(idx) else []
+                           for c, idx in self.group.pick_rows(raw, plain).items()}
+            rest = [c for c in members if c not in out]
+            if rest:
+                for c, table in self.group.split_rows(raw, rest).items():
+                    out[c] = [Rows.of(b, conv) for b in table.to_batches() if b.num_rows]
+            return out
 
         self._source = self.query.batches(j0, self.last_unit, 0, None)
         self._it = _ordered_map(split, self._source, self.workers)
@@ -231,7 +250,7 @@ class MixStream:
             if held > self.cap:
                 raise _Short(f"the queues passed their bound ({held} bytes > {self.cap})")
 
-    def _put(self, m: int, part: Part) -> None:
+    def _put(self, m: int, part: Rows) -> None:
         """Queue component ``m``'s rows of a batch, keeping none past its last drawn row."""
         end = self._head[m] + self._count[m]
         keep = min(part.num_rows, max(0, self.stop[m] - end))
@@ -267,30 +286,69 @@ class MixStream:
             self._cond.notify_all()
 
 
-class Part:
-    """A component's rows of a stream batch: the record batch and, where the loader converts
-    reads to host arrays and this one converts whole, its host chunk (sliced together)."""
+class Rows:
+    """A component's rows of one stream batch: ``batch`` (the rows, or with ``idx`` the
+    batch they are picked from) and, where the loader converts reads to host arrays and
+    this one converts whole, its host chunk ``host``; ``idx``: the positions of the rows in
+    both (None: all). Sliced together, no copy."""
 
-    __slots__ = ("batch", "host", "num_rows")
+    __slots__ = ("batch", "host", "idx", "num_rows")
 
-    def __init__(self, batch: pa.RecordBatch, host) -> None:
+    def __init__(self, batch: pa.RecordBatch, host, idx: np.ndarray | None = None) -> None:
         self.batch = batch
         self.host = host
-        self.num_rows = batch.num_rows
+        self.idx = idx
+        self.num_rows = batch.num_rows if idx is None else len(idx)
 
     @classmethod
-    def of(cls, batch: pa.RecordBatch, conv) -> "Part":
-        from ..pipeline.chunks import HostChunk
+    def of(cls, batch: pa.RecordBatch, conv) -> "Rows":
         host = conv.chunk(batch) if conv is not None else None
         return cls(batch, host if isinstance(host, HostChunk) else None)
 
     @property
     def nbytes(self) -> int:
-        return self.host.nbytes if self.host is not None else self.batch.nbytes
+        if self.idx is None:
+            return self.host.nbytes if self.host is not None else self.batch.nbytes
+        per = self.host.row_bytes if self.host is not None else self.batch.nbytes / max(1, self.batch.num_rows)
+        return int(per * self.num_rows)
 
-    def slice(self, offset: int, length: int | None = None) -> "Part":
+    def slice(self, offset: int, length: int | None = None) -> "Rows":
         n = self.num_rows - offset if length is None else length
-        return Part(self.batch.slice(offset, n), self.host.slice(offset, n) if self.host is not None else None)
+        if self.idx is not None:
+            return Rows(self.batch, self.host, self.idx[offset:offset + n])
+        return Rows(self.batch.slice(offset, n), self.host.slice(offset, n) if self.host is not None else None)
+
+    def arrow(self) -> pa.RecordBatch:
+        return self.batch if self.idx is None else self.batch.take(pa.array(self.idx, pa.int64()))
+
+
+def gather(found: list[list[Rows]], base: np.ndarray, idx: np.ndarray, pool) -> HostChunk | None:
+    """A task's rows as one host chunk: position ``p`` holds row ``idx[p]`` of the
+    components' rows concatenated (component ``c``'s from ``base[c]``), each row copied
+    once from its host chunk to its place; None where a part has no host chunk or a column
+    is not an array (the Arrow path then)."""
+    if any(r.host is None for rows in found for r in rows):
+        return None
+    first = next((r.host for rows in found for r in rows), None)
+    if first is None:
+        return None
+    n = len(idx)
+    where = np.empty(n, dtype=np.int64)
+    where[idx] = np.arange(n, dtype=np.int64)
+    columns = {}
+    for name, sample in first.columns.items():
+        if not isinstance(sample, np.ndarray):
+            return None
+        out = pool.take((n, *sample.shape[1:]), sample.dtype)
+        for c, rows in enumerate(found):
+            at = int(base[c])
+            for r in rows:
+                k = r.num_rows
+                src = r.host.columns[name]
+                out[where[at:at + k]] = src if r.idx is None else src[r.idx]
+                at += k
+        columns[name] = out
+    return HostChunk(columns, n, sum(r.nbytes for rows in found for r in rows) / max(1, n))
 
 
 class _Short(Exception):
@@ -302,5 +360,5 @@ def queue_cap(prefetch: int) -> int:
     return max(1, prefetch // QUEUE_SHARE)
 
 
-__all__ = ["MixStream", "Part", "QUEUE_SHARE", "queue_cap", "stream_span"]
+__all__ = ["MixStream", "Rows", "QUEUE_SHARE", "queue_cap", "stream_span"]
 

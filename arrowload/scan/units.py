@@ -377,6 +377,28 @@ class UnitReader:
         None where it cannot take decoded columns (a scan every read refuses)."""
         return None if self._refused else self._all
 
+    @property
+    def picks(self) -> tuple[tuple[str, str], ...] | None:
+        """``(output name, decoded column)`` of each output column, where a unit's rows
+        after the plan are the decoded rows its predicate keeps, these columns as decoded
+        (no computed column, no stage above the scan): a shared decode may then hand out
+        row positions (``keep_mask``) instead of filtered copies. None otherwise."""
+        if self._stages:
+            return None
+        if self._refs is None:
+            return tuple((n, n) for n in self._out)
+        if any(r is None for r in self._refs):
+            return None
+        return tuple(zip(self._names, self._refs))
+
+    def keep_mask(self, table: pa.Table, masks: Callable | None = None) -> pa.ChunkedArray | None:
+        """The rows of decoded ``table`` its predicate keeps (null: not kept), as
+        ``read_decoded`` filters them; None: every row."""
+        if self._pred is None:
+            return None
+        return masks(self._pred, self._pred_cols) if masks is not None else \
+            _evaluate(table.select(list(self._pred_cols)), [self._pred], ["_"])[0]
+
     def read_decoded(self, i: int, table: pa.Table, masks: Callable | None = None) -> pa.Table:
         """Rows of unit ``i`` after the whole plan, as ``read(i)`` gives them, from ``table``:
         the unit's rows decoded, in order, with at least ``decoded_columns`` (by name; others
@@ -388,8 +410,7 @@ class UnitReader:
         if self._pred is None:
             out = self._output(table, None)
         else:
-            mask = masks(self._pred, self._pred_cols) if masks is not None else \
-                _evaluate(table.select(list(self._pred_cols)), [self._pred], ["_"])[0]
+            mask = self.keep_mask(table, masks)
             if not self._project_first and _trues(mask) == 0:
                 out = self._scan_schema.empty_table()
             else:
