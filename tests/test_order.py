@@ -186,6 +186,15 @@ def test_shuffled_range_is_the_hash_order(n, key):
     assert sorted(out.tolist()) == list(range(n))  # a bijection
 
 
+@pytest.mark.parametrize("n", [(1 << 18) - 1, 1 << 18, (1 << 18) + 3])
+def test_shuffled_range_is_the_hash_order_on_both_sides_of_the_sort_switch(n):
+    """Below ``_RADIX_BELOW`` two radix passes sort the hashes, from there numpy's default
+    sort: the same order, the spec's, either side of the switch."""
+    from arrowload.order.permutation import _RADIX_BELOW
+    assert _RADIX_BELOW == 1 << 18
+    assert shuffled_range(n, 77).tolist() == _shuffled_truth(n, 77)
+
+
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(20, 3000), key=keys)
 def test_shuffled_range_depends_on_key_and_moves_rows(n, key):
