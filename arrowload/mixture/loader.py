@@ -12,7 +12,9 @@ block stream (``order.mixture.Schedule``) says which rows of each component ever
 holds; this rank reads the blocks ``order.mixture.rank_blocks`` deals it. A read (a
 :class:`MixTask`) covers a few consecutive batches of this rank: per component the stream
 positions they take, read through the component's row source (gathers of its table, units
-or windows of its scan), then one ``take`` puts every batch's rows in its interleaved order.
+or windows of its scan) -- or, unshuffled over one lake, taken from one polars query over the
+union of the components (``mixture.stream``) -- then one ``take`` puts every batch's rows in
+its interleaved order.
 
 The state (``formats/mixture_state/v1``) is positions only: the epoch, the blocks every rank
 consumed together, the epoch's phases (weights, and each component's rows drawn where a

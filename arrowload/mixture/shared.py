@@ -18,7 +18,11 @@ share is evaluated once) and each member takes its rows with its own plan
   (``pipeline.loader._stream_allowed``), that pass is one polars streaming query over the
   union (``Group.union_stream``): its batches are split among the members on a few threads,
   in order, and written at each member's running offset (``rabuild.build_stream_many``).
-- Block / none: the members' scans read their units through a :class:`UnitCache`: the
+- None (no shuffle), where the union streams and the loader's rule allows it: one polars
+  query over the union for the whole epoch, its batches split among the members and
+  queued per member (``mixture.stream``); members that keep the union's columns unchanged
+  take positions in each batch (``Group.pick_rows``) instead of filtered copies.
+- Block / none otherwise: the members' scans read their units through a :class:`UnitCache`: the
   first member to need a unit decodes it for all; the others' rows wait in the cache
   (capped in bytes, counted in the loader's byte budget) until they are read. The mixture
   visits units in one order for every component (``order.mixture.units_key``), so the

@@ -5,8 +5,10 @@ without shuffle take their rows in source order: block ``b`` holds rows ``[s_c(b
 n_c(b))`` of each component's rows in lake order (``order.mixture.Schedule``). One streaming
 query over the union of their reads (``Group.union_stream``: the OR of their predicates,
 the union of their columns) yields every row any of them keeps, in lake order; each of its
-batches is split among the members (``Group.split_rows``, each member's whole plan, on a
-few threads in order) and queued per member. A task (a few consecutive blocks of this rank)
+batches is split among the members on a few threads, in order, and queued per member:
+members that keep the union's columns unchanged (``Group.picks``) as positions in the batch,
+converted to host arrays once (``Group.pick_rows``), the others as their rows after their
+whole plan (``Group.split_rows``), each converted (:class:`Rows`). A task (a few consecutive blocks of this rank)
 takes, per component, the rows its blocks hold from the head of that component's queue,
 after dropping the rows before them (other ranks' blocks). The rows, order and batches are
 those of the per-unit path (``MixtureLoader._component_rows``); only where they come from
@@ -15,14 +17,20 @@ differs.
 Bounded: a component's rows may arrive far ahead of their turn (a lake sorted by the
 component's column: the stream must pass all of one component to reach the next). Before
 the epoch, :func:`stream_span` works out from the components' exact per-unit counts and the
-schedule's arithmetic how many bytes the queues would hold at most; over ``cap`` the epoch
-reads per unit (the decoded-unit cache of ``mixture.shared``). While it runs, queues over
-``cap`` plus a unit's slack (a polars batch may span units) end the stream too.
+schedule's arithmetic how many bytes the queues would hold at most; over a quarter of
+``prefetch`` (``QUEUE_SHARE``, the share the decoded-unit cache of ``mixture.shared`` has
+otherwise) the epoch reads per unit. While it runs, queues over that bound plus a task's
+rows (a task fills each component in turn) and a unit (a polars batch may span units)
+end the stream too.
+
+Polars not imported yet: the first tasks read per unit while it imports on a thread of its
+own, and the query opens at the first task after (forced on, ``ARROWLOAD_STREAM=1``, every
+task waits for it).
 
 Tasks run on the reader threads in submission order (FIFO): a task waits for the one before
 it to have taken its rows, as ``pipeline.streamreads.StreamReads`` does. Failure (a polars
-error, fewer rows than counted, the queues over their bound, polars not imported yet): this
-task and every later one read on the per-unit path, whose rows or error are the answer.
+error, fewer rows than counted, the queues over their bound): this task and every later
+one read on the per-unit path, whose rows or error are the answer.
 """
 
 from __future__ import annotations
