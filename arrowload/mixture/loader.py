@@ -421,8 +421,7 @@ class MixtureLoader:
             return self._read(sched, blocks, caches, stream, task, cache=cache, map_units=map_units)
         if conv is not None:
             t0 = time.perf_counter()
-            chunk = gather(streamed, base, idx, conv.pool) if streamed is not None else \
-                _scatter(found, base, sizes, idx, conv.pool)
+            chunk = gather(streamed if streamed is not None else found, base, idx, conv.pool)
             if chunk is not None:  # each component's host rows copied once to their places
                 return [chunk], time.perf_counter() - t0
             # a part did not convert (nulls without fill_null): Arrow from now on, this task
@@ -599,34 +598,6 @@ class MixtureLoader:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _scatter(found: list[list], base: np.ndarray, sizes: list[int], idx: np.ndarray, pool) -> HostChunk | None:
-    """The task's rows as one host chunk: position ``p`` holds row ``idx[p]`` of the
-    components' rows concatenated, each component's host arrays copied once to their
-    places; ``None`` where a part is not a host chunk or a column not an array."""
-    chunks = []
-    for parts in found:
-        if not all(isinstance(p, HostChunk) for p in parts):
-            return None
-        chunks.append(parts)
-    n = len(idx)
-    where = np.empty(n, dtype=np.int64)
-    where[idx] = np.arange(n, dtype=np.int64)
-    first = next(parts[0] for parts in chunks if parts)
-    columns = {}
-    for name, sample in first.columns.items():
-        if not isinstance(sample, np.ndarray):
-            return None
-        out = pool.take((n, *sample.shape[1:]), sample.dtype)
-        for c, parts in enumerate(chunks):
-            at = int(base[c])
-            for part in parts:
-                out[where[at:at + part.num_rows]] = part.columns[name]
-                at += part.num_rows
-        columns[name] = out
-    row_bytes = sum(p.nbytes for parts in chunks for p in parts) / max(1, n)
-    return HostChunk(columns, n, row_bytes)
 
 
 def _converted(src, unit: int, conv) -> list:

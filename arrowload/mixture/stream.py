@@ -330,14 +330,17 @@ class Rows:
         return self.batch if self.idx is None else self.batch.take(pa.array(self.idx, pa.int64()))
 
 
-def gather(found: list[list[Rows]], base: np.ndarray, idx: np.ndarray, pool) -> HostChunk | None:
+def gather(found: list[list], base: np.ndarray, idx: np.ndarray, pool) -> HostChunk | None:
     """A task's rows as one host chunk: position ``p`` holds row ``idx[p]`` of the
-    components' rows concatenated (component ``c``'s from ``base[c]``), each row copied
-    once from its host chunk to its place; None where a part has no host chunk or a column
-    is not an array (the Arrow path then)."""
-    if any(r.host is None for rows in found for r in rows):
+    components' rows concatenated (component ``c``'s parts ``found[c]`` from ``base[c]``:
+    :class:`Rows` or host chunks), each row copied once from its host arrays to its place;
+    None where a part has no host chunk (an Arrow batch) or a column is not an array (the
+    Arrow path then)."""
+    hosts = [[(p, None) if isinstance(p, HostChunk) else (getattr(p, "host", None), getattr(p, "idx", None))
+              for p in parts] for parts in found]
+    if any(h is None for parts in hosts for h, _ in parts):
         return None
-    first = next((r.host for rows in found for r in rows), None)
+    first = next((h for parts in hosts for h, _ in parts), None)
     if first is None:
         return None
     n = len(idx)
@@ -348,15 +351,15 @@ def gather(found: list[list[Rows]], base: np.ndarray, idx: np.ndarray, pool) -> 
         if not isinstance(sample, np.ndarray):
             return None
         out = pool.take((n, *sample.shape[1:]), sample.dtype)
-        for c, rows in enumerate(found):
+        for c, parts in enumerate(hosts):
             at = int(base[c])
-            for r in rows:
-                k = r.num_rows
-                src = r.host.columns[name]
-                out[where[at:at + k]] = src if r.idx is None else src[r.idx]
+            for host, rows in parts:
+                src = host.columns[name]
+                k = len(src) if rows is None else len(rows)
+                out[where[at:at + k]] = src if rows is None else src[rows]
                 at += k
         columns[name] = out
-    return HostChunk(columns, n, sum(r.nbytes for rows in found for r in rows) / max(1, n))
+    return HostChunk(columns, n, sum(p.nbytes for parts in found for p in parts) / max(1, n))
 
 
 class _Short(Exception):
