@@ -602,6 +602,30 @@ def test_plain_components_with_nulls_raise_where_the_per_unit_path_raises(parque
     assert out["1"] == out["0"] and out["1"][1]
 
 
+def test_a_failed_stream_with_nulls_reads_per_unit_and_raises_where_the_per_unit_path_raises(
+        parquet_lake, tmp_path, monkeypatch):
+    """The stream fails after its first batch and a column has nulls: the tasks it no longer
+    serves read per unit, whose host conversion fails and reads them again with Arrow --
+    again per unit (the stream's turn for them is past; asking it again waited forever)."""
+    from arrowload.errors import ConversionError
+    monkeypatch.setenv("ARROWLOAD_STREAM", "0")
+    loader = _plain_mix(parquet_lake, str(tmp_path / "a"), ("id", "score")).loader(
+        64, shuffle=False, cache_dir=str(tmp_path / "a"))
+    want = []
+    with pytest.raises(ConversionError):
+        for b in loader:
+            want.append(np.asarray(b["ident"]).tolist())
+    calls = _stream_calls(monkeypatch, fail=True)
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    loader = _plain_mix(parquet_lake, str(tmp_path / "b"), ("id", "score")).loader(
+        64, shuffle=False, cache_dir=str(tmp_path / "b"))
+    got = []
+    with pytest.raises(ConversionError):
+        for b in loader:
+            got.append(np.asarray(b["ident"]).tolist())
+    assert got == want and len(calls) == 1 and isinstance(loader._stream.failed, RuntimeError)
+
+
 @pytest.mark.parametrize("make", [_shared_mix, _overlapping_first, _plain_mix])
 @pytest.mark.parametrize("world", [1, 2])
 def test_unshuffled_mixture_from_the_union_stream_equals_the_per_unit_path(parquet_lake, tmp_path, monkeypatch,

@@ -418,7 +418,7 @@ class MixtureLoader:
             if chunk is not None:
                 return [chunk], time.perf_counter() - t0
             self._host_ok = False  # no host views (nulls): each component's path, Arrow from now on
-            return self._read(sched, blocks, caches, stream, task, cache=cache, map_units=map_units)
+            return self._read(sched, blocks, caches, None, task, cache=cache, map_units=map_units)
         if conv is not None:
             t0 = time.perf_counter()
             chunk = gather(streamed if streamed is not None else found, base, idx, conv.pool)
@@ -429,7 +429,7 @@ class MixtureLoader:
             self._host_ok = False
             conv = None
             if streamed is None:
-                return self._read(sched, blocks, caches, stream, task, cache=cache, map_units=map_units)
+                return self._read(sched, blocks, caches, None, task, cache=cache, map_units=map_units)
         if streamed is not None:
             found = [[r.arrow() for r in rows] for rows in streamed]
         tables = [pa.Table.from_batches(parts) for parts in found if parts]

@@ -153,10 +153,10 @@ class MixStream:
         (:class:`Rows`) of its stream ranges ``pieces[c]`` in order; None: read it per unit
         (see the module doc). Waits for the tasks before it."""
         with self._cond:
-            while not self._closed and self._next != first:
+            while not self._closed and self._next < first:
                 self._cond.wait(0.05)
-            if self._closed:
-                return None
+            if self._closed or self._next > first:
+                return None  # closed, or this task's turn is past (it is read again): per unit
             try:
                 if self.failed is not None:
                     return None
