@@ -607,22 +607,20 @@ def test_a_failed_stream_with_nulls_reads_per_unit_and_raises_where_the_per_unit
     """The stream fails after its first batch and a column has nulls: the tasks it no longer
     serves read per unit, whose host conversion fails and reads them again with Arrow --
     again per unit (the stream's turn for them is past; asking it again waited forever)."""
-    from arrowload.errors import ConversionError
+    def ids_until_the_error(cache: str):
+        from arrowload.errors import ConversionError
+        loader = _plain_mix(parquet_lake, cache, ("id", "score")).loader(64, shuffle=False, cache_dir=cache)
+        seen = []
+        with pytest.raises(ConversionError):
+            for b in loader:
+                seen.append(np.asarray(b["ident"]).tolist())
+        return loader, seen
+
     monkeypatch.setenv("ARROWLOAD_STREAM", "0")
-    loader = _plain_mix(parquet_lake, str(tmp_path / "a"), ("id", "score")).loader(
-        64, shuffle=False, cache_dir=str(tmp_path / "a"))
-    want = []
-    with pytest.raises(ConversionError):
-        for b in loader:
-            want.append(np.asarray(b["ident"]).tolist())
+    _, want = ids_until_the_error(str(tmp_path / "a"))
     calls = _stream_calls(monkeypatch, fail=True)
     monkeypatch.setenv("ARROWLOAD_STREAM", "1")
-    loader = _plain_mix(parquet_lake, str(tmp_path / "b"), ("id", "score")).loader(
-        64, shuffle=False, cache_dir=str(tmp_path / "b"))
-    got = []
-    with pytest.raises(ConversionError):
-        for b in loader:
-            got.append(np.asarray(b["ident"]).tolist())
+    loader, got = ids_until_the_error(str(tmp_path / "b"))
     assert got == want and len(calls) == 1 and isinstance(loader._stream.failed, RuntimeError)
 
 
