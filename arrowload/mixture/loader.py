@@ -240,10 +240,11 @@ class MixtureLoader:
         query = group.union_stream()
         if query is None or not query.units:
             return None, 0
-        unit = max(max((src.est_bytes(i) for i in range(len(src.counts))), default=0) for src in srcs)
+        shapes = self._shapes  # each source's footer-known bytes per unit (est_bytes, read_bytes)
+        unit = max(max(s.unit_bytes, default=0) for s in shapes)
 
         def read() -> int:  # the largest member's read (the union reads at least that)
-            return max(sum(src.read_bytes(i) for i in range(len(src.counts))) for src in srcs)
+            return max(sum(s.read_bytes) for s in shapes)
 
         o = self.options
         if not _stream_allowed(query, unit, read, prefetch=o.prefetch):
@@ -256,16 +257,16 @@ class MixtureLoader:
         cap = queue_cap(o.prefetch)
         # a queued row's bytes: a unit's decoded bytes over all its rows (the filter's rejects
         # too: the decode holds them)
-        per_row = [sum(src.est_bytes(i) for i in range(len(src.counts))) /
-                   max(1, sum(u.num_rows if u.num_rows is not None else n
-                              for u, n in zip(src.scan.selected_units(), src.counts))) for src in srcs]
+        per_row = [sum(s.unit_bytes) / max(1, sum(u.num_rows if u.num_rows is not None else n
+                                                  for u, n in zip(src.scan.selected_units(), src.counts)))
+                   for s, src in zip(shapes, srcs)]
+        stop = sched.stream_index(last)
         span = stream_span(tuple(u.index for u in query.units), [(src.units, src.counts) for src in srcs],
                            [max(1.0, b) for b in per_row], phase.start, phase.offsets, ap.q, o.batch_size, blocks.start, last,
-                           sched.stream_index(blocks.start), sched.stream_index(last))
+                           sched.stream_index(blocks.start), stop)
         if span is None or span[2] > cap:
             return None, 0  # a second pass, or a lake whose order would queue too much (sorted)
         rows = span[0]
-        stop = sched.stream_index(last)
         last_unit = max(int(np.searchsorted(rows[1:, c], stop[c] - 1, side="right")) for c in range(m) if stop[c])
         from ..options import usable_cores
         held = query.held_bytes(unit)

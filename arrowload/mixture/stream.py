@@ -371,5 +371,5 @@ def queue_cap(prefetch: int) -> int:
     return max(1, prefetch // QUEUE_SHARE)
 
 
-__all__ = ["MixStream", "Rows", "QUEUE_SHARE", "queue_cap", "stream_span"]
+__all__ = ["MixStream", "QUEUE_SHARE", "Rows", "gather", "queue_cap", "stream_span"]
 
