@@ -14,7 +14,7 @@
    against the same step over the same batches already resident on the GPU. Target:
    input-bound step time <= 1.1x the data-resident one.
 
-The lake is ``ensure_lake(rows)`` of bench_scan.py (benchmarks/data/events-<rows>), or
+The lake is ``ensure_lake(rows)`` of _common.py (benchmarks/data/events-<rows>), or
 ``--dir``. ``--write`` records the figures in RESULTS.md. Exits with status 3 and a message
 when no CUDA device is available (CI never has one): nothing is measured or written.
 """
@@ -22,6 +22,7 @@ when no CUDA device is available (CI never has one): nothing is measured or writ
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import statistics
 import sys
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
         if not lake.exists():
             write_lake(lake, rows=args.rows, shards=8, row_group_size=65_536, emb_dim=64)
     else:
-        from bench_scan import ensure_lake
+        from _common import ensure_lake
         lake = ensure_lake(args.rows)
     feats = [f"f{i}" for i in range(16)]
     ds = al.dataset(str(lake)).select(*feats, "emb", "label")
@@ -71,6 +72,8 @@ def main(argv=None) -> int:
     print("\n".join(lines))
 
     # -- 1. H2D throughput -------------------------------------------------------------
+    copied = {}  # source -> (bytes copied with no host copy, bytes staged) in its last epoch
+
     def arrowload_epoch(source=ds) -> tuple[float, int]:
         nbytes = 0
         with source.loader(args.batch, output="torch", device="cuda", stack={"x": feats},
@@ -80,7 +83,10 @@ def main(argv=None) -> int:
             for b in loader:
                 nbytes += sum(t.numel() * t.element_size() for t in b.values() if torch.is_tensor(t))
             torch.cuda.synchronize()
-            return time.perf_counter() - t0, nbytes
+            seconds = time.perf_counter() - t0
+            stage = loader._device_stage
+            copied[source is ds] = (stage.direct_bytes, stage.staged_bytes)
+            return seconds, nbytes
 
     host = [{k: torch.from_numpy(np.array(v)).pin_memory() for k, v in b.items()}
             for b in ds.loader(args.batch, output="numpy", stack={"x": feats}, cache_dir=cache)]
@@ -140,15 +146,15 @@ def main(argv=None) -> int:
                  f"`.to(non_blocking=True)` {b_gbs:.2f} GB/s = **{h2d:.2f}×**; from the Parquet lake "
                  f"(decode included) {e_gbs:.2f} GB/s = {e_gbs / b_gbs:.2f}×")
     print(lines[-1])
-    from arrowload.pipeline import device as stage
-    per_batch = sum(t.numel() * t.element_size() for t in host[0].values())
-    where = (f"on {stage.default_copy_threads()} staging threads" if per_batch >= stage.THREAD_BYTES
-             else "on the producer thread")
-    lines.append(f"- where it goes: the same loader with host batches only {gbs['host_only']:.2f} GB/s; one "
-                 f"host copy of the same arrays on one thread {gbs['memcpy']:.2f} GB/s (the device path "
-                 f"makes one, into pinned staging, {where}: {per_batch / 2**20:.1f} MiB a batch); torch's "
-                 f"`pin_memory()` + `.to(non_blocking=True)` per array (what `DataLoader(pin_memory=True)` "
-                 f"does) {gbs['pin_each']:.2f} GB/s")
+    direct, staged = copied[False]
+    pin = "on" if os.environ.get("ARROWLOAD_PIN_TABLES", "").strip() == "1" else "off"
+    lines.append(f"- where it goes: whole reads go to the device; {direct / max(1, direct + staged):.0%} of "
+                 f"the in-memory table's bytes went with no host copy (`ARROWLOAD_PIN_TABLES={pin}`: "
+                 f"page-locked in place when on; a `stack=` group is always one host copy, into pinned "
+                 f"staging); the same loader with host batches only "
+                 f"{gbs['host_only']:.2f} GB/s; one host copy of the same arrays on one thread "
+                 f"{gbs['memcpy']:.2f} GB/s; torch's `pin_memory()` + `.to(non_blocking=True)` per array "
+                 f"(what `DataLoader(pin_memory=True)` does) {gbs['pin_each']:.2f} GB/s")
     print(lines[-1])
 
     # -- 2. overlap with a training step ---------------------------------------------------
@@ -193,7 +199,7 @@ def main(argv=None) -> int:
                  f"step: fed by arrowload {lo * 1e3:.2f} ms vs resident {r * 1e3:.2f} ms = **{lo / r:.2f}×**")
     print(lines[-1])
     if args.write:
-        from bench_scan import replace_section
+        from _common import replace_section
         body = "\n".join(lines)
         replace_section(BEGIN, END, f"{BEGIN}\n## The device hand-off on a GPU (`bench_gpu.py`)\n\n{body}\n{END}\n")
         print("recorded in benchmarks/RESULTS.md")

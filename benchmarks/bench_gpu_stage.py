@@ -10,11 +10,15 @@ batches' array bytes, wall and CPU milliseconds of the process):
   ``bench_gpu.py`` compares against);
 - ``host_copy_only``: one host copy of the same arrays on one thread (what staging costs);
 - ``mem_torch_cpu``: arrowload's loader over the selection in memory, host batches only;
-- ``mem_cuda_inline`` / ``mem_cuda_threads_<k>``: the same loader with ``device="cuda"``,
-  every batch staged on the producer thread, or on ``k`` staging threads;
-- with ``--lake``: the same three from the Parquet lake (decode included).
+- ``mem_cuda_whole``: the same loader with ``device="cuda"`` as it runs by default: whole
+  reads to the device (the in-memory table page-locked in place), batches cut there;
+- ``mem_cuda_inline`` / ``mem_cuda_threads_<k>``: the same with whole reads off
+  (``device.WHOLE_READS = False``), every batch staged on the producer thread, or on ``k``
+  staging threads;
+- with ``--lake``: ``_torch_cpu``, ``_cuda_whole`` and ``_cuda_inline`` from the Parquet lake
+  (decode included).
 
-The lake is ``ensure_lake(rows)`` of bench_scan.py. Prints a table; records nothing. Exits
+The lake is ``ensure_lake(rows)`` of _common.py. Prints a table; records nothing. Exits
 with status 3 when no CUDA device is available.
 """
 
@@ -46,7 +50,7 @@ def main(argv=None) -> int:
         print("no CUDA device available: nothing to measure", file=sys.stderr)
         return 3
     import pyarrow.dataset as pads
-    from bench_scan import ensure_lake
+    from _common import ensure_lake
     lake = ensure_lake(args.rows)
     feats = [f"f{i}" for i in range(16)]
     cols = [*feats, "emb", "label"]
@@ -71,24 +75,30 @@ def main(argv=None) -> int:
             for k, v in b.items():
                 np.copyto(scratch.setdefault((k, v.shape), np.empty_like(v)), v)
 
+    default_threads, thread_bytes = stage.default_copy_threads, stage.THREAD_BYTES
+
     def loader(source, threads=None, **kw):
         def run():
+            stage.WHOLE_READS = threads is None  # None: whole reads (the default)
+            stage.default_copy_threads, stage.THREAD_BYTES = default_threads, thread_bytes
             if threads is not None:  # 0: inline; k: every batch on k staging threads
                 stage.default_copy_threads = lambda: threads
                 stage.THREAD_BYTES = 0
-            for _ in source.loader(args.batch, stack={"x": feats}, cache_dir=cache, **kw):
-                pass
+            with source.loader(args.batch, stack={"x": feats}, cache_dir=cache, **kw) as ld:
+                for _ in ld:
+                    pass
         return run
 
     cases = {"plain_pinned": plain_pinned, "host_copy_only": host_copy_only,
              "mem_torch_cpu": loader(in_memory, output="torch"),
+             "mem_cuda_whole": loader(in_memory, output="torch", device="cuda"),
              "mem_cuda_inline": loader(in_memory, 0, output="torch", device="cuda")}
-    for k in (1, 2, 4):
+    for k in (1, 2):
         cases[f"mem_cuda_threads_{k}"] = loader(in_memory, k, output="torch", device="cuda")
     if args.lake:
         cases.update({"lake_torch_cpu": loader(from_lake, output="torch"),
-                      "lake_cuda_inline": loader(from_lake, 0, output="torch", device="cuda"),
-                      "lake_cuda_threads_2": loader(from_lake, 2, output="torch", device="cuda")})
+                      "lake_cuda_whole": loader(from_lake, output="torch", device="cuda"),
+                      "lake_cuda_inline": loader(from_lake, 0, output="torch", device="cuda")})
     got = {name: [] for name in cases}
     for _ in range(4):
         for name, fn in cases.items():

@@ -48,16 +48,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 import arrowload as al
-from arrowload.datagen import write_lake
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-DATA = HERE / "data"
-RESULTS = HERE / "RESULTS.md"
+from _common import DATA, LAKE_PARAMS, REPO, RESULTS, ensure_lake, replace_section  # noqa: F401
 
 QUICK_ROWS = 1_000_000
 FULL_ROWS = 4_000_000
-LAKE_PARAMS = dict(shards=8, row_group_size=65_536, emb_dim=64)  # seed 0, zstd: write_lake defaults
 
 COLUMNS = [f"f{i}" for i in range(16)] + ["label"]
 FILTER_SQL = "country = 'US' AND label = 1"
@@ -69,46 +64,6 @@ HEAD_N = 5
 WITHIN = 1.05
 #: "Far faster" for head / count: at most this fraction of a full read of the same selection.
 FAR = 0.10
-
-
-# -- data ------------------------------------------------------------------------------
-
-def ensure_lake(rows: int, *, partition_by: str | None = None, log=print) -> Path:
-    """The lake for ``rows`` under benchmarks/data/, written once and reused.
-
-    A marker ``events-<rows>.json`` next to the lake records the generation parameters
-    and each file's size; it is written last, so an interrupted generation is redone.
-    ``partition_by="country"`` gives the hive-partitioned copy of the same rows,
-    ``events-<rows>-country/country=US/part-00000.parquet`` ...
-    """
-    params = {"generator": "arrowload.datagen.write_lake", "rows": rows, "seed": 0,
-              "compression": "zstd", **LAKE_PARAMS}
-    name = f"events-{rows}"
-    if partition_by is not None:
-        params["partition_by"] = partition_by
-        name += f"-{partition_by}"
-    lake, marker = DATA / name, DATA / f"{name}.json"
-    if marker.is_file():
-        try:
-            recorded = json.loads(marker.read_text())
-        except ValueError:
-            recorded = {}
-        files = recorded.get("files") or {}
-        if recorded.get("params") == params and files and all(
-                (lake / f).is_file() and (lake / f).stat().st_size == size for f, size in files.items()):
-            log(f"data: reusing {lake.relative_to(REPO)} ({rows:,} rows)")
-            return lake
-    shutil.rmtree(lake, ignore_errors=True)
-    marker.unlink(missing_ok=True)
-    log(f"data: writing {lake.relative_to(REPO)} ({rows:,} rows, {LAKE_PARAMS}) ...")
-    t0 = time.perf_counter()
-    paths = write_lake(lake, rows=rows, partition_by=partition_by, **LAKE_PARAMS)
-    seconds = time.perf_counter() - t0
-    files = {Path(p).relative_to(lake).as_posix(): Path(p).stat().st_size for p in paths}
-    marker.write_text(json.dumps({"params": params, "files": files,
-                                  "seconds": round(seconds, 1)}, indent=1) + "\n")
-    log(f"data: wrote {len(files)} files, {sum(files.values()) / 2**20:.0f} MiB in {seconds:.0f} s")
-    return lake
 
 
 # -- results and their checks --------------------------------------------------------
@@ -610,30 +565,6 @@ def report(workloads, lake: Path, args, reps: int, phase: dict, command: str,
 def write_results(section_key: str, title: str, body: str) -> None:
     begin, end = f"<!-- bench_scan:{section_key}:begin -->", f"<!-- bench_scan:{section_key}:end -->"
     replace_section(begin, end, f"{begin}\n## {title}\n\n{body}\n{end}\n")
-
-
-def replace_section(begin: str, end: str, block: str) -> None:
-    """Put ``block`` (which starts with ``begin`` and ends with ``end``) into RESULTS.md,
-    replacing the section between those markers if there is one, appending it otherwise."""
-    text = RESULTS.read_text() if RESULTS.exists() else ""
-    if not text.startswith(RESULTS_HEADER.splitlines()[0]):
-        text = RESULTS_HEADER + "\n" + text.lstrip("\n")
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    RESULTS.write_text(text)
-
-
-RESULTS_HEADER = """\
-# Benchmark results
-
-Figures written by the scripts in this folder (`--write`). Every ratio in a table is
-taken between medians of the same run, on the same files, on the same machine: compare
-ratios across sections, never raw seconds across machines. Sections are replaced when
-the same benchmark is rerun at the same size. See README.md for what each column means.
-"""
 
 
 # -- main ----------------------------------------------------------------------------------

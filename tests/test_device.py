@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import arrowload as al
 
@@ -307,3 +309,155 @@ def test_jax_device_cuda_puts_every_array_on_the_gpu(tmp_path, shuffle):
         for name, value in want.items():
             assert got[name].devices() == {gpus[0]}, name
             np.testing.assert_array_equal(np.asarray(jax.device_get(got[name])), value.astype(got[name].dtype))
+
+
+# ---------------------------------------------------------------------------
+# whole reads on the device, and page-locking a table in place
+
+
+def test_table_spans_cover_every_buffer():
+    """Every buffer of a table of several chunks (nested lists and strings too) lies inside
+    one of its spans; the spans are page-aligned, sorted and disjoint."""
+    from arrowload.pipeline.device import table_spans
+    import os
+    page = os.sysconf("SC_PAGE_SIZE")
+    parts = [pa.table({"x": np.arange(i, i + 5000, dtype=np.float32),
+                       "s": [f"r{j}" for j in range(5000)],
+                       "l": pa.array([[j, j + 1] for j in range(5000)], pa.list_(pa.int64()))})
+             for i in range(3)]
+    table = pa.concat_tables(parts)
+    spans = table_spans(table)
+    assert spans and all(lo % page == 0 and hi % page == 0 and lo < hi for lo, hi in spans)
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:]))
+    buffers = [b for col in table.columns for c in col.chunks for b in c.buffers() if b is not None and b.size]
+    assert len(buffers) == 3 * 5  # per chunk: x data; s offsets, data; l offsets, child data
+    for b in buffers:
+        assert any(lo <= b.address and b.address + b.size <= hi for lo, hi in spans), b
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 8)), max_size=4), min_size=1, max_size=5),
+       st.sets(st.integers(0, 48)), st.randoms(use_true_random=False))
+def test_host_pins_register_each_page_once(holders, refused, rnd):
+    """``HostPins`` against a fake driver that, like CUDA's, refuses to register memory twice:
+    however holders' ranges overlap, every page asked for is registered exactly once while
+    held (except ranges the driver refuses, which stay unregistered), and unpinning the
+    holders in any order unregisters every range exactly once, when its last holder goes."""
+    from arrowload.pipeline.device import HostPins
+    live: dict[int, int] = {}  # start -> end, as the fake driver holds them
+    unregistered: list[int] = []
+
+    def register(lo, size):
+        assert not any(lo < e and s < lo + size for s, e in live.items()), "registered twice"
+        if lo in refused:
+            return False
+        live[lo] = lo + size
+        return True
+
+    def unregister(lo):
+        assert lo in live
+        unregistered.append(lo)
+        del live[lo]
+
+    pins = HostPins()
+    held = []
+    for spans in holders:
+        merged = []
+        for lo, n in sorted(spans):  # a holder's own spans are merged (table_spans)
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], lo + n)
+            else:
+                merged.append([lo, lo + n])
+        held.append(pins.pin([tuple(m) for m in merged], (register, unregister)))
+        for lo, hi in merged:  # every page asked for is registered, unless refused
+            for page in range(lo, hi):
+                inside = [s for s, e in live.items() if s <= page < e]
+                assert len(inside) <= 1
+        assert sorted(live.items()) == [(s, e) for s, e, _ in pins.ranges()]
+    assert set(live) == {s for h in held for s in h}
+    order = list(range(len(held)))
+    rnd.shuffle(order)
+    for k in order:
+        pins.unpin(held[k])
+    assert not live and not pins.ranges()
+    assert len(unregistered) == len(set(unregistered))
+
+
+def _numeric_table(n: int, chunk: int) -> pa.Table:
+    """The typed dataset's numeric columns in chunks of ``chunk`` rows (so batches straddle
+    reads)."""
+    table = typed_dataset(n).select("id", "f32", "f32b", "f64", "i32", "u8", "flag", "ts", "emb").to_arrow()
+    return pa.Table.from_batches(table.to_batches(max_chunksize=chunk))
+
+
+@needs_cuda
+@pytest.mark.parametrize("where", ["memory", "lake"])
+@pytest.mark.parametrize("shuffle", [False, "global", "block"])
+@pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}])
+@pytest.mark.parametrize("pin", [False, True])
+def test_cuda_whole_reads_equal_the_cpu_loader(tmp_path, monkeypatch, where, shuffle, stack, pin):
+    """Reads of numeric columns go to the device whole and batches are cut there (a batch
+    straddling two reads joined on the device): every batch, all held to the end, equals
+    the CPU loader's. With ``ARROWLOAD_PIN_TABLES=1`` an in-memory table read unshuffled is
+    page-locked in place and copied with no host copy (``direct_bytes``) until the loader
+    closes."""
+    from arrowload.pipeline import device
+    monkeypatch.setenv("ARROWLOAD_PIN_TABLES", "1" if pin else "0")
+    table = _numeric_table(5000, 700)
+    if where == "lake":
+        import pyarrow.parquet as pq
+        (tmp_path / "lake").mkdir()
+        pq.write_table(table, tmp_path / "lake" / "part-0.parquet", row_group_size=900)
+        ds = al.dataset(str(tmp_path / "lake"))
+    else:
+        ds = al.dataset(table)
+    kw = dict(shuffle=shuffle, seed=6, stack=stack, cache_dir=str(tmp_path / "cache"))
+    cpu = list(ds.loader(96, output="torch", **kw))
+    before = device.HOST_PINS.ranges()
+    with ds.loader(96, output="torch", device="cuda", **kw) as loader:
+        stage = loader._device_stage
+        assert stage.chunks
+        gpu = list(loader)
+        pinned = pin and where == "memory" and not shuffle
+        assert (len(device.HOST_PINS.ranges()) > len(before)) == pinned
+        if pinned:  # staged: the bool column (Arrow packs it in bits), a stack group
+            assert stage.direct_bytes > 0
+            assert stage.staged_bytes == 5000 + (0 if stack is None else 5000 * 3 * 8)
+        else:
+            assert stage.direct_bytes == 0 and stage.staged_bytes > 0
+        _ = sum(float(b["id"].sum()) for b in gpu)  # the consumer's own work meanwhile
+    assert device.HOST_PINS.ranges() == before  # unlocked at close
+    assert len(gpu) == len(cpu) == -(-5000 // 96)
+    for g, c in zip(gpu, cpu):
+        assert_same_batch(g, c)
+
+
+@needs_cuda
+def test_cuda_whole_reads_resume_and_two_loaders_share_pins(tmp_path, monkeypatch):
+    """Two loaders over one in-memory table lock its pages once between them (the driver
+    refuses a second registration) and release them when the last closes; a loader resumed
+    from a state mid-epoch gives the rest of the uninterrupted epoch's batches."""
+    from arrowload.pipeline import device
+    monkeypatch.setenv("ARROWLOAD_PIN_TABLES", "1")
+    ds = al.dataset(_numeric_table(3000, 512))
+    base = device.HOST_PINS.ranges()
+    a = ds.loader(100, output="torch", device="cuda")
+    b = ds.loader(100, output="torch", device="cuda")
+    whole = [x["id"].cpu() for x in a]
+    it = iter(b)
+    for _ in range(7):
+        next(it)
+    state = b.state_dict()
+    held = device.HOST_PINS.ranges()
+    assert len(held) > len(base) and max(h for _, _, h in held) == 2
+    a.close()
+    assert len(device.HOST_PINS.ranges()) > len(base)
+    b.close()
+    assert device.HOST_PINS.ranges() == base
+    c = ds.loader(100, output="torch", device="cuda")
+    c.load_state_dict(state)
+    rest = [x["id"].cpu() for x in c]
+    c.close()
+    assert len(rest) == len(whole) - 7
+    for got, want in zip(rest, whole[7:]):
+        assert torch.equal(got, want)

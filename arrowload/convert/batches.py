@@ -39,23 +39,30 @@ class BatchOutput:
     width differs from earlier batches' (``preflight.ListWidths``), or None.
     ``to_device(host) -> out``: replaces the conversion of host arrays (the pinned CUDA
     stage: it converts and starts the copies); ``place(out) -> out``: applied after it
-    (jax placement with ``sharding=``)."""
+    (jax placement with ``sharding=``); ``on_device(chunk) -> out``: a batch cut from reads
+    already copied to the device whole (``pipeline.device.DeviceChunk``: it has ``event``)."""
 
     def __init__(self, convert: ConvertOptions, stack: Mapping[str, Any] | None, pool: BufferPool, *,
                  widths: Any = None, to_device: Callable[[dict], Any] | None = None,
-                 place: Callable[[dict], Any] | None = None) -> None:
+                 place: Callable[[dict], Any] | None = None,
+                 on_device: Callable[[Any], Any] | None = None) -> None:
         self.convert = convert
         self.stack = stack
         self.pool = pool
         self.widths = widths
         self.to_device = to_device
         self.place = place
+        self.on_device = on_device
         self._stack_spec = None
 
     def __call__(self, batch: Any) -> Any:
         """A batch the pipeline cut: an Arrow batch, or a host chunk (``.columns``)."""
         if isinstance(batch, pa.RecordBatch):
             return self.arrow(batch)
+        if self.on_device is not None and hasattr(batch, "event"):
+            if self.widths is not None:
+                self.widths.check(batch.columns)
+            return self.on_device(batch)
         return self.host(batch.columns)
 
     def arrow(self, batch: pa.RecordBatch) -> Any:

@@ -22,6 +22,22 @@ CPU (468 -> 563 ms).
 With ``devices=[...]`` each batch is split into contiguous row slices (views, no host
 copy), one per device.
 
+Whole reads on the device (one device): where a read converted whole into host arrays (a
+``HostChunk``: a row group, a slice of an in-memory table, a gathered run of shuffled rows),
+the reader thread that made it copies all of it to the device at once (:meth:`chunk`):
+one copy per column per read, not per batch, and batches are then views of the device
+tensors (a batch straddling two reads is concatenated on the device). Arrays already in
+page-locked memory go to the device directly, with no host copy; others go through pinned
+staging, one host copy per read. With ``ARROWLOAD_PIN_TABLES=1`` the buffers of an
+in-memory Arrow table read unshuffled are page-locked in place once per loader
+(:class:`HostPins`, ``cudaHostRegister``), so its reads need no host copy at all (opt-in
+until its batches have been compared on a GPU; see ``pin_tables_setting``). On an H200
+host, batch 4096 over a 2M-row in-memory table (``benchmarks/RESULTS.md``): one host copy a
+batch bounds the stage at about 7-9 GB/s; whole reads staged gave 3.3 GB/s against 2.4
+staged per batch; a page-locked table copied a read at a time reached 37 GB/s in a probe,
+the bare pinned copy's rate. Reads that do not convert whole (strings, lists padded per
+batch, a ``transform=``) and several devices keep the per-batch staging above.
+
 jax (``output="jax"`` with ``device=`` or ``sharding=``): ``jax.device_put`` is
 asynchronous; the producer thread issues it as soon as a batch is collated, so the
 batches waiting in the prefetch queue are already on (or on their way to) the devices.
@@ -33,8 +49,14 @@ Nothing here runs unless a CUDA device / jax placement is asked for: ``device=No
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import functools
+import os
 import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +65,7 @@ import numpy as np
 
 from ..errors import DeviceUnavailableError
 from ..options import usable_cores
+from .collate import _bucket
 
 #: A batch whose host arrays hold at least this many bytes is staged on a staging thread.
 THREAD_BYTES = 4 << 20
@@ -54,6 +77,39 @@ def default_copy_threads() -> int:
 
 
 _BUSY = object()  # a staging slot handed out whose copy is not recorded yet
+
+
+#: Whether a one-device stage copies whole reads (``chunk``); off, every batch is staged
+#: on its own (``copy`` / ``to_device``).
+WHOLE_READS = True
+
+#: numpy dtype kinds a whole read may be copied to the device as (bool, integers, floats,
+#: complex, datetimes as their int64 counts)
+_ARRAY_KINDS = frozenset("biufcmM")
+
+
+class DeviceChunk:
+    """The rows of one read on the device: tensors (first axis rows) in output order, and
+    the event after which they are filled. ``slice`` gives views, as ``HostChunk``'s does."""
+
+    __slots__ = ("columns", "num_rows", "row_bytes", "event")
+
+    def __init__(self, columns: dict, num_rows: int, row_bytes: float, event: Any) -> None:
+        self.columns = columns
+        self.num_rows = num_rows
+        self.row_bytes = row_bytes
+        self.event = event
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.row_bytes * self.num_rows)
+
+    def slice(self, offset: int, length: int | None = None) -> "DeviceChunk":
+        if length is None:
+            length = self.num_rows - offset
+        stop = offset + length
+        return DeviceChunk({k: v[offset:stop] for k, v in self.columns.items()}, length, self.row_bytes,
+                           self.event)
 
 
 @dataclass
@@ -81,6 +137,11 @@ class TorchDeviceStage:
                 raise DeviceUnavailableError(
                     f"device {asked!r}: this process sees {count} CUDA device(s) (cuda:0 .. "
                     f"cuda:{count - 1}); pass one of those, or check CUDA_VISIBLE_DEVICES")
+        # "cuda" (no index) is the current device now, named by its index: every stream and
+        # device lookup of torch then takes its short path, not a search for the current device
+        # (about 40 us a call, a few calls a batch, measured on an H100 host)
+        self.devices = [d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
+                        for d in self.devices]
         self.streams = [torch.cuda.Stream(device=d) for d in self.devices]
         self._lock = threading.Lock()
         self._pinned: dict[tuple, list[list]] = {}  # key -> [[tensor, event | None], ...]
@@ -88,6 +149,14 @@ class TorchDeviceStage:
         # every staging thread may hold one batch's slots while earlier copies still run
         self.capacity = pool_capacity or 2 * self.copy_threads + 4
         self._executor: ThreadPoolExecutor | None = None
+        #: whole reads go to the device (one device only; see the module docstring)
+        self.chunks = WHOLE_READS and len(self.devices) == 1
+        # (event, host arrays) of whole-read copies that may still be reading those arrays:
+        # they stay referenced (a pooled buffer is not reused) until the event completes
+        self._inflight: deque = deque()
+        self.direct_bytes = 0   # copied to the device straight from page-locked host memory
+        self.staged_bytes = 0   # copied through pinned staging (one host copy)
+        self._pins: weakref.finalize | None = None  # unlocks the table this stage page-locked
 
     def _staging(self, shape: tuple[int, ...], dtype: np.dtype):
         torch = self.torch
@@ -102,7 +171,7 @@ class TorchDeviceStage:
                     slot[1] = _BUSY
                     return slot
             tensor = torch.from_numpy(np.empty(shape, dtype=dtype)).pin_memory()
-            slot = [tensor, _BUSY]
+            slot = [tensor, _BUSY, tensor.numpy()]  # the pinned tensor, its copy's event, its array
             if len(slots) < self.capacity:
                 slots.append(slot)
             return slot
@@ -122,18 +191,113 @@ class TorchDeviceStage:
             return self._executor.submit(self.copy, host)
 
     def close(self) -> None:
-        """Stop the staging threads (batches not staged yet are dropped). A later
-        ``to_device`` starts them again."""
+        """Stop the staging threads (batches not staged yet are dropped) and unlock the
+        pages of a table locked by :meth:`pin`. A later ``to_device`` starts them again."""
         with self._lock:
             executor, self._executor = self._executor, None
+            pins, self._pins = self._pins, None
+            self._inflight.clear()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+        if pins is not None and pins.alive:
+            for stream in self.streams:  # no copy may still read the pages
+                stream.synchronize()
+            pins()
+
+    # -- whole reads ------------------------------------------------------------------
+    def pin(self, table) -> None:
+        """Page-lock ``table``'s buffers in place (once; undone by :meth:`close` or when the
+        stage is collected), so its reads go to the device with no host copy. Skipped for a
+        table over ``PIN_SHARE`` of the machine's memory, and range by range where the driver
+        refuses (memory mapped read-only, ...): those reads are staged."""
+        if self._pins is not None or not self.chunks:
+            return
+        spans = table_spans(table)
+        total = sum(hi - lo for lo, hi in spans)
+        limit = PIN_SHARE * (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        held = HOST_PINS.pin(spans, cuda_register(self.torch)) if 0 < total <= limit else []
+        with self._lock:
+            if self._pins is None:
+                # the table stays referenced until its pages are unlocked
+                self._pins = weakref.finalize(self, _unpin, held, table)
+                return
+        HOST_PINS.unpin(held)  # pinned by another thread meanwhile
+
+    def place(self, items: list) -> list:
+        """On a reader thread: each host chunk of a read whose arrays are all numeric starts
+        its copy to the device (:class:`DeviceChunk`); other items are returned as they are."""
+        if not self.chunks:
+            return items
+        return [self.chunk(it) if _whole(it) else it for it in items]
+
+    def chunk(self, host) -> DeviceChunk:
+        """Copy a host chunk's arrays to the device, on the copy stream: arrays in page-locked
+        memory directly, others through pinned staging."""
+        torch = self.torch
+        dev, stream = self.devices[0], self.streams[0]
+        self._collect()
+        used, columns, direct, staged = [], {}, 0, 0
+        with self._copying(dev, stream, used):
+            for name, value in host.columns.items():
+                arr = value.view(np.int64) if value.dtype.kind in "mM" else value
+                src = torch.from_dlpack(arr)
+                if src.is_pinned():
+                    direct += arr.nbytes
+                else:
+                    # staging buffers keyed by size, rounded up (reads vary in rows): bytes
+                    # viewed as the array's dtype and shape
+                    slot = self._staging((_bucket(max(1, arr.nbytes)),), np.uint8)
+                    used.append(slot)
+                    view = slot[2][:arr.nbytes].view(arr.dtype).reshape(arr.shape)
+                    np.copyto(view, arr)
+                    src = torch.from_numpy(view)
+                    staged += arr.nbytes
+                columns[name] = src.to(dev, non_blocking=True)
+            event = self._recorded(stream, used)
+        with self._lock:
+            if direct:
+                self._inflight.append((event, host))
+            self.direct_bytes += direct
+            self.staged_bytes += staged
+        return DeviceChunk(columns, host.num_rows, host.row_bytes, event)
+
+    def _collect(self) -> None:
+        """Drop the host arrays of whole-read copies that have finished, oldest first."""
+        with self._lock:
+            while self._inflight and self._inflight[0][0].query():
+                self._inflight.popleft()
+
+    def combine(self, parts: Sequence, host: Callable[[Sequence], Any]):
+        """One batch of consecutive parts (see ``stages.Stages.combine``): device chunks are
+        joined on the device (views where there is one part); parts still on the host are
+        combined by ``host`` (the chunk converter's, which raises a batch's conversion
+        error) and copied to the device first when they sit beside device chunks."""
+        if not any(isinstance(p, DeviceChunk) for p in parts):
+            return host(parts)
+        if len(parts) == 1:
+            return parts[0]
+        parts = [p if isinstance(p, DeviceChunk) else host([p]) for p in parts]
+        if not all(isinstance(p, DeviceChunk) or _whole(p) for p in parts):  # never seen: one schema
+            return host([_to_host(p) for p in parts])
+        parts = [p if isinstance(p, DeviceChunk) else self.chunk(p) for p in parts]
+        torch = self.torch
+        dev, stream = self.devices[0], self.streams[0]
+        with self._copying(dev, stream, []):
+            for p in parts:  # chunks copied on another thread: ordered by their events
+                stream.wait_event(p.event)
+            columns = {name: torch.cat([p.columns[name] for p in parts]) for name in parts[0].columns}
+            event = self._recorded(stream, [])
+        n = sum(p.num_rows for p in parts)
+        return DeviceChunk(columns, n, sum(p.nbytes for p in parts) / max(1, n), event)
+
+    def batch(self, chunk: DeviceChunk) -> DeviceBatch:
+        """A device chunk cut to one batch, as ``ready`` takes it."""
+        return DeviceBatch([dict(chunk.columns)], [chunk.event], self)
 
     def copy(self, host: dict) -> DeviceBatch:
         """Copy ``host`` into pinned staging and start its copies to the device(s), on the
         calling thread. Thread-safe: each column of each batch has its own staging buffer
         until its copy's event completes."""
-        torch = self.torch
         n = next((len(v) for v in host.values()), 0)
         k = len(self.devices)
         bounds = [(i * n) // k for i in range(k + 1)]
@@ -148,23 +312,42 @@ class TorchDeviceStage:
                 if isinstance(value, np.ndarray):
                     arr = out[name]
                     arrays[name] = arr.view(np.int64) if arr.dtype.kind in "mM" else arr
-            try:
-                with torch.cuda.stream(stream):
-                    for name, arr in arrays.items():
-                        slot = self._staging(arr.shape, arr.dtype)
-                        used.append(slot)
-                        np.copyto(slot[0].numpy(), arr)  # the one host copy, into pinned memory
-                        out[name] = slot[0].to(dev, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record(stream)
-            except BaseException:
-                self._free_after(stream, used)
-                raise
-            for slot in used:
-                slot[1] = event  # reusable once this copy has finished
+            with self._copying(dev, stream, used):
+                for name, arr in arrays.items():
+                    slot = self._staging(arr.shape, arr.dtype)
+                    used.append(slot)
+                    np.copyto(slot[2], arr)  # the one host copy, into pinned memory
+                    out[name] = slot[0].to(dev, non_blocking=True)
+                event = self._recorded(stream, used)
             parts.append(out)
             events.append(event)
         return DeviceBatch(parts, events, self)
+
+    @contextlib.contextmanager
+    def _copying(self, dev, stream, used: list):
+        """The body queues work on ``stream``, made this thread's current one for ``dev``
+        meanwhile (what ``torch.cuda.stream(stream)`` does, without its lookups of the
+        current device); current streams are per thread, so the consumer's is untouched.
+        If the body fails, the staging slots in ``used`` are freed once the stream is done."""
+        torch = self.torch
+        previous = torch.cuda.current_stream(dev)
+        torch.cuda.set_stream(stream)
+        try:
+            yield
+        except BaseException:
+            self._free_after(stream, used)
+            raise
+        finally:
+            torch.cuda.set_stream(previous)
+
+    def _recorded(self, stream, used: list):
+        """An event recorded on ``stream`` after the work queued so far; the staging slots in
+        ``used`` are reusable once it completes."""
+        event = self.torch.cuda.Event()
+        event.record(stream)
+        for slot in used:
+            slot[1] = event
+        return event
 
     @staticmethod
     def _free_after(stream, slots: list) -> None:
@@ -191,6 +374,146 @@ class TorchDeviceStage:
                 if isinstance(value, torch.Tensor):
                     value.record_stream(current)
         return batch.parts[0] if len(batch.parts) == 1 else batch.parts
+
+
+def _to_host(part):
+    """A device chunk's rows back on the host (a synchronous copy), as a ``HostChunk``."""
+    if not isinstance(part, DeviceChunk):
+        return part
+    from .chunks import HostChunk
+    part.event.synchronize()
+    return HostChunk({k: v.cpu().numpy() for k, v in part.columns.items()}, part.num_rows, part.row_bytes)
+
+
+def _whole(item) -> bool:
+    """A host chunk whose every column is a numeric host array (a read that goes to the
+    device whole); Arrow batches and chunks holding Python lists do not."""
+    columns = getattr(item, "columns", None)
+    return (isinstance(columns, dict) and bool(columns) and hasattr(item, "row_bytes")
+            and all(isinstance(v, np.ndarray) and v.dtype.kind in _ARRAY_KINDS for v in columns.values()))
+
+
+# -- page-locking host memory in place -----------------------------------------------------
+
+#: The largest share of the machine's memory one stage page-locks in place.
+PIN_SHARE = 0.25
+
+
+def pin_tables_setting() -> bool:
+    """``$ARROWLOAD_PIN_TABLES=1``: page-lock an in-memory table read unshuffled to a CUDA
+    device in place (:meth:`TorchDeviceStage.pin`). Off by default until its batches have
+    been checked against the CPU loader's on a GPU (``tests/test_device.py``): it has run on
+    one, its comparison not yet."""
+    return os.environ.get("ARROWLOAD_PIN_TABLES", "").strip() == "1"
+
+
+def table_spans(table) -> list[tuple[int, int]]:
+    """The page-aligned address ranges holding ``table``'s buffers, merged, in order."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    spans = []
+
+    def add(arr) -> None:
+        for buf in arr.buffers():
+            if buf is not None and buf.size and buf.is_cpu:
+                spans.append((buf.address // page * page, -(-(buf.address + buf.size) // page) * page))
+
+    for column in table.columns:
+        for chunk in column.chunks:
+            add(chunk)  # buffers() lists a nested array's children's buffers too
+    spans.sort()
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi) for lo, hi in merged]
+
+
+def cuda_register(torch) -> tuple[Callable[[int, int], bool], Callable[[int], None]]:
+    """(register(address, size) -> done, unregister(address)) through the CUDA runtime."""
+    cudart = torch.cuda.cudart()
+
+    def register(lo: int, size: int) -> bool:
+        if int(cudart.cudaHostRegister(lo, size, 0)) == 0:
+            return True
+        # the runtime keeps the error as its last one; the next kernel launch torch checks
+        # would raise it there: consume it now, on a launch of our own
+        try:
+            torch.zeros(1, device="cuda").add_(1)
+        except Exception:  # noqa: BLE001 - the refused registration's error, consumed
+            pass
+        return False
+
+    def unregister(lo: int) -> None:
+        cudart.cudaHostUnregister(lo)
+
+    return register, unregister
+
+
+class HostPins:
+    """Page-locked address ranges of this process, counted: a range is registered once with
+    the driver (which refuses to register overlapping memory twice) and unregistered when
+    its last holder lets go. ``pin`` registers only the parts of the ranges asked for that
+    no earlier holder covers, and returns what the caller now holds, for ``unpin``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []                  # sorted starts of registered ranges
+        self._ranges: dict[int, list] = {}            # start -> [end, holders, unregister]
+
+    def pin(self, spans: Sequence[tuple[int, int]],
+            calls: tuple[Callable[[int, int], bool], Callable[[int], None]]) -> list[int]:
+        register, unregister = calls
+        held: list[int] = []
+        starts, ranges = self._starts, self._ranges
+        with self._lock:
+            for lo, hi in spans:
+                cursor = lo
+                i = bisect.bisect_right(starts, lo) - 1
+                if i < 0 or ranges[starts[i]][0] <= lo:  # no registered range holds ``lo``
+                    i += 1
+                while cursor < hi:
+                    start = starts[i] if i < len(starts) and starts[i] < hi else None
+                    gap_end = hi if start is None else start
+                    if cursor < gap_end and register(cursor, gap_end - cursor):
+                        ranges[cursor] = [gap_end, 1, unregister]
+                        bisect.insort(starts, cursor)
+                        held.append(cursor)
+                        i += 1  # the new range now sits at i, the next registered one after it
+                    if start is None:
+                        break
+                    entry = ranges[start]
+                    entry[1] += 1
+                    held.append(start)
+                    cursor = max(cursor, entry[0])
+                    i += 1
+        return held
+
+    def unpin(self, held: Sequence[int]) -> None:
+        with self._lock:
+            for start in held:
+                entry = self._ranges[start]
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._ranges[start]
+                    self._starts.remove(start)
+                    entry[2](start)
+
+    def ranges(self) -> list[tuple[int, int, int]]:
+        """(start, end, holders) of every registered range, in address order."""
+        with self._lock:
+            return [(s, self._ranges[s][0], self._ranges[s][1]) for s in self._starts]
+
+
+#: The process's page-locked ranges.
+HOST_PINS = HostPins()
+
+
+def _unpin(held: Sequence[int], table: Any) -> None:
+    """Unlock ``held``; ``table``, whose buffers they hold, was kept alive until now."""
+    HOST_PINS.unpin(held)
+    del table
 
 
 def wants_cuda(output: str, device: Any, devices: Any) -> bool:

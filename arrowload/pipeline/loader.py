@@ -45,7 +45,7 @@ from . import arguments as _arguments
 from . import preflight
 from .chunks import ChunkConverter
 from .collate import BufferPool
-from .device import TorchDeviceStage, jax_place, wants_cuda
+from .device import TorchDeviceStage, jax_place, pin_tables_setting, wants_cuda
 from .options import LoaderOptions, reader_bound
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize
 from .stages import EpochIterator, Settings, Stages
@@ -237,7 +237,8 @@ class Loader:
                  if options.sharding is not None else None)
         self._output = BatchOutput(self._convert, options.stack, self._pool, widths=self._widths,
                                    to_device=self._device_stage.to_device if self._device_stage else None,
-                                   place=place)
+                                   place=place,
+                                   on_device=self._device_stage.batch if self._device_stage else None)
         self._warm_stream()
 
     def _warm_stream(self) -> None:
@@ -390,12 +391,28 @@ class Loader:
                                 wait_import=bool(stream_setting()))
             read, close = reads.read, reads.close
             held = query.held_bytes(max(shape.unit_bytes, default=0))
-        return Stages(tasks=tasks, read=read,
-                      combine=conv.combine if conv is not None else concat_arrow,
+        combine, place = (conv.combine if conv is not None else concat_arrow), None
+        stage = self._device_stage
+        if stage is not None and stage.chunks and conv is not None:  # whole reads to the device
+            table = (self._table_in_memory() if order.kind == ShuffleKind.NONE.value and pin_tables_setting()
+                     else None)
+            if table is not None:
+                stage.pin(table)  # read in place: its pages locked, no host copy
+            combine, place = functools.partial(stage.combine, host=conv.combine), stage.place
+        return Stages(tasks=tasks, read=read, combine=combine, place=place,
                       finish=self._output,
                       transform=self._transform_stage(),
                       deliver=self._device_stage.ready if self._device_stage is not None else None,
                       decoded=self._decoded_by, held=held, close=close)
+
+    def _table_in_memory(self):
+        """The in-memory Arrow table this loader's reads are slices of (a dataset made from a
+        table, unshuffled), or None."""
+        src = self._source
+        if isinstance(src, TableRowSource):
+            return src.table if src.where == "memory" else None
+        inner = getattr(src, "source", None)
+        return inner.arrow_table() if getattr(inner, "kind", None) == "memory" else None
 
     def _stream_query(self, order: EpochOrder, ranges: list[tuple[int, int]]):
         """The polars stream an unshuffled epoch over a scan reads from (``scan/stream.py``),

@@ -59,6 +59,8 @@ class Stages:
     - ``read(task, cache=..., map_units=...) -> (parts, convert_seconds)``: one task's rows,
       on a reader thread; ``cache(key, load)`` shares a read between tasks,
       ``map_units(fn, items)`` runs a task's sub-reads on free reader slots;
+    - ``place(items) -> items`` (optional) on the reader thread after each read: the CUDA
+      stage starts copying whole reads to the device there (``device.TorchDeviceStage.place``);
     - ``combine(parts) -> batch``: consecutive parts (``.num_rows``, ``.nbytes``, ``.slice``)
       of exactly one batch as one batch;
     - ``transform(batch) -> batch`` (optional) and ``finish(batch) -> out`` on the producer
@@ -80,6 +82,7 @@ class Stages:
     finish: Callable[[Any], Any]
     transform: Callable[[Any], Any] | None = None
     deliver: Callable[[Any], Any] | None = None
+    place: Callable[[list], list] | None = None
     decoded: Callable[[], dict] | None = None
     held: int = 0
     close: Callable[[], None] | None = None
@@ -400,6 +403,10 @@ class Pipeline:
     def _read(self, task: Task) -> tuple[list, float, float]:
         t0 = time.perf_counter()
         items, convert_s = self.stages.read(task, cache=self.cache.get, map_units=self.readers.map)
+        if self.stages.place is not None:
+            t1 = time.perf_counter()
+            items = self.stages.place(items)
+            convert_s += time.perf_counter() - t1
         return items, time.perf_counter() - t0, convert_s
 
     def _run(self) -> None:

@@ -47,6 +47,11 @@ class MemorySource(PicklableLock, Source):
                     self._batches = tuple(table.to_batches(max_chunksize=UNIT_ROWS))
         return self._batches
 
+    def arrow_table(self) -> pa.Table:
+        """The table itself (a reader drained first): its units are zero-copy slices of it."""
+        self._ensure()
+        return self._table
+
     def units(self) -> tuple[Unit, ...]:
         return tuple(Unit(i, 0, "<memory>", i, b.num_rows, {"*": b.nbytes})
                      for i, b in enumerate(self._ensure()))
