@@ -390,6 +390,110 @@ def _numeric_table(n: int, chunk: int) -> pa.Table:
     return pa.Table.from_batches(table.to_batches(max_chunksize=chunk))
 
 
+class _FakeStream:
+    def __init__(self, device=None):
+        self.device = device
+
+    def wait_event(self, event):
+        assert isinstance(event, _FakeEvent) and event.recorded
+
+    def synchronize(self):
+        pass
+
+
+class _FakeEvent:
+    def __init__(self):
+        self.recorded = False
+
+    def record(self, stream=None):
+        self.recorded = True
+
+    def query(self):
+        return self.recorded
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture()
+def cuda_stand_in(monkeypatch):
+    """``torch.cuda`` played by the CPU, for the stage's logic where CI has no GPU: streams
+    and events that only check they are used in order, pinning that pins nothing, and every
+    non-blocking copy to the stage's device (the CPU, set by ``_stand_in_stage``) a real
+    copy, so a staging buffer reused too early would show in the batches."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream(device))
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    original = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        return out.clone() if kwargs.get("non_blocking") and out.data_ptr() == self.data_ptr() else out
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+
+
+def _stand_in_stage(loader):
+    stage = loader._device_stage
+    stage.devices = [torch.device("cpu")]
+    calls = []
+    chunk = stage.chunk
+
+    def counted(host):
+        calls.append(host.num_rows)
+        return chunk(host)
+
+    stage.chunk = counted
+    return stage, calls
+
+
+@pytest.mark.parametrize("where", ["memory", "lake"])
+@pytest.mark.parametrize("shuffle", [False, "global", "block"])
+@pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}])
+def test_whole_reads_against_a_cuda_stand_in(tmp_path, cuda_stand_in, where, shuffle, stack):
+    """The whole-read path's logic without a GPU (``cuda_stand_in``): reads are copied whole
+    (fewer copies than batches), batches are cut from them and joined where they straddle
+    two reads, and every batch, all held to the end, equals the CPU loader's."""
+    table = _numeric_table(5000, 700)
+    if where == "lake":
+        import pyarrow.parquet as pq
+        (tmp_path / "lake").mkdir()
+        pq.write_table(table, tmp_path / "lake" / "part-0.parquet", row_group_size=900)
+        ds = al.dataset(str(tmp_path / "lake"))
+    else:
+        ds = al.dataset(table)
+    kw = dict(shuffle=shuffle, seed=6, stack=stack, cache_dir=str(tmp_path / "cache"))
+    cpu = list(ds.loader(96, output="torch", **kw))
+    with ds.loader(96, output="torch", device="cuda", **kw) as loader:
+        stage, calls = _stand_in_stage(loader)
+        assert stage.chunks
+        got = list(loader)
+    assert 0 < len(calls) < len(got) and sum(calls) >= 5000
+    assert stage.staged_bytes > 0 and stage.direct_bytes == 0
+    assert len(got) == len(cpu) == -(-5000 // 96)
+    for g, c in zip(got, cpu):
+        assert_same_batch(g, c, device_type="cpu")
+
+
+def test_reads_with_strings_stay_per_batch_against_a_cuda_stand_in(tmp_path, cuda_stand_in):
+    """A read holding strings (Python lists) is not copied whole: its batches are staged
+    one by one, and equal the CPU loader's."""
+    ds = typed_dataset()
+    cpu = list(ds.loader(96, output="torch", cache_dir=str(tmp_path)))
+    with ds.loader(96, output="torch", device="cuda", cache_dir=str(tmp_path)) as loader:
+        stage, calls = _stand_in_stage(loader)
+        got = list(loader)
+    assert calls == [] and stage.staged_bytes == 0
+    for g, c in zip(got, cpu):
+        assert_same_batch(g, c, device_type="cpu")
+
+
 @needs_cuda
 @pytest.mark.parametrize("where", ["memory", "lake"])
 @pytest.mark.parametrize("shuffle", [False, "global", "block"])
