@@ -481,6 +481,101 @@ def test_whole_reads_against_a_cuda_stand_in(tmp_path, cuda_stand_in, where, shu
         assert_same_batch(g, c, device_type="cpu")
 
 
+class _FakeDriver:
+    """``torch.cuda.cudart()``'s registrations, as the driver keeps them: overlapping memory
+    is refused (the error code 712, ``cudaErrorHostMemoryAlreadyRegistered``)."""
+
+    def __init__(self):
+        self.live: dict[int, int] = {}  # start -> end
+
+    def cudaHostRegister(self, lo, size, flags):
+        if any(lo < e and s < lo + size for s, e in self.live.items()):
+            return 712
+        self.live[lo] = lo + size
+        return 0
+
+    def cudaHostUnregister(self, lo):
+        assert lo in self.live, "unregistering memory never registered"
+        del self.live[lo]
+        return 0
+
+    def holds(self, address: int) -> bool:
+        return any(s <= address < e for s, e in self.live.items())
+
+
+@pytest.fixture()
+def pinning_stand_in(cuda_stand_in, monkeypatch):
+    """The CUDA stand-in with page-locking on: registrations go to a ``_FakeDriver``, and
+    a tensor is pinned where the driver holds its memory."""
+    driver = _FakeDriver()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: driver)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: self.numel() > 0 and driver.holds(self.data_ptr()))
+    monkeypatch.setenv("ARROWLOAD_PIN_TABLES", "1")
+    return driver
+
+
+@pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}])
+def test_pinned_table_against_a_cuda_stand_in(pinning_stand_in, stack):
+    """``ARROWLOAD_PIN_TABLES=1``, an in-memory table read unshuffled: its pages are
+    registered while the loader is open (every buffer inside a registered range), its
+    numeric columns go to the device with no host copy (the bool column, bit-packed in
+    Arrow, and a stack group are staged), the batches equal the CPU loader's, and every
+    registration is undone at ``close()``."""
+    from arrowload.pipeline import device
+    driver = pinning_stand_in
+    table = _numeric_table(5000, 700)
+    ds = al.dataset(table)
+    cpu = list(ds.loader(96, output="torch", stack=stack))
+    with ds.loader(96, output="torch", device="cuda", stack=stack) as loader:
+        stage, calls = _stand_in_stage(loader)
+        got = list(loader)
+        assert driver.live and len(device.HOST_PINS.ranges()) == len(driver.live)
+        for col in table.columns:
+            for c in col.chunks:
+                assert all(driver.holds(b.address) for b in c.buffers() if b is not None and b.size)
+        assert stage.direct_bytes > 0
+        assert stage.staged_bytes == 5000 + (0 if stack is None else 5000 * 3 * 8)
+    assert not driver.live and not device.HOST_PINS.ranges()
+    assert 0 < len(calls) < len(got)
+    for g, c in zip(got, cpu):
+        assert_same_batch(g, c, device_type="cpu")
+
+
+def test_pinned_table_two_loaders_and_resume_against_a_cuda_stand_in(pinning_stand_in):
+    """Two loaders over one table register its pages once between them and undo it when
+    the last closes (or is collected unclosed); a loader resumed mid-epoch gives the rest
+    of the uninterrupted epoch."""
+    import gc
+    from arrowload.pipeline import device
+    driver = pinning_stand_in
+    ds = al.dataset(_numeric_table(3000, 512))
+    a = ds.loader(100, output="torch", device="cuda")
+    b = ds.loader(100, output="torch", device="cuda")
+    _stand_in_stage(a), _stand_in_stage(b)
+    whole = [x["id"].clone() for x in a]
+    it = iter(b)
+    for _ in range(7):
+        next(it)
+    state = b.state_dict()
+    ranges = device.HOST_PINS.ranges()
+    assert ranges and {h for _, _, h in ranges} == {2} and len(driver.live) == len(ranges)
+    a.close()
+    assert {h for _, _, h in device.HOST_PINS.ranges()} == {1} and driver.live
+    it.close()
+    del b, it
+    gc.collect()  # never closed: collected, it lets go of the pages too
+    assert not driver.live and not device.HOST_PINS.ranges()
+    c = ds.loader(100, output="torch", device="cuda")
+    _stand_in_stage(c)
+    c.load_state_dict(state)
+    rest = [x["id"] for x in c]
+    c.close()
+    assert not driver.live
+    assert len(rest) == len(whole) - 7
+    for got, want in zip(rest, whole[7:]):
+        assert torch.equal(got, want)
+
+
 def test_reads_with_strings_stay_per_batch_against_a_cuda_stand_in(tmp_path, cuda_stand_in):
     """A read holding strings (Python lists) is not copied whole: its batches are staged
     one by one, and equal the CPU loader's."""
