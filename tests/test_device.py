@@ -481,6 +481,25 @@ def test_whole_reads_against_a_cuda_stand_in(tmp_path, cuda_stand_in, where, shu
         assert_same_batch(g, c, device_type="cpu")
 
 
+def test_pinned_staging_kept_is_bounded_in_bytes_against_a_cuda_stand_in(cuda_stand_in):
+    """Whole reads of many sizes (many staging keys): the pinned staging kept for reuse
+    never exceeds ``pool_bytes``, and every read arrives intact."""
+    from arrowload.pipeline.chunks import HostChunk
+    from arrowload.pipeline.device import TorchDeviceStage
+    stage = TorchDeviceStage(["cuda"], pool_bytes=1 << 20)
+    stage.devices = [torch.device("cpu")]
+    rng = np.random.default_rng(3)
+    for rows in rng.integers(1, 40_000, 60):
+        x = rng.standard_normal((int(rows), 4)).astype(np.float32)
+        y = np.arange(rows, dtype=np.int64)
+        chunk = stage.chunk(HostChunk({"x": x, "y": y}, int(rows), 24.0))
+        assert torch.equal(chunk.columns["x"], torch.from_numpy(x))
+        assert torch.equal(chunk.columns["y"], torch.from_numpy(y))
+        assert stage.pinned_bytes <= 1 << 20
+    kept = sum(slot[2].nbytes for slots in stage._pinned.values() for slot in slots)
+    assert 0 < kept == stage.pinned_bytes <= 1 << 20
+
+
 class _FakeDriver:
     """``torch.cuda.cudart()``'s registrations, as the driver keeps them: overlapping memory
     is refused (the error code 712, ``cudaErrorHostMemoryAlreadyRegistered``)."""

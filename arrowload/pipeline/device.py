@@ -70,6 +70,10 @@ from .collate import _bucket
 #: A batch whose host arrays hold at least this many bytes is staged on a staging thread.
 THREAD_BYTES = 4 << 20
 
+#: Pinned staging kept for reuse by default, in bytes (the loader passes its ``prefetch``
+#: budget, at least 64 MiB).
+POOL_BYTES = 256 << 20
+
 
 def default_copy_threads() -> int:
     """Staging threads by default: 1, or 2 where the process may run on 8 cores or more."""
@@ -124,7 +128,7 @@ class DeviceBatch:
 class TorchDeviceStage:
     """Pinned staging + asynchronous host-to-device copies on a dedicated stream."""
 
-    def __init__(self, devices: list[Any], pool_capacity: int | None = None,
+    def __init__(self, devices: list[Any], pool_capacity: int | None = None, pool_bytes: int | None = None,
                  copy_threads: int | None = None) -> None:
         from ..convert.torch_out import import_torch, target_device
         torch = self.torch = import_torch()
@@ -148,6 +152,9 @@ class TorchDeviceStage:
         self.copy_threads = default_copy_threads() if copy_threads is None else copy_threads
         # every staging thread may hold one batch's slots while earlier copies still run
         self.capacity = pool_capacity or 2 * self.copy_threads + 4
+        #: the most pinned staging bytes kept for reuse (reads vary in size: many keys)
+        self.pool_bytes = POOL_BYTES if pool_bytes is None else pool_bytes
+        self.pinned_bytes = 0
         self._executor: ThreadPoolExecutor | None = None
         #: whole reads go to the device (one device only; see the module docstring)
         self.chunks = WHOLE_READS and len(self.devices) == 1
@@ -172,8 +179,13 @@ class TorchDeviceStage:
                     return slot
             tensor = torch.from_numpy(np.empty(shape, dtype=dtype)).pin_memory()
             slot = [tensor, _BUSY, tensor.numpy()]  # the pinned tensor, its copy's event, its array
-            if len(slots) < self.capacity:
+            nbytes = slot[2].nbytes
+            # kept for reuse within ``capacity`` a key and ``pool_bytes`` in all; past that a
+            # slot serves once (torch's pinned allocator, which recorded the copy's event on
+            # it, reuses its memory only after the copy)
+            if len(slots) < self.capacity and self.pinned_bytes + nbytes <= self.pool_bytes:
                 slots.append(slot)
+                self.pinned_bytes += nbytes
             return slot
 
     def to_device(self, host: dict) -> Future | DeviceBatch:

@@ -189,7 +189,8 @@ class Loader:
         # CUDA copies go through the pinned, stream-ordered device stage, not convert's .to()
         self._device_stage = None
         if wants_cuda(options.output, options.device, options.devices):
-            self._device_stage = TorchDeviceStage(list(options.devices or [options.device]))
+            self._device_stage = TorchDeviceStage(list(options.devices or [options.device]),
+                                                  pool_bytes=max(options.prefetch, 64 << 20))
         elif options.devices:
             raise InvalidArgumentError("devices= splits batches across CUDA devices (output='torch'); "
                                        "for jax, pass sharding=jax.sharding.NamedSharding(...)", "devices")
