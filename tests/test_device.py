@@ -595,6 +595,21 @@ def test_pinned_table_two_loaders_and_resume_against_a_cuda_stand_in(pinning_sta
         assert torch.equal(got, want)
 
 
+def test_whole_reads_stats_and_profile_against_a_cuda_stand_in(tmp_path, cuda_stand_in):
+    """``stats()`` and ``profile()`` of a loader whose reads go to the device whole count
+    its rows, batches and bytes as the host loader's do."""
+    ds = al.dataset(_numeric_table(5000, 700))
+    host = ds.loader(96, output="torch")
+    list(host)
+    with ds.loader(96, output="torch", device="cuda") as loader:
+        _stand_in_stage(loader)
+        list(loader)
+        got, want = loader.stats(), host.stats()
+        assert (got.rows, got.batches, got.bytes_decoded) == (want.rows, want.batches, want.bytes_decoded)
+        prof = loader.profile(10)
+        assert prof is not None and "batches" in repr(prof).lower()
+
+
 def test_reads_with_strings_stay_per_batch_against_a_cuda_stand_in(tmp_path, cuda_stand_in):
     """A read holding strings (Python lists) is not copied whole: its batches are staged
     one by one, and equal the CPU loader's."""
