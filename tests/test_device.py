@@ -606,6 +606,10 @@ def test_whole_reads_stats_and_profile_against_a_cuda_stand_in(tmp_path, cuda_st
         list(loader)
         got, want = loader.stats(), host.stats()
         assert (got.rows, got.batches, got.bytes_decoded) == (want.rows, want.batches, want.bytes_decoded)
+        assert got.device["reads"] > 0 and got.device["staged_bytes"] > 0 and not want.device
+        assert "to the device whole" in str(got) and "to the device" not in str(want)
+        list(loader)  # a second epoch counts its own reads only
+        assert loader.stats().device == got.device
         prof = loader.profile(10)
         assert prof is not None and "batches" in repr(prof).lower()
 

@@ -161,6 +161,7 @@ class TorchDeviceStage:
         # (event, host arrays) of whole-read copies that may still be reading those arrays:
         # they stay referenced (a pooled buffer is not reused) until the event completes
         self._inflight: deque = deque()
+        self.reads = 0          # whole reads copied to the device
         self.direct_bytes = 0   # copied to the device straight from page-locked host memory
         self.staged_bytes = 0   # copied through pinned staging (one host copy)
         self._pins: weakref.finalize | None = None  # unlocks the table this stage page-locked
@@ -269,6 +270,7 @@ class TorchDeviceStage:
         with self._lock:
             if direct:
                 self._inflight.append((event, host))
+            self.reads += 1
             self.direct_bytes += direct
             self.staged_bytes += staged
         return DeviceChunk(columns, host.num_rows, host.row_bytes, event)
@@ -301,6 +303,11 @@ class TorchDeviceStage:
             event = self._recorded(stream, [])
         n = sum(p.num_rows for p in parts)
         return DeviceChunk(columns, n, sum(p.nbytes for p in parts) / max(1, n), event)
+
+    def counts(self) -> dict[str, int]:
+        """Running counts of whole reads: ``reads``, ``direct_bytes``, ``staged_bytes``."""
+        with self._lock:
+            return {"reads": self.reads, "direct_bytes": self.direct_bytes, "staged_bytes": self.staged_bytes}
 
     def batch(self, chunk: DeviceChunk) -> DeviceBatch:
         """A device chunk cut to one batch, as ``ready`` takes it."""

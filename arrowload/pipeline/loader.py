@@ -401,6 +401,7 @@ class Loader:
                 stage.pin(table)  # read in place: its pages locked, no host copy
             combine, place = functools.partial(stage.combine, host=conv.combine), stage.place
         return Stages(tasks=tasks, read=read, combine=combine, place=place,
+                      device=stage.counts if place is not None else None,
                       finish=self._output,
                       transform=self._transform_stage(),
                       deliver=self._device_stage.ready if self._device_stage is not None else None,

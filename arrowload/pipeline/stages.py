@@ -68,6 +68,9 @@ class Stages:
       ``result(handle) -> batch`` and ``window``: Ray tasks, ``scaleout.executor``): up to
       ``window`` batches in flight, their bytes in the budget, finished in batch order;
     - ``deliver(out) -> out`` (optional) on the consumer's thread as each batch is taken;
+    - ``device() -> {counter: n}`` (optional): the CUDA stage's running counts of whole reads
+      (``reads``, ``direct_bytes``, ``staged_bytes``), for ``LoaderStats.device`` (this
+      iteration's share);
     - ``decoded() -> {decoder: units}`` (optional): the reader's running count of units each
       decoder read, for ``LoaderStats.decoders`` (this iteration's share);
     - ``held``: bytes the reads hold outside their tasks for the whole iteration (a polars
@@ -84,6 +87,7 @@ class Stages:
     deliver: Callable[[Any], Any] | None = None
     place: Callable[[list], list] | None = None
     decoded: Callable[[], dict] | None = None
+    device: Callable[[], dict] | None = None
     held: int = 0
     close: Callable[[], None] | None = None
 
@@ -396,6 +400,7 @@ class Pipeline:
         self._cpu0 = time.process_time()
         self._decoded = stages.decoded
         self._decoded0 = stages.decoded() if stages.decoded is not None else {}
+        self._device0 = stages.device() if stages.device is not None else {}
         self._threads0 = thread_cpu()
         self.thread.start()
 
@@ -639,6 +644,9 @@ class Pipeline:
             base = self._decoded0
             self.stats.decoders = {k: v - base.get(k, 0) for k, v in self._decoded().items()
                                    if v > base.get(k, 0)}
+        if self.stages.device is not None:
+            base = self._device0
+            self.stats.device = {k: v - base.get(k, 0) for k, v in self.stages.device().items()}
 
     def _native_cpu(self) -> float:
         """CPU time since the start of threads Python does not know (pyarrow's decode and

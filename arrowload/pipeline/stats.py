@@ -38,7 +38,9 @@ class LoaderStats:
     ``polars``, ``dataset``; see ``scan/decoders.py``; ``polars-stream``: unit tasks taken
     from an unshuffled epoch's polars streaming query, ``scan/stream.py``), ``readers`` (reader threads the autotuner settled on), ``readers_peak`` (most busy at
     once), ``readers_max`` (the bound: ``io_threads``, or the cores), ``prefetch`` (the byte
-    budget).
+    budget). With ``device="cuda"``, ``device`` counts what went to the GPU whole
+    (``pipeline/device.py``): ``reads``, ``direct_bytes`` (from page-locked memory, no host
+    copy) and ``staged_bytes`` (one host copy into pinned staging); empty otherwise.
     """
 
     rows: int = 0
@@ -64,6 +66,7 @@ class LoaderStats:
     native_cpu_s: float = 0.0
     consumer_cpu_s: float = 0.0
     decoders: dict = field(default_factory=dict)
+    device: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -121,6 +124,10 @@ class LoaderStats:
                 f"{'~' + size(self.bytes_read) if self.bytes_read else 'no file bytes'} read, "
                 f"{size(self.bytes_decoded)} decoded, peak prefetch "
                 f"{size(self.peak_prefetch_bytes)}")
+        if self.device.get("reads"):
+            d = self.device
+            text += (f"; {fmt_count(d['reads'], 'read')} to the device whole, "
+                     f"{size(d.get('direct_bytes', 0))} with no host copy, {size(d.get('staged_bytes', 0))} staged")
         if self.readers_max:
             text += f"; {self.settings_text()}"
         cpu = self.cpu_text()
