@@ -12,6 +12,8 @@ batches' array bytes, wall and CPU milliseconds of the process):
 - ``mem_torch_cpu``: arrowload's loader over the selection in memory, host batches only;
 - ``mem_cuda_whole``: the same loader with ``device="cuda"`` as it runs by default: whole
   reads to the device (the in-memory table page-locked in place), batches cut there;
+- ``mem_cuda_pinned``: the same with ``ARROWLOAD_PIN_TABLES=1`` (the table page-locked in
+  place: its columns go to the device with no host copy);
 - ``mem_cuda_inline`` / ``mem_cuda_threads_<k>``: the same with whole reads off
   (``device.WHOLE_READS = False``), every batch staged on the producer thread, or on ``k``
   staging threads;
@@ -25,6 +27,7 @@ with status 3 when no CUDA device is available.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -79,8 +82,9 @@ def main(argv=None) -> int:
 
     default_threads, thread_bytes = stage.default_copy_threads, stage.THREAD_BYTES
 
-    def loader(source, threads=None, **kw):
+    def loader(source, threads=None, pin=False, **kw):
         def run():
+            os.environ["ARROWLOAD_PIN_TABLES"] = "1" if pin else "0"  # pin: the opt-in page-locking
             stage.WHOLE_READS = threads is None  # None: whole reads (the default)
             stage.default_copy_threads, stage.THREAD_BYTES = default_threads, thread_bytes
             if threads is not None:  # 0: inline; k: every batch on k staging threads
@@ -94,6 +98,7 @@ def main(argv=None) -> int:
     cases = {"plain_pinned": plain_pinned, "host_copy_only": host_copy_only,
              "mem_torch_cpu": loader(in_memory, output="torch"),
              "mem_cuda_whole": loader(in_memory, output="torch", device="cuda"),
+             "mem_cuda_pinned": loader(in_memory, pin=True, output="torch", device="cuda"),
              "mem_cuda_inline": loader(in_memory, 0, output="torch", device="cuda")}
     for k in (1, 2):
         cases[f"mem_cuda_threads_{k}"] = loader(in_memory, k, output="torch", device="cuda")
