@@ -58,22 +58,6 @@ def ensure_lake(rows: int, *, partition_by: str | None = None, log=print) -> Pat
     return lake
 
 
-def ensure_bytecode() -> None:
-    """Compile arrowload's modules to bytecode where it is missing or stale.
-
-    Each run is a fresh process that imports arrowload's modules on first use, inside the
-    clock (the planner, the SQL parser, the loader). Where Python may not write bytecode as
-    it imports (``PYTHONDONTWRITEBYTECODE=1``, as on the machine these figures come from; a
-    read-only checkout), an editable install would compile them from source in every run:
-    10 ms of a W2 build, measured. The peers' packages never pay that: pip compiles them
-    at install. Compiling once here (``compileall`` writes whatever the variable says)
-    makes arrowload's runs what an installed arrowload's are."""
-    import compileall
-
-    import arrowload
-    compileall.compile_dir(str(Path(arrowload.__file__).parent), quiet=1)
-
-
 def replace_section(begin: str, end: str, block: str) -> None:
     """Put ``block`` (which starts with ``begin`` and ends with ``end``) into RESULTS.md,
     replacing the section between those markers if there is one, appending it otherwise."""

@@ -60,8 +60,6 @@ def epoch(code: str, lake: str, cache: str) -> dict:
 
 
 def main() -> None:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--code", default=str(HERE.parent), help="directory holding the arrowload package to run")
     ap.add_argument("--lake", default=str(HERE / "data" / "events-4000000"))

@@ -92,8 +92,6 @@ def _first_batch_here(lake: Path, kind: str, cache: str, state: dict | None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--one":  # one run, in the fresh process first_batch started
         _one(*argv[1:5])

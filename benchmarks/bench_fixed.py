@@ -122,8 +122,6 @@ def run(code: str, lake: str, root: Path | None, filter_text: str = "country = '
 
 
 def main(argv=None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lake", default=str(REPO / "benchmarks" / "data" / "events-4000000"))
     ap.add_argument("--reps", type=int, default=5)

@@ -42,8 +42,6 @@ BEGIN, END = "<!-- bench_gpu:begin -->", "<!-- bench_gpu:end -->"
 
 
 def main(argv=None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--batch", type=int, default=4096)

@@ -43,8 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv=None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--batch", type=int, default=4096)

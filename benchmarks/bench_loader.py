@@ -196,8 +196,6 @@ def first_batch(lake: Path, w: dict, cache: str, resume_at: float | None = None)
 
 
 def main(argv=None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows instead of {FULL_ROWS:,}")
     p.add_argument("--rows", type=int)

@@ -171,8 +171,6 @@ def table(results: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=72_000)
     p.add_argument("--prefetch", type=int, help="the loader's prefetch budget in bytes (default: its own)")

@@ -75,8 +75,6 @@ def epoch(lake: Path, variant: str, kind: str, cache: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--one":
         print(json.dumps(_epoch_here(*argv[1:5])))

@@ -117,8 +117,6 @@ def to_ray_epoch(ds) -> tuple[float, int, int, list]:
 
 
 def main(argv=None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=None, help="lake rows (default 200,000; 20,000 with --quick)")
     p.add_argument("--reps", type=int, default=None, help="timed epochs per contender (default 3; 1 with --quick)")

@@ -125,8 +125,6 @@ def _f(ab: tuple[float, float] | None, i: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true", help=f"lakes of {', '.join(f'{n:,}' for n in QUICK_SIZES)} rows")

@@ -619,8 +619,6 @@ def checksum_cost(rows: int, reps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows instead of {FULL_ROWS:,}")

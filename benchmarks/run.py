@@ -890,8 +890,6 @@ def restore(path: Path) -> tuple[list[Cell], int, dict]:
 # -- main ----------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    from _common import ensure_bytecode
-    ensure_bytecode()  # runs import arrowload's modules inside the clock
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     p.add_argument("--quick", action="store_true",
