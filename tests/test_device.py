@@ -390,6 +390,18 @@ def _numeric_table(n: int, chunk: int) -> pa.Table:
     return pa.Table.from_batches(table.to_batches(max_chunksize=chunk))
 
 
+def _whole_read_dataset(tmp_path, where: str):
+    """5,000 rows of numeric columns: an in-memory table in chunks of 700 rows, or one
+    Parquet file in row groups of 900 (so that batches of 96 straddle reads)."""
+    table = _numeric_table(5000, 700)
+    if where == "memory":
+        return al.dataset(table)
+    import pyarrow.parquet as pq
+    (tmp_path / "lake").mkdir()
+    pq.write_table(table, tmp_path / "lake" / "part-0.parquet", row_group_size=900)
+    return al.dataset(str(tmp_path / "lake"))
+
+
 class _FakeStream:
     def __init__(self, device=None):
         self.device = device
@@ -460,14 +472,7 @@ def test_whole_reads_against_a_cuda_stand_in(tmp_path, cuda_stand_in, where, shu
     """The whole-read path's logic without a GPU (``cuda_stand_in``): reads are copied whole
     (fewer copies than batches), batches are cut from them and joined where they straddle
     two reads, and every batch, all held to the end, equals the CPU loader's."""
-    table = _numeric_table(5000, 700)
-    if where == "lake":
-        import pyarrow.parquet as pq
-        (tmp_path / "lake").mkdir()
-        pq.write_table(table, tmp_path / "lake" / "part-0.parquet", row_group_size=900)
-        ds = al.dataset(str(tmp_path / "lake"))
-    else:
-        ds = al.dataset(table)
+    ds = _whole_read_dataset(tmp_path, where)
     kw = dict(shuffle=shuffle, seed=6, stack=stack, cache_dir=str(tmp_path / "cache"))
     cpu = list(ds.loader(96, output="torch", **kw))
     with ds.loader(96, output="torch", device="cuda", **kw) as loader:
@@ -640,14 +645,7 @@ def test_cuda_whole_reads_equal_the_cpu_loader(tmp_path, monkeypatch, where, shu
     closes."""
     from arrowload.pipeline import device
     monkeypatch.setenv("ARROWLOAD_PIN_TABLES", "1" if pin else "0")
-    table = _numeric_table(5000, 700)
-    if where == "lake":
-        import pyarrow.parquet as pq
-        (tmp_path / "lake").mkdir()
-        pq.write_table(table, tmp_path / "lake" / "part-0.parquet", row_group_size=900)
-        ds = al.dataset(str(tmp_path / "lake"))
-    else:
-        ds = al.dataset(table)
+    ds = _whole_read_dataset(tmp_path, where)
     kw = dict(shuffle=shuffle, seed=6, stack=stack, cache_dir=str(tmp_path / "cache"))
     cpu = list(ds.loader(96, output="torch", **kw))
     before = device.HOST_PINS.ranges()
