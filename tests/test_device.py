@@ -615,6 +615,7 @@ def test_whole_reads_stats_and_profile_against_a_cuda_stand_in(tmp_path, cuda_st
         assert "to the device whole" in str(got) and "to the device" not in str(want)
         list(loader)  # a second epoch counts its own reads only
         assert loader.stats().device == got.device
+        assert "numeric reads copied whole" in loader.explain() and "to device" not in host.explain()
         prof = loader.profile(10)
         assert prof is not None and "batches" in repr(prof).lower()
 

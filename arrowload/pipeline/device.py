@@ -304,6 +304,15 @@ class TorchDeviceStage:
         n = sum(p.num_rows for p in parts)
         return DeviceChunk(columns, n, sum(p.nbytes for p in parts) / max(1, n), event)
 
+    def describe(self) -> str:
+        """How batches reach the device(s), in words (``Loader.explain()``)."""
+        devices = ", ".join(str(d) for d in self.devices)
+        if not self.chunks:
+            return f"{devices}: each batch staged through pinned memory on a copy stream per device"
+        pin = "on" if pin_tables_setting() else "off, ARROWLOAD_PIN_TABLES=1 turns it on"
+        return (f"{devices}: numeric reads copied whole through pinned memory on a copy stream, batches "
+                f"cut on the device; an in-memory table read unshuffled page-locked in place: {pin}")
+
     def counts(self) -> dict[str, int]:
         """Running counts of whole reads: ``reads``, ``direct_bytes``, ``staged_bytes``."""
         with self._lock:

@@ -631,6 +631,7 @@ class Loader:
             f"  source       {self.source_kind}, {len(self._source.counts):,} units",
             f"  snapshot     {self.snapshot_id}{resumed}",
             f"  output       {o.output} (device {o.device})",
+            *([f"  to device    {self._device_stage.describe()}"] if self._device_stage is not None else []),
             f"  executor     {o.executor}" + (f" ({self._remote.cpus} Ray CPUs: unit reads, maps and "
                                                "transform= as Ray tasks)" if self._remote is not None else ""),
             f"  prefetch     {o.prefetch / 2**20:.0f} MiB budget, {self.readers_text()}",
