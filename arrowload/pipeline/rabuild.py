@@ -181,12 +181,27 @@ class _Group:
         return out
 
 
+#: Stride of the first touch ``_allocate`` gives a table's memory (a page).
+_TOUCH = 4096
+
+
 def _allocate(count: int, dtype: np.dtype) -> np.ndarray:
-    """An uninitialized, 64-byte aligned array from numpy's allocator, which asks the
-    kernel for transparent huge pages on large arrays: filling 256 MiB of fresh memory
-    costs about 0.08 s of page faults and copies this way, 0.3-0.6 s from Arrow's pool."""
+    """A 64-byte aligned array from numpy's allocator, which asks the kernel for
+    transparent huge pages on large arrays: filling 256 MiB of fresh memory costs about
+    0.08 s of page faults and copies this way, 0.3-0.6 s from Arrow's pool.
+
+    Its pages are touched here, once each (``_TOUCH``), before any row is written: the
+    kernel maps them in one sweep. Left to the writes, the faults came while the build's
+    other threads (the decode, the split of a mixture's rows) allocated and freed memory,
+    and contended with them: a mixture's global build spent 0.11-0.23 s of system time in
+    its writes against 0.003-0.014 s for the single selection's, and builds of either
+    often took half again as long (the kernel's huge-page faults, contended). Touched
+    first, interleaved fresh processes (4M-row lake): a global epoch of W1's columns,
+    build included, 0.397-0.741 s (median 0.587) -> 0.392-0.417 s (median 0.397), 5 each;
+    run.py's W3 global 0.495 -> 0.446 s; a mixture's build 0.40-0.68 -> 0.39-0.40 s."""
     dtype = np.dtype(dtype)
     raw = np.empty(count * dtype.itemsize + 64, dtype=np.uint8)
+    raw[::_TOUCH] = 0
     skip = -raw.ctypes.data % 64
     return raw[skip:skip + count * dtype.itemsize].view(dtype)
 
@@ -370,10 +385,61 @@ def build_many(read, items: int, counts: Sequence[Sequence[int]], schemas: Seque
     return [_assemble(lay, p) for lay, p in zip(layouts, pieces)]
 
 
+class Picked:
+    """Rows ``rows`` (positions, in order) of ``table``: a member's share of a stream batch
+    (``build_stream_many``), written by ``_put`` straight from the batch with no filtered
+    copy in between."""
+
+    __slots__ = ("table", "rows")
+
+    def __init__(self, table: pa.Table, rows: np.ndarray) -> None:
+        self.table = table
+        self.rows = rows
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+
+def _put_picked(layout: Layout, schema: pa.Schema, picked: Picked, at: int) -> tuple[int, dict[str, list]]:
+    """``_put`` of a :class:`Picked`: a fixed-width column of one chunk (of the type the
+    table holds, no nulls inside its lists) taken row by row into its buffer (``np.take``
+    into the destination); every other column (stacked, variable-width, to cast) through
+    ``_put`` of its rows taken with Arrow."""
+    rows, n = picked.rows, len(picked.rows)
+    rest = []
+    for name, column in zip(picked.table.schema.names, picked.table.columns):
+        target = layout.fixed.get(name)
+        arr = column.chunk(0) if column.num_chunks == 1 else None
+        values = None
+        if target is not None and arr is not None and column.type == schema.field(name).type:
+            values = arr.values.slice(arr.offset * target.width, len(arr) * target.width) if target.list else arr
+            if target.list and values.null_count:
+                values = None
+        raw = _raw_view(values, target.raw) if values is not None else None
+        if raw is None or isinstance(raw, int) or n == 0:
+            rest.append(name)
+            continue
+        if arr.null_count:
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            target._mask("valid", target.rows)[at:at + n] = valid[rows]
+        w = target.width
+        dest = target.values[at * w:(at + n) * w]
+        if w == 1:
+            np.take(raw, rows, out=dest)
+        else:
+            np.take(raw.reshape(-1, w), rows, axis=0, out=dest.reshape(n, w))
+    if not rest:
+        return 0, {}
+    return _put(layout, schema, picked.table.select(rest).take(rows), at)
+
+
 def _put(layout: Layout, schema: pa.Schema, table: pa.Table, at: int) -> tuple[int, dict[str, list]]:
     """``table``'s rows written at row ``at`` of ``layout``'s buffers; its variable-width
     columns' chunks (name -> chunks, for the caller to keep in row order) and their bytes
-    (counted against the budget as they come)."""
+    (counted against the budget as they come). A :class:`Picked` is written by position."""
+    if isinstance(table, Picked):
+        return _put_picked(layout, schema, table, at)
     got = 0
     kept: dict[str, list] = {}
     whole: dict[int, tuple] = {}  # group -> its members' single-chunk columns, written together
