@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -519,6 +520,71 @@ def test_global_tables_from_the_union_stream_equal_the_per_unit_build(parquet_la
         assert set(drawn["us"]) == duck_ids(parquet_lake, "country = 'US'")
         assert set(drawn["pos"]) == duck_ids(parquet_lake, "label = 1 AND id % 3 <> 0")
         assert set(drawn["de"]) == duck_ids(parquet_lake, "country = 'DE' AND label = 0")
+
+
+PLAIN = ["id", "label", "score", "emb", "text", "price", "ts", "f0", "f1"]
+
+
+def _lake_columns_mix(lake, cache):
+    """Components that keep the lake's own columns (no computed column): a shared build
+    takes their rows from the union's batches by position. Rows with ``label = 1`` of the
+    US and DE are in two components."""
+    ds = al.dataset(lake)
+    comps = {"us": ds.filter("country = 'US'").select(*PLAIN),
+             "pos": ds.filter("label = 1 AND id % 3 <> 0").select(*PLAIN),
+             "de": ds.filter("country = 'DE'").select(*PLAIN)}
+    return al.mix(comps, weights=[2, 1, 1], stopping="all_exhausted", seed=4, cache_dir=cache)
+
+
+@pytest.mark.parametrize("output,stack", [("arrow", None), ("arrow", {"x": ["f0", "f1"]}),
+                                          ("numpy", {"x": ["f0", "f1"]})])
+def test_global_tables_of_plain_components_from_the_union_stream(parquet_lake, tmp_path, monkeypatch, output,
+                                                                 stack):
+    """Components that keep the lake's columns are written into the shared table straight
+    from the union stream's batches, by position (``rabuild.Picked``): nulls, a fixed-size
+    list, strings, a decimal, a timestamp, a ``stack=`` group, rows two components share.
+    The epoch equals the per-unit build's (``ARROWLOAD_STREAM=0``), every row's values are
+    the lake's (pyarrow's read), and every row of every component is drawn. (The table
+    holds a ``stack=`` group stacked where the output is not Arrow.)"""
+    from arrowload.pipeline import rabuild
+    calls = _stream_calls(monkeypatch)
+    picked = []
+    put_picked = rabuild._put_picked
+    monkeypatch.setattr(rabuild, "_put_picked", lambda *a: picked.append(1) or put_picked(*a))
+
+    def epoch(env: str, cache: str) -> list:
+        monkeypatch.setenv("ARROWLOAD_STREAM", env)
+        # stacked, every numeric column becomes a host array first: score's nulls filled
+        fill = {"score": -1.0} if stack else None
+        loader = _lake_columns_mix(parquet_lake, cache).loader(64, shuffle="global", output=output, stack=stack,
+                                                               fill_null=fill, cache_dir=cache)
+        if output == "arrow":
+            return list(loader)
+        from arrowload.convert.batches import host_to_arrow
+        return [host_to_arrow({k: (list(v) if k == "price" else v) for k, v in b.items()}) for b in loader]
+
+    streamed = epoch("1", str(tmp_path / "a"))
+    assert len(calls) == 1 and picked  # built from the stream, by position
+    units = epoch("0", str(tmp_path / "b"))
+    assert len(streamed) == len(units)
+    for a, b in zip(streamed, units):
+        assert a.equals(b)
+    got = pa.Table.from_batches(streamed)
+    lake = pq.read_table(parquet_lake, columns=PLAIN)
+    truth = {row["id"]: row for row in lake.to_pylist()}
+    rows = got.to_pylist()
+    for row in rows:
+        want = truth[row["id"]]
+        if stack is None:
+            assert row == want
+        else:
+            assert row["x"] == [want["f0"], want["f1"]]
+            want = {**want, "score": -1.0 if want["score"] is None else want["score"]}
+            assert {k: v for k, v in row.items() if k != "x"} == \
+                {k: v for k, v in want.items() if k not in ("f0", "f1")}
+    drawn = {row["id"] for row in rows}
+    for where in ("country = 'US'", "label = 1 AND id % 3 <> 0", "country = 'DE'"):
+        assert duck_ids(parquet_lake, where) <= drawn
 
 
 def test_global_tables_fall_back_to_units_when_the_union_stream_fails(parquet_lake, tmp_path, monkeypatch):

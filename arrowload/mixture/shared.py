@@ -455,10 +455,21 @@ class SharedSources:
             return rabuild.UNITS
         members = [(t, row, int(sum(src.counts))) for src, (t, _, row) in zip(sources, at)]
         index = {c: m for m, c in enumerate(todo)}
+        found = group.picks()
+        picked = [c for c in todo if found is not None and c in found[1]]
+        names = found[0] if found is not None else ()
 
         def split(batch):
-            got = group.split_rows(pa.Table.from_batches([batch]), todo)
-            return [(index[c], table) for c, table in got.items()]
+            raw = pa.Table.from_batches([batch])
+            out = []
+            if picked:  # rows as positions in the batch, written from it: no filtered copy
+                view = pa.Table.from_arrays([raw.column(d) for _, d in names], names=[o for o, _ in names])
+                for c, rows in group.pick_rows(raw, picked).items():
+                    out.append((index[c], view if rows is None else rabuild.Picked(view, rows)))
+            rest = [c for c in todo if c not in picked]
+            if rest:
+                out.extend((index[c], table) for c, table in group.split_rows(raw, rest).items())
+            return out
 
         from ..options import usable_cores
         parts = _ordered_map(split, query.batches(0, len(query.units) - 1, 0, None), usable_cores())
