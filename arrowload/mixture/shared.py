@@ -95,11 +95,11 @@ class Group:
         raw = self._union_reader().read(self._position[unit])
         return self.split_rows(raw, [c for c in self.members if unit in self._local[c]])
 
-    def split_rows(self, raw: pa.Table, members) -> dict[int, pa.Table]:
+    def split_rows(self, raw: pa.Table, members, masks=None) -> dict[int, pa.Table]:
         """Rows the union read decoded (a unit's, or a stream batch's: ``union_stream``):
         each of ``members``' rows of them, after its whole plan; a predicate several
-        members share is evaluated once."""
-        masks = _shared_masks(raw)
+        members share is evaluated once (``masks``: as ``pick_rows``)."""
+        masks = masks or _shared_masks(raw)
         return {c: self.members[c].read_decoded(0, raw, masks) for c in members}
 
     def picks(self) -> tuple[tuple[tuple[str, str], ...], list[int]] | None:
@@ -115,10 +115,11 @@ class Group:
                   if self.members[c].picks == picks and self.members[c].plan.schema.equals(schema)]
         return picks, chosen
 
-    def pick_rows(self, raw: pa.Table, members) -> dict[int, np.ndarray | None]:
+    def pick_rows(self, raw: pa.Table, members, masks=None) -> dict[int, np.ndarray | None]:
         """Each of ``members``' rows of ``raw`` as positions (None: every row), for members
-        ``picks`` allows; a predicate several members share is evaluated once."""
-        masks = _shared_masks(raw)
+        ``picks`` allows; a predicate several members share is evaluated once (``masks``:
+        a ``_shared_masks`` of ``raw`` to share with other calls)."""
+        masks = masks or _shared_masks(raw)
         out: dict[int, np.ndarray | None] = {}
         for c in members:
             mask = self.members[c].keep_mask(raw, masks)
@@ -127,6 +128,23 @@ class Group:
             else:
                 out[c] = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
         return out
+
+    def divide(self, batch: pa.RecordBatch, members, found) -> tuple[pa.RecordBatch | None, dict, dict]:
+        """A stream batch of the union among ``members``: ``(picked, positions, tables)``.
+        Members ``found`` (``picks()``'s answer) allows take their rows as positions
+        (``positions[c]``, None: every row) in ``picked``, the batch's columns they keep
+        under their output names; the others their rows after their plans
+        (``tables[c]``). Each predicate is evaluated once for all of them."""
+        raw = pa.Table.from_batches([batch])
+        masks = _shared_masks(raw)
+        plain = [c for c in members if found is not None and c in found[1]]
+        picked, positions = None, {}
+        if plain:
+            picked = pa.RecordBatch.from_arrays([batch.column(col) for _, col in found[0]],
+                                                names=[name for name, _ in found[0]])
+            positions = self.pick_rows(raw, plain, masks)
+        rest = [c for c in members if c not in positions]
+        return picked, positions, self.split_rows(raw, rest, masks) if rest else {}
 
     def union_stream(self):
         """The polars streaming query that reads the union's units in source order
@@ -456,20 +474,13 @@ class SharedSources:
         members = [(t, row, int(sum(src.counts))) for src, (t, _, row) in zip(sources, at)]
         index = {c: m for m, c in enumerate(todo)}
         found = group.picks()
-        picked = [c for c in todo if found is not None and c in found[1]]
-        names = found[0] if found is not None else ()
 
         def split(batch):
-            raw = pa.Table.from_batches([batch])
-            out = []
-            if picked:  # rows as positions in the batch, written from it: no filtered copy
-                view = pa.Table.from_arrays([raw.column(d) for _, d in names], names=[o for o, _ in names])
-                for c, rows in group.pick_rows(raw, picked).items():
-                    out.append((index[c], view if rows is None else rabuild.Picked(view, rows)))
-            rest = [c for c in todo if c not in picked]
-            if rest:
-                out.extend((index[c], table) for c, table in group.split_rows(raw, rest).items())
-            return out
+            picked, positions, tables = group.divide(batch, todo, found)
+            # rows as positions in the batch, written from it: no filtered copy
+            view = pa.Table.from_batches([picked]) if picked is not None else None
+            out = [(index[c], view if rows is None else rabuild.Picked(view, rows)) for c, rows in positions.items()]
+            return out + [(index[c], table) for c, table in tables.items()]
 
         from ..options import usable_cores
         parts = _ordered_map(split, query.batches(0, len(query.units) - 1, 0, None), usable_cores())

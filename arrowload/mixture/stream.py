@@ -188,26 +188,23 @@ class MixStream:
 
         conv = self.conv
         found = self.group.picks() if conv is not None else None
-        picks, plain = found if found is not None else ((), [])
 
         def split(batch: pa.RecordBatch) -> dict[int, list[Rows]]:
             # on the splitting threads. Members that keep their rows unchanged: the batch
             # converted to host arrays once, each member's rows as positions in it; the
             # others: their rows after their plans, each converted
-            raw = pa.Table.from_batches([batch])
+            picked, positions, tables = self.group.divide(batch, members, found)
             out: dict[int, list[Rows]] = {}
-            if plain:
-                picked = pa.RecordBatch.from_arrays([batch.column(col) for _, col in picks],
-                                                    names=[name for name, _ in picks])
+            if picked is not None:
                 host = conv.chunk(picked)
                 if isinstance(host, HostChunk):
                     self.picked += 1
                     out = {c: [Rows(picked, host, idx)] if idx is None or len(idx) else []
-                           for c, idx in self.group.pick_rows(raw, plain).items()}
-            rest = [c for c in members if c not in out]
-            if rest:
-                for c, table in self.group.split_rows(raw, rest).items():
-                    out[c] = [Rows.of(b, conv) for b in table.to_batches() if b.num_rows]
+                           for c, idx in positions.items()}
+                else:  # does not convert whole: these members' rows after their plans too
+                    tables.update(self.group.split_rows(pa.Table.from_batches([batch]), list(positions)))
+            for c, table in tables.items():
+                out[c] = [Rows.of(b, conv) for b in table.to_batches() if b.num_rows]
             return out
 
         self._source = self.query.batches(j0, self.last_unit, 0, None)
