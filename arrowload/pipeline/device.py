@@ -65,6 +65,7 @@ import numpy as np
 
 from ..errors import DeviceUnavailableError
 from ..options import usable_cores
+from .chunks import HostChunk
 from .collate import _bucket
 
 #: A batch whose host arrays hold at least this many bytes is staged on a staging thread.
@@ -408,7 +409,6 @@ def _to_host(part):
     """A device chunk's rows back on the host (a synchronous copy), as a ``HostChunk``."""
     if not isinstance(part, DeviceChunk):
         return part
-    from .chunks import HostChunk
     part.event.synchronize()
     return HostChunk({k: v.cpu().numpy() for k, v in part.columns.items()}, part.num_rows, part.row_bytes)
 
@@ -416,9 +416,8 @@ def _to_host(part):
 def _whole(item) -> bool:
     """A host chunk whose every column is a numeric host array (a read that goes to the
     device whole); Arrow batches and chunks holding Python lists do not."""
-    columns = getattr(item, "columns", None)
-    return (isinstance(columns, dict) and bool(columns) and hasattr(item, "row_bytes")
-            and all(isinstance(v, np.ndarray) and v.dtype.kind in _ARRAY_KINDS for v in columns.values()))
+    return (isinstance(item, HostChunk) and bool(item.columns)
+            and all(isinstance(v, np.ndarray) and v.dtype.kind in _ARRAY_KINDS for v in item.columns.values()))
 
 
 # -- page-locking host memory in place -----------------------------------------------------
