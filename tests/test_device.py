@@ -402,6 +402,11 @@ def _whole_read_dataset(tmp_path, where: str):
     return al.dataset(str(tmp_path / "lake"))
 
 
+#: what the stand-in's streams and driver did, in order (``("sync", stream)``,
+#: ``("unregister", address)``)
+_LOG: list = []
+
+
 class _FakeStream:
     def __init__(self, device=None):
         self.device = device
@@ -410,7 +415,7 @@ class _FakeStream:
         assert isinstance(event, _FakeEvent) and event.recorded
 
     def synchronize(self):
-        pass
+        _LOG.append(("sync", self))
 
 
 class _FakeEvent:
@@ -521,6 +526,7 @@ class _FakeDriver:
     def cudaHostUnregister(self, lo):
         assert lo in self.live, "unregistering memory never registered"
         del self.live[lo]
+        _LOG.append(("unregister", lo))
         return 0
 
     def holds(self, address: int) -> bool:
@@ -586,9 +592,13 @@ def test_pinned_table_two_loaders_and_resume_against_a_cuda_stand_in(pinning_sta
     a.close()
     assert {h for _, _, h in device.HOST_PINS.ranges()} == {1} and driver.live
     it.close()
+    stream = b._device_stage.streams[0]
+    mark = len(_LOG)
     del b, it
-    gc.collect()  # never closed: collected, it lets go of the pages too
+    gc.collect()  # never closed: collected, it lets go of the pages too, once its copies are done
     assert not driver.live and not device.HOST_PINS.ranges()
+    after = _LOG[mark:]
+    assert after[0] == ("sync", stream) and all(kind == "unregister" for kind, _ in after[1:])
     c = ds.loader(100, output="torch", device="cuda")
     _stand_in_stage(c)
     c.load_state_dict(state)

@@ -213,9 +213,7 @@ class TorchDeviceStage:
             self._inflight.clear()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
-        if pins is not None and pins.alive:
-            for stream in self.streams:  # no copy may still read the pages
-                stream.synchronize()
+        if pins is not None:
             pins()
 
     # -- whole reads ------------------------------------------------------------------
@@ -232,8 +230,9 @@ class TorchDeviceStage:
         held = HOST_PINS.pin(spans, cuda_register(self.torch)) if 0 < total <= limit else []
         with self._lock:
             if self._pins is None:
-                # the table stays referenced until its pages are unlocked
-                self._pins = weakref.finalize(self, _unpin, held, table)
+                # the table stays referenced until its pages are unlocked, and the copy
+                # streams too: no copy may still read the pages when they are
+                self._pins = weakref.finalize(self, _unpin, held, table, list(self.streams))
                 return
         HOST_PINS.unpin(held)  # pinned by another thread meanwhile
 
@@ -537,8 +536,12 @@ class HostPins:
 HOST_PINS = HostPins()
 
 
-def _unpin(held: Sequence[int], table: Any) -> None:
-    """Unlock ``held``; ``table``, whose buffers they hold, was kept alive until now."""
+def _unpin(held: Sequence[int], table: Any, streams: list) -> None:
+    """Unlock ``held`` once ``streams`` have finished every copy (closed or collected, a
+    stage's copies may still read the pages); ``table``, whose buffers they hold, was kept
+    alive until now."""
+    for stream in streams:
+        stream.synchronize()
     HOST_PINS.unpin(held)
     del table
 
