@@ -10,7 +10,9 @@ jax ``sharding=`` places them on GPUs.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -391,15 +393,15 @@ def _numeric_table(n: int, chunk: int) -> pa.Table:
 
 
 def _whole_read_dataset(tmp_path, where: str):
-    """5,000 rows of numeric columns: an in-memory table in chunks of 700 rows, or one
-    Parquet file in row groups of 900 (so that batches of 96 straddle reads)."""
+    """``(dataset, table)``: 5,000 rows of numeric columns, an in-memory table in chunks of
+    700 rows, or one Parquet file of it in row groups of 900 (batches of 96 straddle reads)."""
     table = _numeric_table(5000, 700)
     if where == "memory":
-        return al.dataset(table)
+        return al.dataset(table), table
     import pyarrow.parquet as pq
     (tmp_path / "lake").mkdir()
     pq.write_table(table, tmp_path / "lake" / "part-0.parquet", row_group_size=900)
-    return al.dataset(str(tmp_path / "lake"))
+    return al.dataset(str(tmp_path / "lake")), table
 
 
 #: what the stand-in's streams and driver did, in order (``("sync", stream)``,
@@ -457,8 +459,14 @@ def cuda_stand_in(monkeypatch):
 
 
 def _stand_in_stage(loader):
+    """The loader's device stage moved to the CPU (``cuda_stand_in``), counting its whole reads."""
+    loader._device_stage.devices = [torch.device("cpu")]
+    return _counted_stage(loader)
+
+
+def _counted_stage(loader):
+    """``(stage, rows of each whole read copied so far)`` of the loader's device stage."""
     stage = loader._device_stage
-    stage.devices = [torch.device("cpu")]
     calls = []
     chunk = stage.chunk
 
@@ -468,27 +476,6 @@ def _stand_in_stage(loader):
 
     stage.chunk = counted
     return stage, calls
-
-
-@pytest.mark.parametrize("where", ["memory", "lake"])
-@pytest.mark.parametrize("shuffle", [False, "global", "block"])
-@pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}])
-def test_whole_reads_against_a_cuda_stand_in(tmp_path, cuda_stand_in, where, shuffle, stack):
-    """The whole-read path's logic without a GPU (``cuda_stand_in``): reads are copied whole
-    (fewer copies than batches), batches are cut from them and joined where they straddle
-    two reads, and every batch, all held to the end, equals the CPU loader's."""
-    ds = _whole_read_dataset(tmp_path, where)
-    kw = dict(shuffle=shuffle, seed=6, stack=stack, cache_dir=str(tmp_path / "cache"))
-    cpu = list(ds.loader(96, output="torch", **kw))
-    with ds.loader(96, output="torch", device="cuda", **kw) as loader:
-        stage, calls = _stand_in_stage(loader)
-        assert stage.chunks
-        got = list(loader)
-    assert 0 < len(calls) < len(got) and sum(calls) >= 5000
-    assert stage.staged_bytes > 0 and stage.direct_bytes == 0
-    assert len(got) == len(cpu) == -(-5000 // 96)
-    for g, c in zip(got, cpu):
-        assert_same_batch(g, c, device_type="cpu")
 
 
 def test_pinned_staging_kept_is_bounded_in_bytes_against_a_cuda_stand_in(cuda_stand_in):
@@ -533,83 +520,6 @@ class _FakeDriver:
         return any(s <= address < e for s, e in self.live.items())
 
 
-@pytest.fixture()
-def pinning_stand_in(cuda_stand_in, monkeypatch):
-    """The CUDA stand-in with page-locking on: registrations go to a ``_FakeDriver``, and
-    a tensor is pinned where the driver holds its memory."""
-    driver = _FakeDriver()
-    monkeypatch.setattr(torch.cuda, "cudart", lambda: driver)
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: self.numel() > 0 and driver.holds(self.data_ptr()))
-    monkeypatch.setenv("ARROWLOAD_PIN_TABLES", "1")
-    return driver
-
-
-@pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}])
-def test_pinned_table_against_a_cuda_stand_in(pinning_stand_in, stack):
-    """``ARROWLOAD_PIN_TABLES=1``, an in-memory table read unshuffled: its pages are
-    registered while the loader is open (every buffer inside a registered range), its
-    numeric columns go to the device with no host copy (the bool column, bit-packed in
-    Arrow, and a stack group are staged), the batches equal the CPU loader's, and every
-    registration is undone at ``close()``."""
-    from arrowload.pipeline import device
-    driver = pinning_stand_in
-    table = _numeric_table(5000, 700)
-    ds = al.dataset(table)
-    cpu = list(ds.loader(96, output="torch", stack=stack))
-    with ds.loader(96, output="torch", device="cuda", stack=stack) as loader:
-        stage, calls = _stand_in_stage(loader)
-        got = list(loader)
-        assert driver.live and len(device.HOST_PINS.ranges()) == len(driver.live)
-        for col in table.columns:
-            for c in col.chunks:
-                assert all(driver.holds(b.address) for b in c.buffers() if b is not None and b.size)
-        assert stage.direct_bytes > 0
-        assert stage.staged_bytes == 5000 + (0 if stack is None else 5000 * 3 * 8)
-    assert not driver.live and not device.HOST_PINS.ranges()
-    assert 0 < len(calls) < len(got)
-    for g, c in zip(got, cpu):
-        assert_same_batch(g, c, device_type="cpu")
-
-
-def test_pinned_table_two_loaders_and_resume_against_a_cuda_stand_in(pinning_stand_in):
-    """Two loaders over one table register its pages once between them and undo it when
-    the last closes (or is collected unclosed); a loader resumed mid-epoch gives the rest
-    of the uninterrupted epoch."""
-    import gc
-    from arrowload.pipeline import device
-    driver = pinning_stand_in
-    ds = al.dataset(_numeric_table(3000, 512))
-    a = ds.loader(100, output="torch", device="cuda")
-    b = ds.loader(100, output="torch", device="cuda")
-    _stand_in_stage(a), _stand_in_stage(b)
-    whole = [x["id"].clone() for x in a]
-    it = iter(b)
-    for _ in range(7):
-        next(it)
-    state = b.state_dict()
-    ranges = device.HOST_PINS.ranges()
-    assert ranges and {h for _, _, h in ranges} == {2} and len(driver.live) == len(ranges)
-    a.close()
-    assert {h for _, _, h in device.HOST_PINS.ranges()} == {1} and driver.live
-    it.close()
-    stream = b._device_stage.streams[0]
-    mark = len(_LOG)
-    del b, it
-    gc.collect()  # never closed: collected, it lets go of the pages too, once its copies are done
-    assert not driver.live and not device.HOST_PINS.ranges()
-    after = _LOG[mark:]
-    assert after[0] == ("sync", stream) and all(kind == "unregister" for kind, _ in after[1:])
-    c = ds.loader(100, output="torch", device="cuda")
-    _stand_in_stage(c)
-    c.load_state_dict(state)
-    rest = [x["id"] for x in c]
-    c.close()
-    assert not driver.live
-    assert len(rest) == len(whole) - 7
-    for got, want in zip(rest, whole[7:]):
-        assert torch.equal(got, want)
-
-
 def test_whole_reads_stats_and_profile_against_a_cuda_stand_in(tmp_path, cuda_stand_in):
     """``stats()`` and ``profile()`` of a loader whose reads go to the device whole count
     its rows, batches and bytes as the host loader's do."""
@@ -643,67 +553,117 @@ def test_reads_with_strings_stay_per_batch_against_a_cuda_stand_in(tmp_path, cud
         assert_same_batch(g, c, device_type="cpu")
 
 
-@needs_cuda
+@dataclasses.dataclass
+class _CudaEnv:
+    prepare: Any          # loader -> (stage, rows of each whole read copied so far)
+    device_type: str      # where the batches' tensors are
+    driver: Any           # the stand-in's _FakeDriver, None on CUDA
+
+
+@pytest.fixture(params=["stand-in", "cuda"])
+def cuda_env(request, monkeypatch):
+    """Where the whole-read tests run: ``"stand-in"`` everywhere (``cuda_stand_in``, a
+    ``_FakeDriver`` for page-locking, a tensor pinned where the driver holds its memory;
+    batches stay on the CPU), ``"cuda"`` on a CUDA device (skipped without one)."""
+    if request.param == "cuda":
+        if not CUDA:
+            pytest.skip("needs a CUDA device")
+        return _CudaEnv(_counted_stage, "cuda", None)
+    request.getfixturevalue("cuda_stand_in")
+    driver = _FakeDriver()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: driver)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: self.numel() > 0 and driver.holds(self.data_ptr()))
+    return _CudaEnv(_stand_in_stage, "cpu", driver)
+
+
 @pytest.mark.parametrize("where", ["memory", "lake"])
 @pytest.mark.parametrize("shuffle", [False, "global", "block"])
 @pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}])
 @pytest.mark.parametrize("pin", [False, True])
-def test_cuda_whole_reads_equal_the_cpu_loader(tmp_path, monkeypatch, where, shuffle, stack, pin):
-    """Reads of numeric columns go to the device whole and batches are cut there (a batch
-    straddling two reads joined on the device): every batch, all held to the end, equals
-    the CPU loader's. With ``ARROWLOAD_PIN_TABLES=1`` an in-memory table read unshuffled is
-    page-locked in place and copied with no host copy (``direct_bytes``) until the loader
+def test_whole_reads_equal_the_cpu_loader(cuda_env, tmp_path, monkeypatch, where, shuffle, stack, pin):
+    """Reads of numeric columns go to the device whole (fewer copies than batches) and
+    batches are cut there (a batch straddling two reads joined on the device): every batch,
+    all held to the end, equals the CPU loader's. With ``ARROWLOAD_PIN_TABLES=1`` an
+    in-memory table read unshuffled is page-locked in place (every buffer inside a range
+    the driver holds) and its numeric columns copied with no host copy (``direct_bytes``;
+    the bool column, bit-packed in Arrow, and a stack group are staged) until the loader
     closes."""
     from arrowload.pipeline import device
     monkeypatch.setenv("ARROWLOAD_PIN_TABLES", "1" if pin else "0")
-    ds = _whole_read_dataset(tmp_path, where)
+    driver = cuda_env.driver
+    ds, table = _whole_read_dataset(tmp_path, where)
     kw = dict(shuffle=shuffle, seed=6, stack=stack, cache_dir=str(tmp_path / "cache"))
     cpu = list(ds.loader(96, output="torch", **kw))
     before = device.HOST_PINS.ranges()
     with ds.loader(96, output="torch", device="cuda", **kw) as loader:
-        stage = loader._device_stage
+        stage, calls = cuda_env.prepare(loader)
         assert stage.chunks
-        gpu = list(loader)
+        got = list(loader)
         pinned = pin and where == "memory" and not shuffle
         assert (len(device.HOST_PINS.ranges()) > len(before)) == pinned
-        if pinned:  # staged: the bool column (Arrow packs it in bits), a stack group
+        if pinned:
             assert stage.direct_bytes > 0
             assert stage.staged_bytes == 5000 + (0 if stack is None else 5000 * 3 * 8)
+            if driver is not None:
+                assert len(device.HOST_PINS.ranges()) - len(before) == len(driver.live)
+                for col in table.columns:
+                    for c in col.chunks:
+                        assert all(driver.holds(b.address) for b in c.buffers() if b is not None and b.size)
         else:
             assert stage.direct_bytes == 0 and stage.staged_bytes > 0
-        _ = sum(float(b["id"].sum()) for b in gpu)  # the consumer's own work meanwhile
+        _ = sum(float(b["id"].sum()) for b in got)  # the consumer's own work meanwhile
     assert device.HOST_PINS.ranges() == before  # unlocked at close
-    assert len(gpu) == len(cpu) == -(-5000 // 96)
-    for g, c in zip(gpu, cpu):
-        assert_same_batch(g, c)
+    assert driver is None or not driver.live
+    assert 0 < len(calls) < len(got) and sum(calls) >= 5000
+    assert len(got) == len(cpu) == -(-5000 // 96)
+    for g, c in zip(got, cpu):
+        assert_same_batch(g, c, device_type=cuda_env.device_type)
 
 
-@needs_cuda
-def test_cuda_whole_reads_resume_and_two_loaders_share_pins(tmp_path, monkeypatch):
+def test_whole_reads_two_loaders_share_pins_and_resume(cuda_env, monkeypatch):
     """Two loaders over one in-memory table lock its pages once between them (the driver
-    refuses a second registration) and release them when the last closes; a loader resumed
-    from a state mid-epoch gives the rest of the uninterrupted epoch's batches."""
+    refuses a second registration) and let go of them when the last closes, or is collected
+    unclosed (once its copies are done); a loader resumed from a state mid-epoch gives the
+    rest of the uninterrupted epoch's batches."""
+    import gc
     from arrowload.pipeline import device
     monkeypatch.setenv("ARROWLOAD_PIN_TABLES", "1")
+    driver = cuda_env.driver
     ds = al.dataset(_numeric_table(3000, 512))
     base = device.HOST_PINS.ranges()
+    old = {s for s, _, _ in base}
+
+    def holders() -> set:
+        return {h for s, _, h in device.HOST_PINS.ranges() if s not in old}
+
     a = ds.loader(100, output="torch", device="cuda")
     b = ds.loader(100, output="torch", device="cuda")
-    whole = [x["id"].cpu() for x in a]
+    cuda_env.prepare(a), cuda_env.prepare(b)
+    whole = [x["id"].cpu().clone() for x in a]
     it = iter(b)
     for _ in range(7):
         next(it)
     state = b.state_dict()
-    held = device.HOST_PINS.ranges()
-    assert len(held) > len(base) and max(h for _, _, h in held) == 2
+    assert holders() == {2}
+    assert driver is None or len(driver.live) == len(device.HOST_PINS.ranges()) - len(base)
     a.close()
-    assert len(device.HOST_PINS.ranges()) > len(base)
-    b.close()
+    assert holders() == {1} and (driver is None or driver.live)
+    it.close()
+    stream = b._device_stage.streams[0]
+    mark = len(_LOG)
+    del b, it
+    gc.collect()  # never closed: collected, it lets go of the pages too, once its copies are done
     assert device.HOST_PINS.ranges() == base
+    if driver is not None:
+        assert not driver.live
+        after = _LOG[mark:]
+        assert after[0] == ("sync", stream) and all(kind == "unregister" for kind, _ in after[1:])
     c = ds.loader(100, output="torch", device="cuda")
+    cuda_env.prepare(c)
     c.load_state_dict(state)
     rest = [x["id"].cpu() for x in c]
     c.close()
+    assert device.HOST_PINS.ranges() == base and (driver is None or not driver.live)
     assert len(rest) == len(whole) - 7
     for got, want in zip(rest, whole[7:]):
         assert torch.equal(got, want)
