@@ -74,21 +74,30 @@ def main(argv=None) -> int:
     print("\n".join(lines))
 
     # -- 1. H2D throughput -------------------------------------------------------------
-    copied = {}  # source -> (bytes copied with no host copy, bytes staged) in its last epoch
+    copied = {}  # case -> (bytes copied with no host copy, bytes staged) in its last epoch
 
-    def arrowload_epoch(source=ds, key: str | None = None) -> tuple[float, int]:
-        nbytes = 0
-        with source.loader(args.batch, output="torch", device="cuda", stack={"x": feats},
-                           cache_dir=cache, prefetch=512 << 20) as loader:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for b in loader:
-                nbytes += sum(t.numel() * t.element_size() for t in b.values() if torch.is_tensor(t))
-            torch.cuda.synchronize()
-            seconds = time.perf_counter() - t0
-            stage = loader._device_stage
-            copied[key or ("lake" if source is ds else "in_memory")] = (stage.direct_bytes, stage.staged_bytes)
-            return seconds, nbytes
+    def loader_of(source):
+        return source.loader(args.batch, output="torch", device="cuda", stack={"x": feats},
+                             cache_dir=cache, prefetch=512 << 20)
+
+    def timed(loader) -> tuple[float, int]:
+        """One epoch of ``loader`` to its last copy: (seconds, the batches' array bytes)."""
+        torch.cuda.synchronize()
+        t0, nbytes = time.perf_counter(), 0
+        for b in loader:
+            nbytes += sum(t.numel() * t.element_size() for t in b.values() if torch.is_tensor(t))
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, nbytes
+
+    def copies(loader) -> tuple[int, int]:
+        device = loader.stats().device
+        return device.get("direct_bytes", 0), device.get("staged_bytes", 0)
+
+    def arrowload_epoch(source=ds) -> tuple[float, int]:
+        with loader_of(source) as loader:
+            got = timed(loader)
+            copied["lake" if source is ds else "in_memory"] = copies(loader)
+            return got
 
     first_pinned = []  # seconds of a pinned loader's first epoch (it page-locks the table)
 
@@ -98,20 +107,11 @@ def main(argv=None) -> int:
         before = os.environ.get("ARROWLOAD_PIN_TABLES")
         os.environ["ARROWLOAD_PIN_TABLES"] = "1"
         try:
-            with in_memory.loader(args.batch, output="torch", device="cuda", stack={"x": feats},
-                                  cache_dir=cache, prefetch=512 << 20) as loader:
-                timed = []
-                for _ in range(2):
-                    torch.cuda.synchronize()
-                    t0, nbytes = time.perf_counter(), 0
-                    for b in loader:
-                        nbytes += sum(t.numel() * t.element_size() for t in b.values() if torch.is_tensor(t))
-                    torch.cuda.synchronize()
-                    timed.append(time.perf_counter() - t0)
-                first_pinned.append(timed[0])
-                copied["in_memory_pinned"] = (loader.stats().device.get("direct_bytes", 0),
-                                              loader.stats().device.get("staged_bytes", 0))
-                return timed[1], nbytes
+            with loader_of(in_memory) as loader:
+                first_pinned.append(timed(loader)[0])
+                got = timed(loader)
+                copied["in_memory_pinned"] = copies(loader)
+                return got
         finally:
             if before is None:
                 del os.environ["ARROWLOAD_PIN_TABLES"]
