@@ -297,3 +297,30 @@ def test_groups_are_not_stacked_beside_columns_gathered_with_arrow():
     read, counts = _units(table, [600, 400])
     built = rabuild.build(read, counts, table.schema, stack={"x": ["a", "b"]}, memory_budget=1 << 40)
     assert built.schema == table.schema and built.equals(table)
+
+
+@pytest.mark.parametrize("case", ["floats with nulls", "ints", "list with nulls inside and out", "a slice",
+                                  "timestamps"])
+def test_fixed_put_by_position_equals_put_of_the_taken_rows(case):
+    """``_Fixed.put(arr, at, rows)`` (a mixture's rows written from a stream batch by
+    position) leaves the buffer and its masks as ``put`` of ``arr.take(rows)`` does."""
+    rng = np.random.default_rng(5)
+    n = 1000
+    if case == "floats with nulls":
+        arr = pa.array(np.where(rng.random(n) < 0.2, None, rng.standard_normal(n)).tolist(), pa.float32())
+    elif case == "ints":
+        arr = pa.array(rng.integers(-9, 9, n), pa.int16())
+    elif case == "list with nulls inside and out":
+        leaf = pa.array(np.where(rng.random(4 * n) < 0.1, None, rng.standard_normal(4 * n)).tolist(), pa.float64())
+        arr = pa.FixedSizeListArray.from_arrays(leaf, 4, mask=pa.array(rng.random(n) < 0.1))
+    elif case == "a slice":
+        arr = pa.array(rng.standard_normal(n + 37), pa.float64()).slice(37)
+    else:
+        arr = pa.array(rng.integers(0, 10**12, n), pa.timestamp("us"))
+    rows = np.sort(rng.choice(n, 300, replace=False))
+    by_position, taken = rabuild._Fixed("c", arr.type, 400), rabuild._Fixed("c", arr.type, 400)
+    by_position.put(arr, 50, rows)
+    taken.put(arr.take(pa.array(rows)), 50)
+    want = taken.array().slice(50, 300)
+    got = by_position.array().slice(50, 300)
+    assert got.equals(want) and got.equals(arr.take(pa.array(rows)))

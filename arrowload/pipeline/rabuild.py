@@ -98,21 +98,32 @@ class _Fixed:
                 setattr(self, attr, mask)
             return mask
 
-    def put(self, arr: pa.Array, at: int) -> None:
-        n = len(arr)
+    def put(self, arr: pa.Array, at: int, rows: np.ndarray | None = None) -> None:
+        """``arr``'s rows (or its rows ``rows``, positions in order: ``np.take`` straight
+        into the buffer) written from row ``at`` on."""
+        n = len(arr) if rows is None else len(rows)
         if n == 0:
             return
         if arr.null_count:
-            self._mask("valid", self.rows)[at:at + n] = arr.is_valid().to_numpy(zero_copy_only=False)
+            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            self._mask("valid", self.rows)[at:at + n] = valid if rows is None else valid[rows]
         w = self.width
         if self.list:
-            values = arr.values.slice(arr.offset * w, n * w)
+            values = arr.values.slice(arr.offset * w, len(arr) * w)
             if values.null_count:
+                leaf = values.is_valid().to_numpy(zero_copy_only=False)
                 self._mask("leaf_valid", self.rows * w)[at * w:(at + n) * w] = \
-                    values.is_valid().to_numpy(zero_copy_only=False)
+                    leaf if rows is None else leaf.reshape(-1, w)[rows].reshape(-1)
         else:
             values = arr
-        self.values[at * w:(at + n) * w] = _raw_view(values, self.raw)
+        raw = _raw_view(values, self.raw)
+        dest = self.values[at * w:(at + n) * w]
+        if rows is None or isinstance(raw, int):  # an int: nulls without a data buffer
+            dest[...] = raw
+        elif w == 1:
+            np.take(raw, rows, out=dest)
+        else:
+            np.take(raw.reshape(-1, w), rows, axis=0, out=dest.reshape(n, w))
 
     def array(self) -> pa.Array:
         leaf = pa.Array.from_buffers(self.leaf, self.rows * self.width,
@@ -402,36 +413,20 @@ class Picked:
 
 
 def _put_picked(layout: Layout, schema: pa.Schema, picked: Picked, at: int) -> tuple[int, dict[str, list]]:
-    """``_put`` of a :class:`Picked`: a fixed-width column of one chunk (of the type the
-    table holds, no nulls inside its lists) taken row by row into its buffer (``np.take``
-    into the destination); every other column (stacked, variable-width, to cast) through
-    ``_put`` of its rows taken with Arrow."""
-    rows, n = picked.rows, len(picked.rows)
+    """``_put`` of a :class:`Picked`: a fixed-width column of one chunk, of the type the
+    table holds, taken by position straight into its buffer (``_Fixed.put`` with rows);
+    every other column (stacked, variable-width, to cast) through ``_put`` of its rows
+    taken with Arrow."""
     rest = []
     for name, column in zip(picked.table.schema.names, picked.table.columns):
         target = layout.fixed.get(name)
-        arr = column.chunk(0) if column.num_chunks == 1 else None
-        values = None
-        if target is not None and arr is not None and column.type == schema.field(name).type:
-            values = arr.values.slice(arr.offset * target.width, len(arr) * target.width) if target.list else arr
-            if target.list and values.null_count:
-                values = None
-        raw = _raw_view(values, target.raw) if values is not None else None
-        if raw is None or isinstance(raw, int) or n == 0:
+        if target is None or column.num_chunks != 1 or column.type != schema.field(name).type:
             rest.append(name)
-            continue
-        if arr.null_count:
-            valid = arr.is_valid().to_numpy(zero_copy_only=False)
-            target._mask("valid", target.rows)[at:at + n] = valid[rows]
-        w = target.width
-        dest = target.values[at * w:(at + n) * w]
-        if w == 1:
-            np.take(raw, rows, out=dest)
         else:
-            np.take(raw.reshape(-1, w), rows, axis=0, out=dest.reshape(n, w))
+            target.put(column.chunk(0), at, picked.rows)
     if not rest:
         return 0, {}
-    return _put(layout, schema, picked.table.select(rest).take(rows), at)
+    return _put(layout, schema, picked.table.select(rest).take(picked.rows), at)
 
 
 def _put(layout: Layout, schema: pa.Schema, table: pa.Table, at: int) -> tuple[int, dict[str, list]]:
