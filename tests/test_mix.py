@@ -646,6 +646,63 @@ def test_plain_components_stream_as_positions(parquet_lake, tmp_path, monkeypatc
     assert any(n == 2 for n in drawn.values())  # a row two components select, drawn in each
 
 
+@pytest.mark.parametrize("stack", [False, True])
+@pytest.mark.parametrize("nulls", [False, True])
+def test_block_shuffled_plain_components_take_their_rows_by_position(tmp_path, stack, nulls):
+    """Block shuffle over one lake: members that keep the lake's columns get their rows of a
+    shared unit as positions (``rabuild.Picked``), written into their windows by position.
+    The batches equal those of the same mixture over separate datasets (nothing shared,
+    each unit filtered by its own reader), and every component's values are the lake's.
+    Member ``z`` computes a column, so it takes a filtered table; with ``nulls`` its rows
+    hold the nulls of ``v``, which the picked members' positions never reach (their unit
+    view then does not convert whole, and their rows are taken first)."""
+    from arrowload.pipeline.rabuild import Picked
+    n = 6000
+    ids = np.arange(n)
+    k = ids % 4
+    v = pa.array(np.where(k == 3, np.nan, ids / 7.0), mask=((k == 3) & (ids % 8 == 3)) if nulls else None)
+    t = pa.table({"id": ids, "k": k, "v": v, "w": (ids * 3).astype(np.float32)})
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    for f in range(3):
+        pq.write_table(t.slice(f * 2000, 2000), lake / f"part-{f}.parquet", row_group_size=250)
+
+    def make(separate: bool):
+        opened = al.dataset(str(lake))
+        ds = (lambda: al.dataset(str(lake))) if separate else (lambda: opened)
+        comps = {"a": ds().filter("k = 0").select("id", "v", "w"),
+                 "b": ds().filter("k = 1 OR k = 2").select("id", "v", "w"),
+                 "z": ds().filter("k = 3").select("id", v="coalesce(v, -1.0)", w="w")}
+        return al.mix(comps, weights=[1, 2, 1], seed=3, cache_dir=str(tmp_path / "cache"))
+
+    more = {"stack": {"x": ["v", "w"]}} if stack else {}
+    got, want = [], []
+    for out, separate in ((got, False), (want, True)):
+        loader = make(separate).loader(96, shuffle="block", shuffle_window=4, cache_dir=str(tmp_path / "cache"),
+                                       **more)
+        if not separate:
+            group = next(g for g in loader._shared.groups if g is not None)
+            parts = group.split(0)
+            assert isinstance(parts[0], Picked) and isinstance(parts[1], Picked)
+            assert not isinstance(parts[2], Picked)
+        for b in loader:
+            out.append({name: np.asarray(b[name]).copy() for name in b})
+    assert len(got) == len(want) > 10
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for name in g:
+            np.testing.assert_array_equal(g[name], w[name])
+    every = {name: np.concatenate([b[name] for b in got]) for name in got[0]}
+    i = every["id"]
+    vs = every["x"][:, 0] if stack else every["v"]
+    ws = every["x"][:, 1] if stack else every["w"]
+    np.testing.assert_array_equal(ws, (i * 3).astype(np.float32))
+    kept = (i % 4) != 3
+    np.testing.assert_array_equal(vs[kept], i[kept] / 7.0)
+    np.testing.assert_array_equal(vs[~kept], np.where(nulls & (i[~kept] % 8 == 3), -1.0, np.nan))
+    assert len(i) == len(set(i.tolist()))  # first_exhausted: no row twice
+
+
 def test_plain_components_with_nulls_raise_where_the_per_unit_path_raises(parquet_lake, tmp_path, monkeypatch):
     """A column with nulls (``score``) converts to no host arrays: the stream's rows go the
     Arrow way and the batch holding a null raises as on the per-unit path; with

@@ -89,11 +89,27 @@ class Group:
                 self._position = {u.index: j for j, u in enumerate(scan.selected_units())}
             return self._reader
 
-    def split(self, unit: int) -> dict[int, pa.Table]:
+    def split(self, unit: int) -> dict[int, Any]:
         """Unit ``unit`` (a source unit index) decoded once: each member's rows of it, for
-        the members that read it."""
+        the members that read it -- a table, or for the members ``picks()`` allows, their
+        rows as positions in the decoded unit (``rabuild.Picked``: no filtered copy; whoever
+        writes them takes them by position, ``ScanRowSource.read_unit`` otherwise)."""
+        from ..pipeline.rabuild import Picked
         raw = self._union_reader().read(self._position[unit])
-        return self.split_rows(raw, [c for c in self.members if unit in self._local[c]])
+        members = [c for c in self.members if unit in self._local[c]]
+        found = self.picks()
+        plain = [c for c in members if found is not None and c in found[1]]
+        masks = _shared_masks(raw)
+        out: dict[int, Any] = {}
+        if plain:
+            view = pa.Table.from_arrays([raw.column(col) for _, col in found[0]],
+                                        names=[name for name, _ in found[0]])
+            for c, rows in self.pick_rows(raw, plain, masks).items():
+                out[c] = view if rows is None else Picked(view, rows)
+        rest = [c for c in members if c not in out]
+        if rest:
+            out.update(self.split_rows(raw, rest, masks))
+        return out
 
     def split_rows(self, raw: pa.Table, members, masks=None) -> dict[int, pa.Table]:
         """Rows the union read decoded (a unit's, or a stream batch's: ``union_stream``):
@@ -155,6 +171,18 @@ class Group:
     def close(self) -> None:
         if self._reader is not None:
             self._reader.close()
+
+
+def _held_bytes(parts: list) -> int:
+    """Bytes ``parts`` (tables, ``rabuild.Picked``) hold: a table several picks share, once."""
+    seen: set[int] = set()
+    total = 0
+    for part in parts:
+        table = getattr(part, "table", part)
+        if id(table) not in seen:
+            seen.add(id(table))
+            total += table.nbytes
+    return total
 
 
 def _shared_masks(raw: pa.Table):
@@ -256,7 +284,7 @@ class UnitCache:
                     self._drop(unit)
                 fut.set_exception(exc)
                 raise
-            size = sum(t.nbytes for k, t in tables.items() if k != c)
+            size = _held_bytes([t for k, t in tables.items() if k != c])
             fut.set_result(tables)
             with self._lock:
                 if unit in self._entries:

@@ -315,22 +315,34 @@ class WindowLayout:
                 buffers[name] = (self.conv.pool.take((self.rows, *v.shape[1:]), v.dtype), None)
         return buffers
 
-    def put(self, offset: int, table: pa.Table) -> None:
-        """Place ``table`` (a unit's rows: window rows ``offset ..``)."""
+    def put(self, offset: int, table) -> None:
+        """Place ``table`` (a unit's rows: window rows ``offset ..``): a table, or rows by
+        position in one (``rabuild.Picked``: a mixture's shared decode), each taken once
+        into its place."""
         if self.failed or not table.num_rows:
             return
         t0 = time.perf_counter()
+        rows = getattr(table, "rows", None)  # a Picked: positions in table.table
         try:
-            host = to_host(table, self.conv.opts)
+            if rows is not None:
+                try:
+                    host = to_host(table.table, self.conv.opts)
+                except ConversionError:  # a null among rows it does not pick: its rows taken
+                    table, rows = table.table.take(pa.array(rows, pa.int64())), None
+                    host = to_host(table, self.conv.opts)
+            else:
+                host = to_host(table, self.conv.opts)
         except ConversionError:
             self.failed = True
             return
+        if rows is not None:
+            table = table.table  # row bytes below: the decoded unit's
         with self._lock:
             if self._buffers is None:
                 self._buffers = self._allocate(host)
                 self._row_bytes = table.nbytes / table.num_rows
             buffers = self._buffers
-        m = table.num_rows
+        m = table.num_rows if rows is None else len(rows)
         stop = offset + m
         pos = None if self.positions is None else self.positions[offset:stop]
         for name, (buf, cols) in buffers.items():
@@ -340,18 +352,23 @@ class WindowLayout:
                     self.failed = True
                     return
                 if pos is None:
-                    buf[offset:stop] = v
+                    if rows is None:
+                        buf[offset:stop] = v
+                    elif v.dtype == buf.dtype:
+                        np.take(v, rows, axis=0, out=buf[offset:stop], mode="clip")  # rows: in range
+                    else:
+                        buf[offset:stop] = v[rows]
                 else:
-                    _scatter_rows(buf, pos, np.ascontiguousarray(v, dtype=buf.dtype))
+                    _scatter_rows(buf, pos, np.ascontiguousarray(v if rows is None else v[rows], dtype=buf.dtype))
             elif pos is None:
                 for j, c in enumerate(cols):
-                    buf[offset:stop, j] = host[c]
+                    buf[offset:stop, j] = host[c] if rows is None else host[c][rows]
             else:
-                rows = self.conv.pool.take((m, len(cols)), buf.dtype)  # the unit row-major
+                unit = self.conv.pool.take((m, len(cols)), buf.dtype)  # the unit row-major
                 for j, c in enumerate(cols):
-                    rows[:, j] = host[c]
-                _scatter_rows(buf, pos, rows)
-                del rows
+                    unit[:, j] = host[c] if rows is None else host[c][rows]
+                _scatter_rows(buf, pos, unit)
+                del unit
         with self._lock:
             self.seconds += time.perf_counter() - t0
 

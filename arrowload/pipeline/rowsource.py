@@ -176,8 +176,11 @@ class ScanRowSource:
         """The footer's compressed bytes of the columns unit ``i`` reads (0 where unknown)."""
         return int(self._meta[self.units[i]].bytes_for(self.scan.read_columns) or 0)
 
-    def read_unit(self, i: int) -> pa.Table:
-        """Rows of unit ``i`` (index into ``units``) after the whole plan, in order."""
+    def read_unit(self, i: int, picked: bool = False) -> pa.Table:
+        """Rows of unit ``i`` (index into ``units``) after the whole plan, in order.
+        ``picked``: rows a mixture's shared decode hands out as positions in the decoded
+        unit (``rabuild.Picked``) are returned so, for a caller that writes them by
+        position (``chunks.WindowLayout.put``); otherwise taken into a table."""
         try:
             table = self._read(i)
         except (ArrowloadError, OSError) as exc:
@@ -194,6 +197,8 @@ class ScanRowSource:
                 f"{self._meta[self.units[i]].row_group}) gave {table.num_rows} rows where the "
                 f"selection index counted {self.counts[i]}: the data changed under the loader, "
                 "or a map() changed the number of rows (loader maps must keep one row per row)")
+        if not picked and isinstance(table, rabuild.Picked):
+            return table.table.take(pa.array(table.rows, pa.int64()))
         return table
 
     # -- one task of the pipeline (order.tasks) ----------------------------------------
@@ -253,7 +258,8 @@ class ScanRowSource:
         layout = conv.window(self.plan.schema, int(starts[-1]), positions)
         if layout is None:
             return None
-        (map_units or _serial)(lambda k: layout.put(int(starts[k]), self.read_unit(units[k])), range(len(units)))
+        (map_units or _serial)(lambda k: layout.put(int(starts[k]), self.read_unit(units[k], picked=True)),
+                               range(len(units)))
         return None if layout.failed else layout
 
 
