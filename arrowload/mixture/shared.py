@@ -24,7 +24,10 @@ share is evaluated once) and each member takes its rows with its own plan
   take positions in each batch (``Group.pick_rows``) instead of filtered copies.
 - Block / none otherwise: the members' scans read their units through a :class:`UnitCache`: the
   first member to need a unit decodes it for all; the others' rows wait in the cache
-  (capped in bytes, counted in the loader's byte budget) until they are read. The mixture
+  (capped in bytes, counted in the loader's byte budget) until they are read. Members that
+  keep the union's columns unchanged get their rows as positions in the decoded unit
+  (``rabuild.Picked``), which a block window writes by position; the others a filtered
+  table. The mixture
   visits units in one order for every component (``order.mixture.units_key``), so the
   members need a unit at nearly the same time and the cache hits.
 
