@@ -99,19 +99,8 @@ class Group:
         writes them takes them by position, ``ScanRowSource.read_unit`` otherwise)."""
         from ..pipeline.rabuild import Picked
         raw = self._union_reader().read(self._position[unit])
-        members = [c for c in self.members if unit in self._local[c]]
-        found = self.picks()
-        plain = [c for c in members if found is not None and c in found[1]]
-        masks = _shared_masks(raw)
-        out: dict[int, Any] = {}
-        if plain:
-            view = pa.Table.from_arrays([raw.column(col) for _, col in found[0]],
-                                        names=[name for name, _ in found[0]])
-            for c, rows in self.pick_rows(raw, plain, masks).items():
-                out[c] = view if rows is None else Picked(view, rows)
-        rest = [c for c in members if c not in out]
-        if rest:
-            out.update(self.split_rows(raw, rest, masks))
+        view, positions, out = self.divide(raw, [c for c in self.members if unit in self._local[c]], self.picks())
+        out.update((c, view if rows is None else Picked(view, rows)) for c, rows in positions.items())
         return out
 
     def split_rows(self, raw: pa.Table, members, masks=None) -> dict[int, pa.Table]:
@@ -148,22 +137,21 @@ class Group:
                 out[c] = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
         return out
 
-    def divide(self, batch: pa.RecordBatch, members, found) -> tuple[pa.RecordBatch | None, dict, dict]:
-        """A stream batch of the union among ``members``: ``(picked, positions, tables)``.
-        Members ``found`` (``picks()``'s answer) allows take their rows as positions
-        (``positions[c]``, None: every row) in ``picked``, the batch's columns they keep
-        under their output names; the others their rows after their plans
+    def divide(self, raw: pa.Table, members, found) -> tuple[pa.Table | None, dict, dict]:
+        """Rows the union decoded (a unit's, a stream batch's) among ``members``: ``(view,
+        positions, tables)``. Members ``found`` (``picks()``'s answer) allows take their rows
+        as positions (``positions[c]``, None: every row) in ``view``, the decoded columns
+        they keep under their output names; the others their rows after their plans
         (``tables[c]``). Each predicate is evaluated once for all of them."""
-        raw = pa.Table.from_batches([batch])
         masks = _shared_masks(raw)
         plain = [c for c in members if found is not None and c in found[1]]
-        picked, positions = None, {}
+        view, positions = None, {}
         if plain:
-            picked = pa.RecordBatch.from_arrays([batch.column(col) for _, col in found[0]],
-                                                names=[name for name, _ in found[0]])
+            view = pa.Table.from_arrays([raw.column(col) for _, col in found[0]],
+                                        names=[name for name, _ in found[0]])
             positions = self.pick_rows(raw, plain, masks)
         rest = [c for c in members if c not in positions]
-        return picked, positions, self.split_rows(raw, rest, masks) if rest else {}
+        return view, positions, self.split_rows(raw, rest, masks) if rest else {}
 
     def union_stream(self):
         """The polars streaming query that reads the union's units in source order
@@ -507,9 +495,8 @@ class SharedSources:
         found = group.picks()
 
         def split(batch):
-            picked, positions, tables = group.divide(batch, todo, found)
+            view, positions, tables = group.divide(pa.Table.from_batches([batch]), todo, found)
             # rows as positions in the batch, written from it: no filtered copy
-            view = pa.Table.from_batches([picked]) if picked is not None else None
             out = [(index[c], view if rows is None else rabuild.Picked(view, rows)) for c, rows in positions.items()]
             return out + [(index[c], table) for c, table in tables.items()]
 

@@ -193,16 +193,18 @@ class MixStream:
             # on the splitting threads. Members that keep their rows unchanged: the batch
             # converted to host arrays once, each member's rows as positions in it; the
             # others: their rows after their plans, each converted
-            picked, positions, tables = self.group.divide(batch, members, found)
+            raw = pa.Table.from_batches([batch])
+            view, positions, tables = self.group.divide(raw, members, found)
             out: dict[int, list[Rows]] = {}
-            if picked is not None:
+            if view is not None:  # one chunk per column: the batch's own arrays
+                picked = pa.RecordBatch.from_arrays([c.chunk(0) for c in view.columns], names=view.column_names)
                 host = conv.chunk(picked)
                 if isinstance(host, HostChunk):
                     self.picked += 1
                     out = {c: [Rows(picked, host, idx)] if idx is None or len(idx) else []
                            for c, idx in positions.items()}
                 else:  # does not convert whole: these members' rows after their plans too
-                    tables.update(self.group.split_rows(pa.Table.from_batches([batch]), list(positions)))
+                    tables.update(self.group.split_rows(raw, list(positions)))
             for c, table in tables.items():
                 out[c] = [Rows.of(b, conv) for b in table.to_batches() if b.num_rows]
             return out
