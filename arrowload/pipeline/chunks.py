@@ -322,21 +322,19 @@ class WindowLayout:
         if self.failed or not table.num_rows:
             return
         t0 = time.perf_counter()
-        rows = getattr(table, "rows", None)  # a Picked: positions in table.table
-        try:
-            if rows is not None:
-                try:
-                    host = to_host(table.table, self.conv.opts)
-                except ConversionError:  # a null among rows it does not pick: its rows taken
-                    table, rows = table.table.take(pa.array(rows, pa.int64())), None
-                    host = to_host(table, self.conv.opts)
-            else:
+        rows = getattr(table, "rows", None)
+        if rows is not None:  # a Picked: its rows by position in the decoded unit's arrays
+            table = table.table
+            try:
                 host = to_host(table, self.conv.opts)
-        except ConversionError:
-            self.failed = True
-            return
-        if rows is not None:
-            table = table.table  # row bytes below: the decoded unit's
+            except ConversionError:  # a null among rows it does not pick: its rows taken first
+                table, rows = table.take(pa.array(rows, pa.int64())), None
+        if rows is None:
+            try:
+                host = to_host(table, self.conv.opts)
+            except ConversionError:
+                self.failed = True
+                return
         with self._lock:
             if self._buffers is None:
                 self._buffers = self._allocate(host)
