@@ -53,8 +53,9 @@ from .collate import BufferPool, StackSpec, resolve_stack, stack_batch
 from .rabuild import stacked_members
 
 
-class HostChunk:
-    """Host arrays (first axis = rows) or Python lists of ``num_rows`` rows, keyed in output order."""
+class ColumnRows:
+    """``num_rows`` rows as columns (first axis = rows), keyed in output order, of
+    ``row_bytes`` each: :class:`HostChunk` on the host, ``device.DeviceChunk`` on a GPU."""
 
     __slots__ = ("columns", "num_rows", "row_bytes")
 
@@ -67,12 +68,22 @@ class HostChunk:
     def nbytes(self) -> int:
         return int(self.row_bytes * self.num_rows)
 
-    def slice(self, offset: int, length: int | None = None) -> "HostChunk":
-        """Rows ``offset .. offset + length``: views of the same arrays (lists are sliced)."""
+    def slice(self, offset: int, length: int | None = None):
+        """Rows ``offset .. offset + length``: views of the same columns (lists are sliced)."""
         if length is None:
             length = self.num_rows - offset
         stop = offset + length
-        return HostChunk({k: v[offset:stop] for k, v in self.columns.items()}, length, self.row_bytes)
+        return self._with({k: v[offset:stop] for k, v in self.columns.items()}, length)
+
+    def _with(self, columns: dict, num_rows: int):
+        """A chunk like this one holding ``columns``."""
+        return type(self)(columns, num_rows, self.row_bytes)
+
+
+class HostChunk(ColumnRows):
+    """Host arrays (first axis = rows) or Python lists of ``num_rows`` rows, keyed in output order."""
+
+    __slots__ = ()
 
 
 def _varlist(t: pa.DataType) -> bool:

@@ -65,7 +65,7 @@ import numpy as np
 
 from ..errors import DeviceUnavailableError
 from ..options import usable_cores
-from .chunks import HostChunk
+from .chunks import ColumnRows, HostChunk
 from .collate import _bucket
 
 #: A batch whose host arrays hold at least this many bytes is staged on a staging thread.
@@ -93,28 +93,19 @@ WHOLE_READS = True
 _ARRAY_KINDS = frozenset("biufcmM")
 
 
-class DeviceChunk:
+class DeviceChunk(ColumnRows):
     """The rows of one read on the device: tensors (first axis rows) in output order, and
-    the event after which they are filled. ``slice`` gives views, as ``HostChunk``'s does."""
+    the event after which they are filled. ``slice`` gives views, as ``HostChunk``'s does
+    (not a ``HostChunk``: checks for host arrays do not take it)."""
 
-    __slots__ = ("columns", "num_rows", "row_bytes", "event")
+    __slots__ = ("event",)
 
     def __init__(self, columns: dict, num_rows: int, row_bytes: float, event: Any) -> None:
-        self.columns = columns
-        self.num_rows = num_rows
-        self.row_bytes = row_bytes
+        super().__init__(columns, num_rows, row_bytes)
         self.event = event
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.row_bytes * self.num_rows)
-
-    def slice(self, offset: int, length: int | None = None) -> "DeviceChunk":
-        if length is None:
-            length = self.num_rows - offset
-        stop = offset + length
-        return DeviceChunk({k: v[offset:stop] for k, v in self.columns.items()}, length, self.row_bytes,
-                           self.event)
+    def _with(self, columns: dict, num_rows: int) -> "DeviceChunk":
+        return DeviceChunk(columns, num_rows, self.row_bytes, self.event)
 
 
 @dataclass
