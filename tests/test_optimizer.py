@@ -12,6 +12,7 @@ rule switched off alone.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 
 import polars as pl
@@ -303,6 +304,25 @@ def test_prune_limit_golden(lake):
         "  files       1 of 2", "  row groups  2 of 8"]
     assert ("limit_pushdown", "units 8 -> 2 (limit 600)") in after.notes
     assert_same_rows(before, after)
+
+
+@pytest.mark.parametrize("where", ["id < 700", "id >= 0", "label = 1"])
+def test_a_loader_prunes_row_groups_once(lake, tmp_path, monkeypatch, where):
+    """Building a loader optimizes its plan, then its count plan (the optimized plan again,
+    under an empty projection): the footers' statistics are evaluated once, and the second
+    pruning gives what the first did."""
+    prg = importlib.import_module("arrowload.optimize.prune_row_groups")  # the module, not the rule
+    calls = []
+    kept = prg._kept
+    monkeypatch.setattr(prg, "_kept", lambda scan, units: calls.append(len(units)) or kept(scan, units))
+    ds = al.dataset(lake).filter(where)
+    with ds.loader(64, cache_dir=str(tmp_path)) as loader:
+        rows = loader.num_rows
+        units = loader._source.units
+    assert calls == [8]
+    want = pds.dataset(lake).to_table(filter=SqlExpr.parse(where, ds.schema).to_arrow(ds.schema, predicate=True))
+    assert rows == want.num_rows
+    assert len(units) == len(prune_row_groups(file_scan(lake, predicate=where)).selected_units())
 
 
 def test_pruning_rules_identity(lake, hive):

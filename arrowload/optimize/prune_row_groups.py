@@ -17,6 +17,9 @@ the pushed comparisons that DuckDB answers true for NaN (``f > 5``) carry an exp
 from __future__ import annotations
 
 import math
+import threading
+import weakref
+from collections import OrderedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -116,6 +119,12 @@ def _nan_false(part, schema: pa.Schema) -> bool:
     return True
 
 
+#: per source (weakly), what pruning found for recent (predicate, units): ``_remembered``
+_MEMO: "weakref.WeakKeyDictionary[object, OrderedDict]" = weakref.WeakKeyDictionary()
+_MEMO_LOCK = threading.Lock()
+_MEMO_SIZE = 8
+
+
 def _prune(scan: Scan) -> Scan:
     src = scan.source
     if scan.predicate is None or not src.has_statistics:
@@ -123,6 +132,50 @@ def _prune(scan: Scan) -> Scan:
     units = scan.selected_units()
     if not units:
         return scan
+    found = _remembered(src, (scan.predicate, scan.units))
+    if found is None:
+        kept, distrusted = _kept(scan, units)
+        found = (kept, _distrust_note(distrusted))
+        # the kept units pruned again by the same predicate keep them all (a count plan
+        # re-optimizes the loader's optimized plan): remembered too
+        _remember(src, (scan.predicate, scan.units), found)
+        _remember(src, (scan.predicate, kept), found)
+    kept, note = found
+    out = scan.keep_units(kept, "row_group_pruning", f"row groups {len(units)} -> {len(kept)}")
+    if note is not None:  # say why a file was not pruned on a column (explain shows the notes)
+        out = out.replace(notes=out.notes + (("row_group_pruning", note),))
+    return out
+
+
+def _remembered(src, key):
+    """What pruning found for ``key`` over ``src``, where it was found before (footers are
+    immutable for a source: the answer stays right), else None."""
+    with _MEMO_LOCK:
+        memo = _MEMO.get(src)
+        return None if memo is None else memo.get(key)
+
+
+def _remember(src, key, found) -> None:
+    with _MEMO_LOCK:
+        memo = _MEMO.get(src)
+        if memo is None:
+            memo = _MEMO[src] = OrderedDict()
+        memo[key] = found
+        while len(memo) > _MEMO_SIZE:
+            memo.popitem(last=False)
+
+
+def _distrust_note(distrusted: dict[str, int]) -> str | None:
+    if not distrusted:
+        return None
+    what = ", ".join(f"{n!r} in {k} file{'s' if k > 1 else ''}" for n, k in sorted(distrusted.items()))
+    return f"statistics not used (NaN, implausible or unreadable): {what}"
+
+
+def _kept(scan: Scan, units) -> tuple[tuple[int, ...], dict[str, int]]:
+    """The units of ``scan`` whose statistics do not prove its predicate false, and per
+    column the files whose statistics for it were not trusted."""
+    src = scan.source
     schema = src.schema
     parts = [(c, c.to_arrow(schema, predicate=True)) for c in conjuncts(scan.predicate)]
     # files whose column metadata cannot be read (encrypted, damaged: source/footer.py)
@@ -158,13 +211,7 @@ def _prune(scan: Scan) -> Scan:
             expr = pc.and_kleene(expr, e)
         sub = frag.subset(filter=expr, schema=fschema)
         keep.update((frag.path, rg.id) for rg in sub.row_groups)
-    kept = tuple(u.index for u in units if (u.path, u.row_group) in keep)
-    out = scan.keep_units(kept, "row_group_pruning", f"row groups {len(units)} -> {len(kept)}")
-    if distrusted:  # say why a file was not pruned on a column (explain shows the notes)
-        what = ", ".join(f"{n!r} in {k} file{'s' if k > 1 else ''}" for n, k in sorted(distrusted.items()))
-        out = out.replace(notes=out.notes + (("row_group_pruning", f"statistics not used (NaN, "
-                                                                 f"implausible or unreadable): {what}"),))
-    return out
+    return tuple(u.index for u in units if (u.path, u.row_group) in keep), distrusted
 
 
 def _in_file_names(parts, schema: pa.Schema, renamed) -> tuple[list, pa.Schema, dict[str, str]]:

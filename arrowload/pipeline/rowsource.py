@@ -99,6 +99,7 @@ class ScanRowSource:
         self._read = remote.unit_reads(plan, options) if remote is not None else self.reader.read
         self.compiles = 1
         self._est: tuple[int, ...] | None = None
+        self._read_columns: tuple[str, ...] | None = None
         self._remote = remote
         self._stream: Any = False  # not compiled yet (stream_query)
         self.counts = self._counts()
@@ -169,12 +170,14 @@ class ScanRowSource:
         if self._est is None:
             read = set(self.scan.read_columns)  # by name: a duplicated name counts each column
             fields = [f for f in self.source.schema if f.name in read]
-            self._est = tuple(_decoded_bytes(u, fields, c) for u, c in zip(self.scan.selected_units(), self.counts))
+            self._est = _decoded_bytes(self.scan.selected_units(), fields, self.counts)
         return self._est[i]
 
     def read_bytes(self, i: int) -> int:
         """The footer's compressed bytes of the columns unit ``i`` reads (0 where unknown)."""
-        return int(self._meta[self.units[i]].bytes_for(self.scan.read_columns) or 0)
+        if self._read_columns is None:
+            self._read_columns = self.scan.read_columns
+        return int(self._meta[self.units[i]].bytes_for(self._read_columns) or 0)
 
     def read_unit(self, i: int, picked: bool = False) -> pa.Table:
         """Rows of unit ``i`` (index into ``units``) after the whole plan, in order.
@@ -622,20 +625,25 @@ def _fixed_width(t: pa.DataType) -> float | None:
         return None
 
 
-def _decoded_bytes(unit, fields: Sequence[pa.Field], count: int) -> int:
-    """What a read of ``unit`` holds decoded: ``ScanRowSource.est_bytes``. The footer's row
-    count where it has one (a filter keeps fewer, but the read decodes all), else ``count``."""
-    rows = unit.num_rows if unit.num_rows is not None else count
-    sizes = unit.column_bytes
-    known = sizes is not None and getattr(sizes, "known", True) and "*" not in sizes
-    if not known:  # no per-column sizes: the old rule
-        b = unit.bytes_for([f.name for f in fields])
-        return int(b * 3) if b else count * 64
-    total = 0.0
-    for f in fields:
-        width = _fixed_width(f.type)
-        total += rows * width if width is not None else 3 * sizes.get(f.name, 0)
-    return max(1, int(total))
+def _decoded_bytes(units, fields: Sequence[pa.Field], counts: Sequence[int]) -> tuple[int, ...]:
+    """What a read of each of ``units`` holds decoded: ``ScanRowSource.est_bytes``. The
+    footer's row count where it has one (a filter keeps fewer, but the read decodes all),
+    else the unit's count."""
+    widths = [(f.name, _fixed_width(f.type)) for f in fields]
+    row_width = sum(w for _, w in widths if w is not None)
+    varying = [n for n, w in widths if w is None]
+    names = [f.name for f in fields]
+    out = []
+    for unit, count in zip(units, counts):
+        rows = unit.num_rows if unit.num_rows is not None else count
+        sizes = unit.column_bytes
+        if sizes is None or not getattr(sizes, "known", True) or "*" in sizes:  # no per-column sizes: the old rule
+            b = unit.bytes_for(names)
+            out.append(int(b * 3) if b else count * 64)
+            continue
+        get = sizes.get
+        out.append(max(1, int(rows * row_width + 3 * sum(get(n, 0) for n in varying))))
+    return tuple(out)
 
 
 def _strip_maps(plan: Plan) -> Plan:

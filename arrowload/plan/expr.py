@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.types as pat
 
 from ..errors import ArgumentTypeError, ColumnNotFoundError, ExpressionError
-from . import simplesql
+from . import pushable, simplesql, sqlexpr
 from .arrowtypes import type_of
 from .rowselect import filter_rows
 
@@ -129,14 +129,12 @@ class SqlExpr(Expr):
 
     @classmethod
     def parse(cls, text: str, schema: pa.Schema, what: str = "expression") -> "SqlExpr":
-        from . import sqlexpr
         return cls.bind(sqlexpr.parse(text, what), schema, text)
 
     @classmethod
     def bind(cls, tree, schema: pa.Schema, text: str | None = None) -> "SqlExpr":
         """Resolve the tree's column names against ``schema`` now, so an unknown column
         fails at the call that named it (unquoted names match case-insensitively)."""
-        from . import sqlexpr
         if simplesql.is_simple(tree):
             def resolve(node):
                 real = sqlexpr.resolve_column(node.name, schema, bool(node.this.args.get("quoted")))
@@ -205,13 +203,11 @@ class SqlExpr(Expr):
         i = self._field(schema)
         if i >= 0:  # a column as a predicate: booleans only
             return pat.is_boolean(schema.field(i).type)
-        from . import pushable
         return pushable.equivalent(self.node, schema)
 
     def projectable_on(self, schema: pa.Schema) -> bool:
         if self._field(schema) >= 0:
             return True
-        from . import pushable
         return pushable.projection_equivalent(self.node, schema)
 
     def runs_in(self, schema: pa.Schema, predicate: bool = True) -> str:
@@ -230,7 +226,6 @@ class SqlExpr(Expr):
         if not ok:
             raise ExpressionError(f"{self.text!r} is evaluated by DuckDB, not compiled to a pyarrow "
                                   "expression (its meaning in pyarrow compute would differ)")
-        from . import sqlexpr
         if predicate:
             return sqlexpr.compile_predicate(self.node, schema, self._text)
         return sqlexpr.compile_expression(self.node, schema, self._text)

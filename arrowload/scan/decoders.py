@@ -54,6 +54,8 @@ def _leaves(t: pa.DataType) -> int:
     """Parquet leaf columns of a column of Arrow type ``t``."""
     if isinstance(t, pa.BaseExtensionType):
         t = t.storage_type
+    if t.num_fields == 0:  # not nested (a dictionary neither)
+        return 1
     if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t) or \
             pat.is_list_view(t) or pat.is_large_list_view(t):
         return _leaves(t.value_type)

@@ -41,7 +41,8 @@ class Unit:
             return self.column_bytes["*"]
         if columns is None:
             return sum(self.column_bytes.values())
-        return sum(self.column_bytes.get(c, 0) for c in columns)
+        get = self.column_bytes.get
+        return sum(get(c, 0) for c in columns)
 
 
 class Source:

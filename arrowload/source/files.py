@@ -159,17 +159,20 @@ class _LazySizes(Mapping):
     """One row group's column sizes, computed with the whole file's on first access;
     ``known`` is False where the footer's column metadata cannot be read."""
 
-    __slots__ = ("_sizes", "_rg")
+    __slots__ = ("_sizes", "_rg", "_row")
 
     def __init__(self, sizes: _ColumnSizes, rg: int) -> None:
-        self._sizes, self._rg = sizes, rg
+        self._sizes, self._rg, self._row = sizes, rg, None
 
     @property
     def known(self) -> bool:
         return self._sizes.known
 
     def _d(self) -> dict[str, int]:
-        return self._sizes.table()[self._rg]
+        row = self._row
+        if row is None:
+            row = self._row = self._sizes.table()[self._rg]
+        return row
 
     def __getitem__(self, key):
         return self._d()[key]
@@ -182,6 +185,9 @@ class _LazySizes(Mapping):
 
     def __contains__(self, key) -> bool:
         return key in self._d()
+
+    def get(self, key, default=None):
+        return self._d().get(key, default)
 
 
 def _encrypted(path: str, exc: BaseException) -> CorruptFileError | None:
