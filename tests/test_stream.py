@@ -79,7 +79,10 @@ def _rows(batches: list[dict]) -> list[dict]:
     return [dict(zip(b, vals)) for b in batches for vals in zip(*b.values())]
 
 
-FILTERS = [None, "k < 5 AND s = 'a'", "id >= 1500", "k IN (1, 2) OR s = 'c'"]
+# "id >= 1500" prunes row groups at the start, "id < 1400" at the end (the last unit ends
+# mid-file: the query slices off the rows after it), "id BETWEEN ..." at both ends
+FILTERS = [None, "k < 5 AND s = 'a'", "id >= 1500", "id < 1400", "id BETWEEN 300 AND 2000",
+           "k IN (1, 2) OR s = 'c'"]
 SELECTS = [("id", "x", "s", "k"), ("x", "id")]
 
 
@@ -171,6 +174,39 @@ def test_several_ranges_one_query_each(lake, cache_dir):
     truth = pa.concat_tables([src.read_unit(u) for u in range(len(src.counts))])
     want = pa.concat_tables([truth.slice(a, b - a) for a, b in ranges])
     assert got.equals(want)
+
+
+@pytest.mark.parametrize("where", ["id < 1400", "id BETWEEN 300 AND 2000", "id >= 1500", None])
+def test_the_query_slices_from_the_first_units_start_to_the_last_units_end(lake, where):
+    """Before filtering, a range's query keeps exactly the file rows from its first unit's
+    start to its last unit's end (so polars reads no row group after the last unit): the
+    slice's offset and length against the row groups' rows in the footers (pyarrow)."""
+    ds = al.dataset(lake).filter(where) if where else al.dataset(lake)
+    q = StreamQuery.compile(ds.optimized_plan(), ds.options)
+    assert q is not None
+    files = sorted(os.listdir(lake))
+    groups = []  # (file, first row in the file, rows) of every row group, in path order
+    for f, name in enumerate(files):
+        md = pq.ParquetFile(os.path.join(lake, name)).metadata
+        at = 0
+        for g in range(md.num_row_groups):
+            groups.append((f, at, md.row_group(g).num_rows))
+            at += md.row_group(g).num_rows
+    rows_of = {f: sum(n for g, _, n in groups if g == f) for f in range(len(files))}
+    index = {(u.file, u.row_group): i for i, u in enumerate(q.scan.source.units())}
+    for first in range(len(q.units)):
+        for last in range(first, len(q.units)):
+            a, b = q.units[first], q.units[last]
+            span_files = sorted({u.file for u in q.units[first:last + 1]})
+            fa, start, _ = groups[index[(a.file, a.row_group)]]
+            fb, b_start, b_rows = groups[index[(b.file, b.row_group)]]
+            want = sum(rows_of[f] for f in span_files[:-1]) - start + b_start + b_rows
+            span = q._span(first, last, span_files)
+            assert q._file_offset(first) == start
+            if b_start + b_rows == rows_of[fb]:
+                assert span is None  # the last unit ends its file: nothing to slice off
+            else:
+                assert span == want, (first, last)
 
 
 def test_merge_ranges():

@@ -4,9 +4,9 @@ An unshuffled epoch reads its positions in source order, a contiguous range per 
 elastic resume: a few). Where polars can read the scan exactly as the unit decoders do
 (:meth:`StreamQuery.compile` says where), one ``collect_batches`` query per range reads
 it: the files from the range's first unit's to its last unit's, the predicate evaluated
-inside polars' Parquet decoder, the rows of the first unit's file before it sliced off
-ahead of the filter (pushed into the scan: their row groups are not read), the rows of the
-first unit before the range's start skipped after it, its rows handed over as Arrow record batches (``to_arrow``, zero
+inside polars' Parquet decoder, the rows of the first unit's file before it and of the
+last unit's file after it sliced off ahead of the filter (pushed into the scan: their row
+groups are not read), the rows of the first unit before the range's start skipped after it, its rows handed over as Arrow record batches (``to_arrow``, zero
 copy). Polars decodes on its own thread pool; the loader's reader threads only take the
 rows in order (``pipeline/streamreads.py``).
 
@@ -129,6 +129,7 @@ class StreamQuery:
         self.units = scan.selected_units()
         self._pl = None
         self._starts: dict[int, int] | None = None  # unit index -> its first row in its file
+        self._totals: dict[int, int] = {}  # file -> its rows
 
     @classmethod
     def compile(cls, plan: Plan, options: Options) -> StreamQuery | None:
@@ -188,42 +189,60 @@ class StreamQuery:
         threads = pl.thread_pool_size() if pl is not None and hasattr(pl, "thread_pool_size") else usable_cores()
         return (AHEAD_PER_THREAD * threads + AHEAD_EXTRA + 1) * max(1, unit_bytes)
 
-    def _file_offset(self, first: int) -> int:
-        """Rows of unit ``first``'s file before its row group, every row group counted (those
-        the scan does not select too): where the query slices before filtering."""
+    def _file_rows(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Each unit's first row in its file and each file's rows, every row group counted
+        (those the scan does not select too)."""
         if self._starts is None:
-            starts, at, last = {}, 0, None
+            starts, totals, at, last = {}, {}, 0, None
             for u in self.scan.source.units():
                 if u.file != last:
                     at, last = 0, u.file
                 starts[u.index] = at
                 at += (u.num_rows or 0) + u.deleted
-            self._starts = starts
-        return self._starts[self.units[first].index]
+                totals[u.file] = at
+            self._starts, self._totals = starts, totals
+        return self._starts, self._totals
+
+    def _file_offset(self, first: int) -> int:
+        """Rows of unit ``first``'s file before its row group: where the query slices before
+        filtering."""
+        return self._file_rows()[0][self.units[first].index]
+
+    def _span(self, first: int, last: int, files: Sequence[int]) -> int | None:
+        """Rows from unit ``first``'s start to unit ``last``'s end over ``files`` (the range's
+        files, in order), where rows of the last file follow unit ``last`` (else None: the
+        query reads to the end of its files anyway)."""
+        starts, totals = self._file_rows()
+        a, b = self.units[first], self.units[last]
+        end = starts[b.index] + (b.num_rows or 0)
+        if end >= totals[b.file]:
+            return None
+        return sum(totals[f] for f in files[:-1]) - starts[a.index] + end
 
     def batches(self, first: int, last: int, skip: int, n: int | None) -> Iterator[pa.RecordBatch]:
         """The query's record batches (see the class doc). The query starts here: polars
         decodes ahead on its own threads (``held_bytes``) before the first ``next``;
-        dropping the iterator stops it. The rows before unit
-        ``first`` in its file are sliced off before the filter (polars skips their row
-        groups unread), the ``skip`` rows of unit ``first`` after it; ``n=None``: every row
-        to the end of unit ``last``'s file."""
+        dropping the iterator stops it. The rows before unit ``first`` in its file and
+        after unit ``last`` in its file are sliced off before the filter (polars skips their
+        row groups unread), the ``skip`` rows of unit ``first`` after it; ``n=None``: every
+        row to the end of unit ``last``."""
         if self._pl is None:
             import polars as pl
             self._pl = pl
         pl = self._pl
-        paths = []
+        paths, files = [], []
         for u in self.units[first:last + 1]:
             if not paths or paths[-1] != u.path:
                 paths.append(u.path)
+                files.append(u.file)
         # use_statistics=False: polars would trust footer statistics arrowload found implausible
         # (min > max, NaN) and skip row groups that hold rows; the scan already kept only the
         # row groups whose checked statistics allow a match
         lf = pl.scan_parquet(paths, glob=False, hive_partitioning=False, cache=False, use_statistics=False,
                              extra_columns="ignore")
-        offset = self._file_offset(first)
-        if offset:
-            lf = lf.slice(offset)
+        offset, span = self._file_offset(first), self._span(first, last, files)
+        if offset or span is not None:  # polars reads no row group outside the slice
+            lf = lf.slice(offset, span)
         if self.predicate is not None:
             lf = lf.filter(self.predicate.polars)
         if skip or n is not None:
