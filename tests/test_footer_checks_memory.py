@@ -86,6 +86,21 @@ def test_a_later_process_reads_no_footer_twice(lake, tmp_path, monkeypatch):
     assert warm.listing["reads"] < cold.listing["reads"]
 
 
+def test_a_loader_with_its_own_cache_dir_keeps_the_checks_where_datasets_look(lake, tmp_path, monkeypatch):
+    """A loader naming a cache dir of its own writes the checks there and in the user cache
+    dir, which a dataset reads when it opens (before the loader): a later process reads no
+    footer twice. Truth: the same later process with nothing remembered."""
+    user, own = str(tmp_path / "user"), str(tmp_path / "own")
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", user)
+    _build(lake, own)
+    assert _doc(own)["passed"] and sorted(map(tuple, _doc(user)["passed"])) == sorted(map(tuple, _doc(own)["passed"]))
+    warm = _build(lake, own)
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", str(tmp_path / "empty"))
+    cold = _build(lake, str(tmp_path / "own-cold"))
+    footer_len = sum(pq.ParquetFile(p).metadata.serialized_size for p in glob.glob(os.path.join(lake, "*.parquet")))
+    assert _footer_bytes(cold) - _footer_bytes(warm) >= footer_len
+
+
 def test_a_changed_file_is_checked_again(lake, tmp_path, monkeypatch):
     cache = str(tmp_path / "cache")
     monkeypatch.setenv("ARROWLOAD_CACHE_DIR", cache)

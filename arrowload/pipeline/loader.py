@@ -272,6 +272,10 @@ class Loader:
             preflight.check_plan(plan.schema, plan, self._convert, options.stack)
         kind, source = self._build_source(dataset, plan)
         keep_checks(self._cache_dir)
+        if self._cache_dir != default_cache_dir():
+            # also where a dataset looks when it opens (before any loader names its cache
+            # dir): a later process then reads no footer twice there either
+            keep_checks(default_cache_dir())
         widths = None
         if checked:
             known = preflight.check_source(source, self._convert)
