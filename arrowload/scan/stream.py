@@ -6,9 +6,10 @@ elastic resume: a few). Where polars can read the scan exactly as the unit decod
 it: the files from the range's first unit's to its last unit's, the predicate evaluated
 inside polars' Parquet decoder, the rows of the first unit's file before it and of the
 last unit's file after it sliced off ahead of the filter (pushed into the scan: their row
-groups are not read), the rows of the first unit before the range's start skipped after it, its rows handed over as Arrow record batches (``to_arrow``, zero
-copy). Polars decodes on its own thread pool; the loader's reader threads only take the
-rows in order (``pipeline/streamreads.py``).
+groups are not read), the rows of the first unit before the range's start skipped after
+it, its rows handed over as Arrow record batches (``to_arrow``, zero copy). Polars decodes
+on its own thread pool; the loader's reader threads only take the rows in order
+(``pipeline/streamreads.py``).
 
 Eligible: local Parquet that polars reads (``PolarsDecoder.eligible``: no page checksums,
 no deletions or renamed columns), a plan that is the scan alone (no maps, residual filters
@@ -214,7 +215,7 @@ class StreamQuery:
         query reads to the end of its files anyway)."""
         starts, totals = self._file_rows()
         a, b = self.units[first], self.units[last]
-        end = starts[b.index] + (b.num_rows or 0)
+        end = starts[b.index] + (b.num_rows or 0) + b.deleted
         if end >= totals[b.file]:
             return None
         return sum(totals[f] for f in files[:-1]) - starts[a.index] + end
