@@ -89,11 +89,27 @@ def convert_batch(batch: pa.RecordBatch | pa.Table, options: ConvertOptions | No
 
 
 def _backend(opts: ConvertOptions):
+    """The output's module and target device (imported and resolved once per pair: this
+    runs for every batch)."""
+    key = (opts.output, opts.device)
+    try:
+        return _BACKENDS[key]
+    except (KeyError, TypeError):  # TypeError: a device object that does not hash
+        pass
     if opts.output == "torch":
         from . import torch_out as backend
     else:
         from . import jax_out as backend
-    return backend, backend.target_device(opts.device)
+    found = backend, backend.target_device(opts.device)
+    try:
+        _BACKENDS[key] = found
+    except TypeError:
+        pass
+    return found
+
+
+#: ``_backend``'s answers by (output, device)
+_BACKENDS: dict = {}
 
 
 def convert_host(host: dict, opts: ConvertOptions) -> dict:

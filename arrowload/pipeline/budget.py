@@ -18,6 +18,7 @@ class ByteBudget:
         self.peak = 0
         self._cond = threading.Condition()
         self._stop = stop
+        self._waiting = 0  # threads in acquire's wait: release notifies only where there are some
 
     def acquire(self, n: int, block: bool = True, own: int = 0) -> bool:
         """``own``: bytes the caller itself holds and cannot release while it waits; they
@@ -26,7 +27,11 @@ class ByteBudget:
             while self.used > own and self.used + n > self.limit:
                 if not block or self._stop.is_set():
                     return False
-                self._cond.wait(0.05)
+                self._waiting += 1
+                try:
+                    self._cond.wait(0.05)
+                finally:
+                    self._waiting -= 1
             if self._stop.is_set():
                 return False
             self.used += n
@@ -41,9 +46,12 @@ class ByteBudget:
         return n
 
     def release(self, n: int) -> None:
+        if n <= 0:
+            return
         with self._cond:
             self.used = max(0, self.used - n)
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
     def fits(self, n: int) -> bool:
         """Whether ``n`` more bytes fit under the limit now (never waits)."""

@@ -593,19 +593,20 @@ class Pipeline:
         mark = time.thread_time()
         if self._consumer_mark is not None:  # the consumer's own work since the last batch
             self._consumer_cpu += mark - self._consumer_mark
-        self.consumer_waiting = self.out.empty()
-        if self.consumer_waiting:
+        try:
+            item = self.out.get_nowait()  # a batch ready: no wait, no timed wait's bookkeeping
+        except queue.Empty:
+            self.consumer_waiting = True
             self._consumer_waits += 1
-        while True:
-            try:
-                item = self.out.get(timeout=0.1)
-                break
-            except queue.Empty:
-                self.consumer_waiting = True
-                if not self.thread.is_alive() and self.out.empty():
-                    raise InternalError("the loader's producer thread died without a result (a bug: "
-                                        "please report it with the traceback)") from None
-        self.consumer_waiting = False
+            while True:
+                try:
+                    item = self.out.get(timeout=0.1)
+                    break
+                except queue.Empty:
+                    if not self.thread.is_alive() and self.out.empty():
+                        raise InternalError("the loader's producer thread died without a result (a bug: "
+                                            "please report it with the traceback)") from None
+            self.consumer_waiting = False
         self.stats.wait_s += time.perf_counter() - t0
         if item is _DONE:
             self.close()
