@@ -21,7 +21,7 @@ import pytest
 
 import arrowload as al
 from arrowload.pipeline.streamreads import StreamReads, merge_ranges
-from arrowload.scan.stream import STREAM_DECODER, StreamQuery
+from arrowload.scan.stream import STREAM_DECODER, WINDOW_DECODER, StreamQuery
 
 FILES = [(1000, 128), (777, 100), (1500, 256)]  # (rows, row group size) per file
 
@@ -499,3 +499,55 @@ def test_global_table_stream_follows_the_environment(lake, tmp_path, monkeypatch
         with ds.loader(100, shuffle="global", seed=1, cache_dir=str(tmp_path / str(len(calls)))) as loader:
             assert sum(len(b["id"]) for b in loader) == sum(n for n, _ in FILES)
         assert (len(calls) > before) is streams, env
+
+
+# ---------------------------------------------------------------------------
+# a block shuffle's windows read by polars at once (rowsource._window_tables)
+
+
+@pytest.mark.parametrize("where", [None, "k < 5 AND s = 'a'", "id BETWEEN 300 AND 2000"])
+@pytest.mark.parametrize("stack", [None, {"v": ["x", "k"]}])
+@pytest.mark.parametrize("cols", [("id", "x", "s", "k"), ("id", "x", "k")])  # Arrow windows / host layouts
+def test_block_windows_read_by_polars_equal_the_unit_reads(lake, cache_dir, monkeypatch, where, stack, cols):
+    """A block-shuffled epoch whose windows polars reads at once (``StreamQuery.unit_tables``)
+    gives the batches of the per-unit reads (``ARROWLOAD_STREAM=0``), batch by batch; its
+    rows are DuckDB's. With a string column the window is an Arrow table taken from; with
+    numbers only, each unit is placed in the window's host layout."""
+    import polars  # noqa: F401 - imported: every window reads through it
+    ds = al.dataset(lake)
+    if where:
+        ds = ds.filter(where)
+    ds = ds.select(*cols)
+    kw = dict(shuffle="block", seed=5, batch_size=50, stack=stack, cache_dir=cache_dir)
+    windows, dec, _ = _epoch(ds, monkeypatch, True, **kw)
+    units, dec_units, _ = _epoch(ds, monkeypatch, False, **kw)
+    assert dec.get(WINDOW_DECODER, 0) == sum(dec.values()) > 0, dec
+    assert WINDOW_DECODER not in dec_units
+    assert windows == units
+    truth = _duck(lake, ["id", "x", "s", "k"], where)
+    got = sorted(_rows(windows), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == [r["id"] for r in truth]
+    if stack is None and "s" in cols:
+        assert [r["s"] for r in got] == [r["s"] for r in truth]
+
+
+@pytest.mark.parametrize("fail", ["error", "short"])
+def test_block_windows_fall_back_to_the_units_when_polars_fails(lake, cache_dir, monkeypatch, fail):
+    """A window read that fails (a polars error) or gives other counts than the footers and
+    the count index say is read again per unit: the same batches, no window counted."""
+    import polars  # noqa: F401
+    orig = StreamQuery.unit_tables
+
+    def broken(self, indices):
+        if fail == "error":
+            raise RuntimeError("the query failed")
+        tables = orig(self, indices)
+        return [tables[0].slice(1)] + tables[1:]
+
+    ds = al.dataset(lake).filter("k < 5")
+    kw = dict(shuffle="block", seed=5, batch_size=50, cache_dir=cache_dir)
+    want, _, _ = _epoch(ds, monkeypatch, False, **kw)
+    monkeypatch.setattr(StreamQuery, "unit_tables", broken)
+    got, dec, _ = _epoch(ds, monkeypatch, True, **kw)
+    assert WINDOW_DECODER not in dec and sum(dec.values()) > 0
+    assert got == want

@@ -43,6 +43,8 @@ from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, transform_up, walk
 from ..scan import execute
+from ..scan.decoders import recoverable
+from ..scan.stream import WINDOW_DECODER, polars_ready, stream_setting
 from ..scan.units import UnitReader
 from . import rabuild
 from .budget import cache_chunk_rows
@@ -210,7 +212,8 @@ class ScanRowSource:
         host chunks converted here, on the reader thread, by ``conv`` (a
         ``chunks.ChunkConverter``), or Arrow batches without it -- and the seconds spent
         converting. A ``UNIT`` task is rows of one unit; a ``WINDOW`` task (block shuffle)
-        reads its window's units (side by side through ``map_units(fn, units)`` when given),
+        reads its window's units (by polars at once where it can: ``_window_tables``; else
+        side by side through ``map_units(fn, units)`` when given),
         each placed by the thread that read it (``chunks.WindowLayout``): scattered straight
         to its output positions when the task covers the whole window, else laid out in
         window order (shared through ``cache``) and its positions gathered; columns without
@@ -245,7 +248,7 @@ class ScanRowSource:
                 return [chunk], time.perf_counter() - t0 + layout.take_seconds()
 
         def load_window() -> pa.Table:
-            parts = (map_units or _serial)(self.read_unit, units)
+            parts = self._window_tables(units) or (map_units or _serial)(self.read_unit, units)
             # one contiguous chunk: Arrow's take over many chunks concatenates per call
             return pa.concat_tables(parts).combine_chunks()
 
@@ -261,9 +264,41 @@ class ScanRowSource:
         layout = conv.window(self.plan.schema, int(starts[-1]), positions)
         if layout is None:
             return None
-        (map_units or _serial)(lambda k: layout.put(int(starts[k]), self.read_unit(units[k], picked=True)),
-                               range(len(units)))
+        tables: list = self._window_tables(units) or []
+        if tables:
+            def put(k: int) -> None:
+                table, tables[k] = tables[k], None  # dropped once placed
+                layout.put(int(starts[k]), table)
+        else:
+            def put(k: int) -> None:
+                layout.put(int(starts[k]), self.read_unit(units[k], picked=True))
+        (map_units or _serial)(put, range(len(units)))
         return None if layout.failed else layout
+
+    def _window_tables(self, units: list[int]) -> list[pa.Table] | None:
+        """A block-shuffle window's units read at once by polars (``StreamQuery.unit_tables``:
+        its queries side by side on polars' pool), where the scan's polars query reads
+        them as the unit decoders do and polars is imported (else its import starts in
+        the background, for the next windows); else None: read per unit.
+        A query that fails, or gives other counts, also reads per unit (whose answer or
+        error decides)."""
+        if self._read != self.reader.read or len(units) < 2 or stream_setting() is False:
+            return None
+        if not polars_ready():  # its import started on a thread of its own: later windows
+            return None
+        query = self.stream_query()
+        if query is None:
+            return None
+        try:
+            tables = query.unit_tables(units)
+        except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
+            if not recoverable(exc):
+                raise
+            return None
+        if any(t.num_rows != self.counts[u] for t, u in zip(tables, units)):
+            return None
+        self.reader.count_decoded(WINDOW_DECODER, len(units))
+        return tables
 
 
 class TableRowSource:

@@ -34,10 +34,11 @@ class LoaderStats:
     OpenMP pools of the training step, where it has them. When ``cpu_s`` is close to
     ``cores * wall_s`` the cores are saturated, and every CPU second outside the consumer
     (``loader_share``) is one the training step competed for. Settings chosen for the run:
-    ``decoders`` (units each decoder read: ``pyarrow``,
-    ``polars``, ``dataset``; see ``scan/decoders.py``; ``polars-stream``: unit tasks taken
-    from an unshuffled epoch's polars streaming query, ``scan/stream.py``), ``readers`` (reader threads the autotuner settled on), ``readers_peak`` (most busy at
-    once), ``readers_max`` (the bound: ``io_threads``, or the cores), ``prefetch`` (the byte
+    ``decoders`` (units each decoder read: ``pyarrow``, ``polars``, ``dataset``; see
+    ``scan/decoders.py``; ``polars-stream``: unit tasks taken from an unshuffled epoch's
+    polars streaming query, ``scan/stream.py``; ``polars-window``: row groups of
+    block-shuffle windows read by polars at once), ``readers`` (reader threads the
+    autotuner settled on), ``readers_peak`` (most busy at once), ``readers_max`` (the bound: ``io_threads``, or the cores), ``prefetch`` (the byte
     budget). With ``device="cuda"``, ``device`` counts what went to the GPU whole
     (``pipeline/device.py``): ``reads``, ``direct_bytes`` (from page-locked memory, no host
     copy) and ``staged_bytes`` (one host copy into pinned staging); empty otherwise.

@@ -39,6 +39,8 @@ from .decoders import PolarsDecoder
 
 #: The name a stream's reads go by in ``LoaderStats.decoders`` and ``profile()``.
 STREAM_DECODER = "polars-stream"
+#: ... and a block-shuffle window's units read at once (``StreamQuery.unit_tables``)
+WINDOW_DECODER = "polars-window"
 #: the environment variable pinning decoders (tests, benchmarks)
 DECODER_ENV = "ARROWLOAD_DECODER"
 #: Morsels polars decodes ahead of the reader, per polars thread, and on top (measured on
@@ -251,19 +253,44 @@ class StreamQuery:
         lf = lf.select([pl.col(c).alias(name) for name, c in self.columns])
         return self._arrow(lf.collect_batches(engine="streaming"))
 
-    def _arrow(self, frames) -> Iterator[pa.RecordBatch]:
+    def unit_tables(self, indices: Sequence[int]) -> list[pa.Table]:
+        """The rows of units ``indices`` (positions in ``scan.selected_units()``), a table
+        each, as the unit decoders give them: one polars query per unit, all run at once
+        (``collect_all``: polars decodes them side by side on its pool). A block-shuffle
+        window's read."""
+        if self._pl is None:
+            import polars as pl
+            self._pl = pl
         pl = self._pl
+        starts = self._file_rows()[0]
+        select = [pl.col(c).alias(name) for name, c in self.columns]
+        queries = []
+        for i in indices:
+            u = self.units[i]
+            lf = pl.scan_parquet(u.path, glob=False, hive_partitioning=False, cache=False, use_statistics=False,
+                                 extra_columns="ignore").slice(starts[u.index], u.num_rows)
+            if self.predicate is not None:
+                lf = lf.filter(self.predicate.polars)
+            queries.append(lf.select(select))
+        return [self._table(df) for df in pl.collect_all(queries)]
+
+    def _table(self, df) -> pa.Table:
+        """A polars frame of the query as an Arrow table in the plan's schema."""
+        table = df.to_arrow(compat_level=self._pl.CompatLevel.oldest())
         schema = self.schema
+        if not table.schema.equals(schema):
+            table = pa.Table.from_arrays([c if c.type.equals(f.type, check_metadata=True) else c.cast(f.type)
+                                          for c, f in zip(table.columns, schema)], schema=schema)
+        return table
+
+    def _arrow(self, frames) -> Iterator[pa.RecordBatch]:
         for df in frames:
-            table = df.to_arrow(compat_level=pl.CompatLevel.oldest())
+            table = self._table(df)
             del df
-            if not table.schema.equals(schema):
-                table = pa.Table.from_arrays([c if c.type.equals(f.type, check_metadata=True) else c.cast(f.type)
-                                              for c, f in zip(table.columns, schema)], schema=schema)
             for b in table.to_batches():
                 if b.num_rows:
                     yield b
 
 
-__all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "env_decoders", "import_polars_in_background",
+__all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "WINDOW_DECODER", "env_decoders", "import_polars_in_background",
            "polars_imported", "polars_ready", "stream_setting"]
