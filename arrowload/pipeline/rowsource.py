@@ -264,18 +264,25 @@ class ScanRowSource:
         layout = conv.window(self.plan.schema, int(starts[-1]), positions)
         if layout is None:
             return None
-        tables: list = self._window_tables(units) or []
-        if tables:
-            def put(k: int) -> None:
-                table, tables[k] = tables[k], None  # dropped once placed
-                layout.put(int(starts[k]), table)
+        run = map_units or _serial
+        step = _window_step()
+        first = self._window_tables(units[:step])
+        if first is not None:  # polars reads the window, a few row groups per polars thread at once
+            tables: list = first
+            for k0 in range(0, len(units), step):
+                if k0:
+                    tables = self._window_tables(units[k0:k0 + step]) or [self.read_unit(u, picked=True)
+                                                                        for u in units[k0:k0 + step]]
+
+                def put(k: int, k0: int = k0, tables: list = tables) -> None:
+                    table, tables[k] = tables[k], None  # dropped once placed
+                    layout.put(int(starts[k0 + k]), table)
+                run(put, range(len(tables)))
         else:
-            def put(k: int) -> None:
-                layout.put(int(starts[k]), self.read_unit(units[k], picked=True))
-        (map_units or _serial)(put, range(len(units)))
+            run(lambda k: layout.put(int(starts[k]), self.read_unit(units[k], picked=True)), range(len(units)))
         return None if layout.failed else layout
 
-    def _window_tables(self, units: list[int]) -> list[pa.Table] | None:
+    def _window_tables(self, units: Sequence[int]) -> list[pa.Table] | None:
         """A block-shuffle window's units read at once by polars (``StreamQuery.unit_tables``:
         its queries side by side on polars' pool), where the scan's polars query reads
         them as the unit decoders do and polars is imported (else its import starts in
@@ -642,6 +649,16 @@ def _open_cache(base: str, snapshot: str, what: str, reuse: bool = True) -> Tabl
         return TableRowSource(table, where=base + ".arrow", snapshot=snapshot)
     except (OSError, ArrowloadError, pa.ArrowInvalid):
         return None
+
+
+def _window_step() -> int:
+    """Row groups of a window polars decodes at once before they are placed: two per
+    polars thread (its pool then stays busy), at least two; fewer decoded tables are held
+    than a whole window's."""
+    import sys
+    pl = sys.modules.get("polars")
+    threads = pl.thread_pool_size() if pl is not None and hasattr(pl, "thread_pool_size") else usable_cores()
+    return max(2, 2 * threads)
 
 
 def _fixed_width(t: pa.DataType) -> float | None:
