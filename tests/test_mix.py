@@ -901,3 +901,60 @@ def test_stream_span_queues_match_a_unit_by_unit_simulation(data):
     assert stream_span(tuple(range(units)), members, list(row_bytes), 0, (0,) * m, sched.apportions[0].q, batch,
                        first, blocks, sched.stream_index(first),
                        (int(per[:, 0].sum()) + 1,) + sched.stream_index(blocks)[1:]) is None
+
+
+@pytest.mark.parametrize("mode", ["polars", "off", "fails"])
+def test_block_shuffled_shared_units_decoded_together_by_polars(tmp_path, monkeypatch, mode):
+    """A block-shuffled mixture over one lake decodes a window's shared units a few at once
+    through the union's polars query (``UnitCache.warm_many`` -> ``Group.decode_many``), then
+    splits each as a unit decoded alone is split. ``off`` (``ARROWLOAD_STREAM=0``) and
+    ``fails`` (every such query raises: each unit is decoded when a member asks) give the
+    same batches; all equal the mixture over separate datasets (nothing shared)."""
+    import polars  # noqa: F401 - imported: the windows read through it
+    from arrowload.mixture import shared
+    from arrowload.scan.stream import StreamQuery
+    n = 6000
+    ids = np.arange(n)
+    t = pa.table({"id": ids, "k": ids % 4, "v": ids / 7.0, "s": pa.array([f"s{i % 5}" for i in ids])})
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    for f in range(3):
+        pq.write_table(t.slice(f * 2000, 2000), lake / f"part-{f}.parquet", row_group_size=250)
+    calls = []
+    decode = shared.Group.decode_many
+
+    def counted(self, units):
+        out = decode(self, units)
+        calls.append((len(units), out is not None))
+        return out
+    monkeypatch.setattr(shared.Group, "decode_many", counted)
+    if mode == "off":
+        monkeypatch.setenv("ARROWLOAD_STREAM", "0")
+    if mode == "fails":
+        def broken(self, indices):
+            raise RuntimeError("the query failed")
+        monkeypatch.setattr(StreamQuery, "unit_tables", broken)
+
+    def epoch(separate: bool) -> list:
+        opened = al.dataset(str(lake))
+        ds = (lambda: al.dataset(str(lake))) if separate else (lambda: opened)
+        comps = {"a": ds().filter("k = 0").select("id", "v"),
+                 "b": ds().filter("k = 1 OR k = 2").select("id", "v"),
+                 "c": ds().filter("k = 3 AND s <> 's1'").select("id", "v")}
+        mix = al.mix(comps, weights=[1, 2, 1], seed=3, cache_dir=str(tmp_path / "cache"))
+        with mix.loader(96, shuffle="block", shuffle_window=8, cache_dir=str(tmp_path / "cache")) as loader:
+            return [{k: np.asarray(v).copy() for k, v in b.items()} for b in loader]
+
+    got = epoch(False)
+    used = list(calls)
+    want = epoch(True)
+    assert used and max(k for k, _ in used) <= max(2, 2 * polars.thread_pool_size())  # a few at once
+    if mode == "polars":
+        assert all(ok for _, ok in used) and sum(k for k, _ in used) >= 24  # every row group
+    else:
+        assert not any(ok for _, ok in used)  # each unit decoded when a member asks
+    assert len(got) == len(want) > 10
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys()
+        for name in g:
+            np.testing.assert_array_equal(g[name], w[name])

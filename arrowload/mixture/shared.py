@@ -68,6 +68,7 @@ class Group:
         self._local: dict[int, dict[int, int]] = {}  # member -> unit index -> its position
         self._reader: UnitReader | None = None
         self._position: dict[int, int] = {}
+        self._query: Any = False  # the union's polars query (decode_many), once compiled
         self._lock = threading.Lock()
 
     def add(self, c: int, reader: UnitReader) -> None:
@@ -75,6 +76,7 @@ class Group:
             self.members[c] = reader
             self._local[c] = {u.index: i for i, u in enumerate(reader.units)}
             self._reader = None  # the union of columns changed
+            self._query = False
 
     def units_of(self, c: int) -> tuple[int, ...]:
         """The source's unit indices member ``c`` reads, in its order."""
@@ -92,13 +94,15 @@ class Group:
                 self._position = {u.index: j for j, u in enumerate(scan.selected_units())}
             return self._reader
 
-    def split(self, unit: int) -> dict[int, Any]:
-        """Unit ``unit`` (a source unit index) decoded once: each member's rows of it, for
-        the members that read it -- a table, or for the members ``picks()`` allows, their
-        rows as positions in the decoded unit (``rabuild.Picked``: no filtered copy; whoever
-        writes them takes them by position, ``ScanRowSource.read_unit`` otherwise)."""
+    def split(self, unit: int, raw: pa.Table | None = None) -> dict[int, Any]:
+        """Unit ``unit`` (a source unit index) decoded once (or ``raw``: its rows as the
+        union reads them, ``decode_many``): each member's rows of it, for the members that
+        read it -- a table, or for the members ``picks()`` allows, their rows as positions
+        in the decoded unit (``rabuild.Picked``: no filtered copy; whoever writes them takes
+        them by position, ``ScanRowSource.read_unit`` otherwise)."""
         from ..pipeline.rabuild import Picked
-        raw = self._union_reader().read(self._position[unit])
+        if raw is None:
+            raw = self._union_reader().read(self._position[unit])
         view, positions, out = self.divide(raw, [c for c in self.members if unit in self._local[c]], self.picks())
         out.update((c, view if rows is None else Picked(view, rows)) for c, rows in positions.items())
         return out
@@ -158,6 +162,30 @@ class Group:
         (``scan/stream.py``), or None where it cannot."""
         from ..scan.stream import StreamQuery
         return StreamQuery.compile(self._union_reader().scan, self.options)
+
+    def decode_many(self, units: list[int]) -> list[pa.Table] | None:
+        """``units`` (source unit indices) as the union reads them, decoded by polars at once
+        (``StreamQuery.unit_tables``: side by side on its pool), where the union's polars
+        query reads them as the union reader does and polars is imported (else its import
+        starts in the background); None otherwise, or where the query fails."""
+        from ..scan.decoders import recoverable
+        from ..scan.stream import polars_ready, stream_setting
+        if len(units) < 2 or stream_setting() is False or not polars_ready():
+            return None
+        reader = self._union_reader()
+        with self._lock:
+            if self._query is False:
+                from ..scan.stream import StreamQuery
+                self._query = StreamQuery.compile(reader.scan, self.options)
+            query = self._query
+        if query is None:
+            return None
+        try:
+            return query.unit_tables([self._position[u] for u in units])
+        except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
+            if not recoverable(exc):
+                raise
+            return None
 
     def close(self) -> None:
         if self._reader is not None:
@@ -256,44 +284,81 @@ class UnitCache:
                 return
         self._fetch(None, unit)
 
+    def warm_many(self, units: list[int]) -> None:
+        """Decode ``units`` for the members now, together (``Group.decode_many``: polars side
+        by side), those not held, being decoded or taken by every member already; where they
+        cannot be decoded together, each is decoded when a member asks for it."""
+        with self._lock:
+            mine = [u for u in dict.fromkeys(units) if u not in self._entries and u not in self._done]
+            entries = {u: (Future(), set()) for u in mine}
+            self._entries.update(entries)
+        if not mine:
+            return
+        raws, k = None, 0
+        try:
+            raws = self.group.decode_many(mine)
+            if raws is not None:
+                for k, (u, raw) in enumerate(zip(mine, raws)):
+                    self._settle(u, entries[u][0], None, lambda u=u, raw=raw: self.group.split(u, raw))
+                k = len(mine)
+        finally:
+            left = mine[k:]
+            if left:  # not decoded here: the members' gets decode them one by one
+                with self._lock:
+                    for u in left:
+                        if self._entries.get(u) is entries[u]:
+                            self._drop(u)
+                for u in left:
+                    if not entries[u][0].done():
+                        entries[u][0].set_result(None)
+
     def get(self, c: int, unit: int) -> pa.Table:
         return self._fetch(c, unit)
 
     def _fetch(self, c: int | None, unit: int) -> pa.Table | None:
-        with self._lock:
-            entry = self._entries.get(unit)
-            owner = entry is None
-            if owner:
-                entry = (Future(), set())
-                self._entries[unit] = entry
-        fut, taken = entry
-        if owner:
-            try:
-                tables = self.group.split(unit)
-            except BaseException as exc:  # noqa: BLE001 - re-raised by each waiting member
-                with self._lock:
-                    self._drop(unit)
-                fut.set_exception(exc)
-                raise
-            size = _held_bytes([t for k, t in tables.items() if k != c])
-            fut.set_result(tables)
+        while True:
             with self._lock:
-                if unit in self._entries:
-                    self._sizes[unit] = size
-                    self.held += size
-                    self.peak = max(self.peak, self.held)
-                    while self.held > self.capacity and len(self._entries) > 1:
-                        self._drop(next(iter(self._entries)))
-        if c is None:
-            return None
-        wait = self.wait
-        tables = wait(fut) if wait is not None and not owner else fut.result()
+                entry = self._entries.get(unit)
+                owner = entry is None
+                if owner:
+                    entry = (Future(), set())
+                    self._entries[unit] = entry
+            fut, taken = entry
+            if owner:
+                self._settle(unit, fut, c, lambda: self.group.split(unit))
+            if c is None:
+                return None
+            wait = self.wait
+            tables = wait(fut) if wait is not None and not owner else fut.result()
+            if tables is None:
+                continue  # a batch decode gave up on it (warm_many): decoded by whoever asks first
+            break
         with self._lock:
             taken.add(c)
             if self._entries.get(unit) is entry and taken >= set(tables):
                 self._drop(unit)
                 self._done.add(unit)
         return tables[c]
+
+    def _settle(self, unit: int, fut: Future, c: int | None, split) -> None:
+        """Decode and split ``unit`` (``split()``) into its entry's future, counting what it
+        holds (all but member ``c``'s rows, which ``c`` takes at once)."""
+        try:
+            tables = split()
+        except BaseException as exc:  # noqa: BLE001 - re-raised by each waiting member
+            with self._lock:
+                self._drop(unit)
+            fut.set_exception(exc)
+            raise
+        size = _held_bytes([t for k, t in tables.items() if k != c])
+        fut.set_result(tables)
+        with self._lock:
+            if unit in self._entries:
+                self._sizes[unit] = size
+                self.held += size
+                self.peak = max(self.peak, self.held)
+                while self.held > self.capacity and len(self._entries) > 1:
+                    self._drop(next(iter(self._entries)))
 
     def clear(self) -> None:
         """Forget every held unit and the peak (a new iteration starts)."""
@@ -392,6 +457,7 @@ class SharedSources:
                 self.caches[g] = UnitCache(group, self.options.prefetch // CACHE_SHARE)
             cache, units = self.caches[g], src.units
             src._read = lambda i: cache.get(c, units[i])
+            src._warm = lambda positions: cache.warm_many([units[i] for i in positions])
             return src
 
     def _build_tables(self, g: int, dataset) -> None:

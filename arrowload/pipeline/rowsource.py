@@ -102,6 +102,9 @@ class ScanRowSource:
         self.compiles = 1
         self._est: tuple[int, ...] | None = None
         self._read_columns: tuple[str, ...] | None = None
+        #: decodes units ahead, together, where their reads share decodes (a mixture's
+        #: ``UnitCache.warm_many``); None: each read decodes its unit
+        self._warm: Callable[[Sequence[int]], None] | None = None
         self._remote = remote
         self._stream: Any = False  # not compiled yet (stream_query)
         self.counts = self._counts()
@@ -279,7 +282,11 @@ class ScanRowSource:
                     layout.put(int(starts[k0 + k]), table)
                 run(put, range(len(tables)))
         else:
-            run(lambda k: layout.put(int(starts[k]), self.read_unit(units[k], picked=True)), range(len(units)))
+            for k0 in range(0, len(units), step if self._warm is not None else len(units)):
+                if self._warm is not None:  # a few units decoded together, then placed
+                    self._warm(units[k0:k0 + step])
+                run(lambda k: layout.put(int(starts[k]), self.read_unit(units[k], picked=True)),
+                    range(k0, min(len(units), k0 + step) if self._warm is not None else len(units)))
         return None if layout.failed else layout
 
     def _window_tables(self, units: Sequence[int]) -> list[pa.Table] | None:
