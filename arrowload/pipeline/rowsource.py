@@ -259,10 +259,13 @@ class ScanRowSource:
         return _parts(window.take(pa.array(local, pa.int64())), conv)
 
     def _place(self, units: list[int], conv, map_units, positions: np.ndarray | None = None):
-        """The window of ``units`` read side by side (``map_units``) into a
-        ``chunks.WindowLayout`` (scattered to ``positions``, else laid out in window order),
-        each unit placed by the thread that read it and dropped; ``None`` where the columns
-        have no host arrays or a unit does not convert (nulls: Arrow's path raises per batch)."""
+        """The window of ``units`` read into a ``chunks.WindowLayout`` (scattered to
+        ``positions``, else laid out in window order): by polars a few units at a time where
+        it can (``_window_tables``), each group placed side by side (``map_units``) before
+        the next is read; else unit by unit side by side, each placed by the thread that
+        read it (shared units decoded a few at a time first, ``_warm``). Each unit's rows
+        are dropped once placed. ``None`` where the columns have no host arrays or a unit
+        does not convert (nulls: Arrow's path raises per batch)."""
         starts = np.concatenate([[0], np.cumsum([self.counts[u] for u in units])]).astype(np.int64)
         layout = conv.window(self.plan.schema, int(starts[-1]), positions)
         if layout is None:
@@ -282,11 +285,12 @@ class ScanRowSource:
                     layout.put(int(starts[k0 + k]), table)
                 run(put, range(len(tables)))
         else:
-            for k0 in range(0, len(units), step if self._warm is not None else len(units)):
-                if self._warm is not None:  # a few units decoded together, then placed
-                    self._warm(units[k0:k0 + step])
+            group = step if self._warm is not None else len(units)
+            for k0 in range(0, len(units), group):
+                if self._warm is not None:  # a few shared units decoded together, then placed
+                    self._warm(units[k0:k0 + group])
                 run(lambda k: layout.put(int(starts[k]), self.read_unit(units[k], picked=True)),
-                    range(k0, min(len(units), k0 + step) if self._warm is not None else len(units)))
+                    range(k0, min(len(units), k0 + group)))
         return None if layout.failed else layout
 
     def _window_tables(self, units: Sequence[int]) -> list[pa.Table] | None:
