@@ -562,3 +562,51 @@ def test_block_windows_fall_back_to_the_units_when_polars_fails(lake, cache_dir,
     else:
         assert WINDOW_DECODER not in dec
     assert got == want
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_of_a_polars_process_knows_it(monkeypatch):
+    """A process forked after polars was imported (a DataLoader worker of a loader that read
+    with polars) says so: polars' pool did not survive the fork. The child only reads the
+    flag and exits (no lock, no thread: nothing a fork of a threaded process can hang on)."""
+    import polars  # noqa: F401 - imported before the fork
+    from arrowload.scan import stream
+    assert not stream.forked_with_polars()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os._exit(0 if stream.forked_with_polars() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("mixture", [False, True])
+def test_block_windows_read_per_unit_in_a_forked_child_of_a_polars_process(lake, cache_dir, monkeypatch, mixture):
+    """Where the process is such a fork (``forked_with_polars``), block windows and a
+    mixture's shared units are read without polars: no window counted, the same batches."""
+    import polars  # noqa: F401
+    from arrowload.mixture import shared
+    from arrowload.scan import stream
+    ds = al.dataset(lake).select("id", "x", "k")
+    if mixture:
+        ds = al.mix({"a": ds.filter("k < 5"), "b": ds.filter("k >= 5")}, weights=[1, 1], seed=2,
+                    cache_dir=cache_dir)
+    calls = []
+    decode = shared.Group.decode_many
+
+    def counted(self, units):
+        out = decode(self, units)
+        calls.append(out is not None)
+        return out
+    monkeypatch.setattr(shared.Group, "decode_many", counted)
+
+    def epoch():
+        with ds.loader(50, shuffle="block", cache_dir=cache_dir, **({} if mixture else {"seed": 5})) as loader:
+            got = [{k: np.asarray(v).tolist() for k, v in b.items()} for b in loader]
+            return got, (loader.stats().decoders if not mixture else {})
+    want, dec = epoch()
+    assert (any(calls) if mixture else WINDOW_DECODER in dec)
+    calls.clear()
+    monkeypatch.setattr(stream, "_forked_with_polars", True)
+    got, dec = epoch()
+    assert got == want
+    assert not any(calls) and WINDOW_DECODER not in dec

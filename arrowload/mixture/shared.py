@@ -169,8 +169,8 @@ class Group:
         query reads them as the union reader does and polars is imported (else its import
         starts in the background); None otherwise, or where the query fails."""
         from ..scan.decoders import recoverable
-        from ..scan.stream import polars_ready, stream_setting
-        if len(units) < 2 or stream_setting() is False or not polars_ready():
+        from ..scan.stream import forked_with_polars, polars_ready, stream_setting
+        if len(units) < 2 or stream_setting() is False or forked_with_polars() or not polars_ready():
             return None
         reader = self._union_reader()
         with self._lock:

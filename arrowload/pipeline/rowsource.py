@@ -44,7 +44,7 @@ from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, transform_up, walk
 from ..scan import execute
 from ..scan.decoders import recoverable
-from ..scan.stream import WINDOW_DECODER, polars_ready, stream_setting
+from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, stream_setting
 from ..scan.units import UnitReader
 from . import rabuild
 from .budget import cache_chunk_rows
@@ -299,8 +299,10 @@ class ScanRowSource:
         them as the unit decoders do and polars is imported (else its import starts in
         the background, for the next windows); else None: read per unit.
         A query that fails, or gives other counts, also reads per unit (whose answer or
-        error decides)."""
-        if self._read != self.reader.read or len(units) < 2 or stream_setting() is False:
+        error decides); so does a process forked after polars was imported (a DataLoader
+        worker: polars' pool did not survive the fork)."""
+        if (self._read != self.reader.read or len(units) < 2 or stream_setting() is False
+                or forked_with_polars()):
             return None
         if not polars_ready():  # its import started on a thread of its own: later windows
             return None

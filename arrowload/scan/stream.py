@@ -58,6 +58,26 @@ def env_decoders() -> list[str]:
 
 _importer: threading.Thread | None = None
 _importer_lock = threading.Lock()
+#: this process is a fork of one that had imported polars (a DataLoader worker forked from
+#: a process that read with polars): polars' thread pool did not survive the fork, and a
+#: query there could wait forever for it
+_forked_with_polars = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_with_polars
+    if "polars" in sys.modules:
+        _forked_with_polars = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forked_with_polars() -> bool:
+    """Whether this process was forked from one that had imported polars (see above): the
+    paths that may read another way (block windows) do not use polars here."""
+    return _forked_with_polars
 
 
 def polars_imported() -> bool:
@@ -292,5 +312,6 @@ class StreamQuery:
                     yield b
 
 
-__all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "WINDOW_DECODER", "env_decoders", "import_polars_in_background",
+__all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "WINDOW_DECODER", "env_decoders", "forked_with_polars",
+           "import_polars_in_background",
            "polars_imported", "polars_ready", "stream_setting"]
