@@ -68,7 +68,7 @@ class Group:
         self._local: dict[int, dict[int, int]] = {}  # member -> unit index -> its position
         self._reader: UnitReader | None = None
         self._position: dict[int, int] = {}
-        self._query: Any = False  # the union's polars query (decode_many), once compiled
+        self._query: Any = False  # the union's polars query (union_stream), once compiled
         self._lock = threading.Lock()
 
     def add(self, c: int, reader: UnitReader) -> None:
@@ -158,10 +158,15 @@ class Group:
         return view, positions, self.split_rows(raw, rest, masks) if rest else {}
 
     def union_stream(self):
-        """The polars streaming query that reads the union's units in source order
-        (``scan/stream.py``), or None where it cannot."""
-        from ..scan.stream import StreamQuery
-        return StreamQuery.compile(self._union_reader().scan, self.options)
+        """The polars query that reads the union's units (``scan/stream.py``: in source
+        order, or a few at once, ``decode_many``), or None where it cannot; compiled once
+        for the members it has."""
+        reader = self._union_reader()
+        with self._lock:
+            if self._query is False:
+                from ..scan.stream import StreamQuery
+                self._query = StreamQuery.compile(reader.scan, self.options)
+            return self._query
 
     def decode_many(self, units: list[int]) -> list[pa.Table] | None:
         """``units`` (source unit indices) as the union reads them, decoded by polars at once
@@ -172,12 +177,7 @@ class Group:
         from ..scan.stream import forked_with_polars, polars_ready, stream_setting
         if len(units) < 2 or stream_setting() is False or forked_with_polars() or not polars_ready():
             return None
-        reader = self._union_reader()
-        with self._lock:
-            if self._query is False:
-                from ..scan.stream import StreamQuery
-                self._query = StreamQuery.compile(reader.scan, self.options)
-            query = self._query
+        query = self.union_stream()
         if query is None:
             return None
         try:

@@ -44,7 +44,7 @@ from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, transform_up, walk
 from ..scan import execute
 from ..scan.decoders import recoverable
-from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, stream_setting
+from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, polars_threads, stream_setting
 from ..scan.units import UnitReader
 from . import rabuild
 from .budget import cache_chunk_rows
@@ -668,10 +668,7 @@ def _window_step() -> int:
     """Row groups of a window polars decodes at once before they are placed: two per
     polars thread (its pool then stays busy), at least two; fewer decoded tables are held
     than a whole window's."""
-    import sys
-    pl = sys.modules.get("polars")
-    threads = pl.thread_pool_size() if pl is not None and hasattr(pl, "thread_pool_size") else usable_cores()
-    return max(2, 2 * threads)
+    return max(2, 2 * polars_threads())
 
 
 def _fixed_width(t: pa.DataType) -> float | None:

@@ -80,6 +80,12 @@ def forked_with_polars() -> bool:
     return _forked_with_polars
 
 
+def polars_threads() -> int:
+    """Threads of polars' pool (the usable cores where polars is not imported yet)."""
+    pl = sys.modules.get("polars")
+    return pl.thread_pool_size() if pl is not None and hasattr(pl, "thread_pool_size") else usable_cores()
+
+
 def polars_imported() -> bool:
     """Whether polars is imported (and not still being imported by another thread)."""
     mod = sys.modules.get("polars")
@@ -208,9 +214,7 @@ class StreamQuery:
         """What one query holds decoded ahead of its reader, for units of ``unit_bytes``
         (the largest unit's decoded bytes): a few morsels per polars thread, plus the batch
         being taken."""
-        pl = sys.modules.get("polars")
-        threads = pl.thread_pool_size() if pl is not None and hasattr(pl, "thread_pool_size") else usable_cores()
-        return (AHEAD_PER_THREAD * threads + AHEAD_EXTRA + 1) * max(1, unit_bytes)
+        return (AHEAD_PER_THREAD * polars_threads() + AHEAD_EXTRA + 1) * max(1, unit_bytes)
 
     def _file_rows(self) -> tuple[dict[int, int], dict[int, int]]:
         """Each unit's first row in its file and each file's rows, every row group counted
@@ -223,7 +227,8 @@ class StreamQuery:
                 starts[u.index] = at
                 at += (u.num_rows or 0) + u.deleted
                 totals[u.file] = at
-            self._starts, self._totals = starts, totals
+            self._totals = totals
+            self._starts = starts  # last: another thread that sees it sees the totals too
         return self._starts, self._totals
 
     def _file_offset(self, first: int) -> int:
@@ -249,20 +254,13 @@ class StreamQuery:
         after unit ``last`` in its file are sliced off before the filter (polars skips their
         row groups unread), the ``skip`` rows of unit ``first`` after it; ``n=None``: every
         row to the end of unit ``last``."""
-        if self._pl is None:
-            import polars as pl
-            self._pl = pl
-        pl = self._pl
+        pl = self._polars()
         paths, files = [], []
         for u in self.units[first:last + 1]:
             if not paths or paths[-1] != u.path:
                 paths.append(u.path)
                 files.append(u.file)
-        # use_statistics=False: polars would trust footer statistics arrowload found implausible
-        # (min > max, NaN) and skip row groups that hold rows; the scan already kept only the
-        # row groups whose checked statistics allow a match
-        lf = pl.scan_parquet(paths, glob=False, hive_partitioning=False, cache=False, use_statistics=False,
-                             extra_columns="ignore")
+        lf = self._scan(paths)
         offset, span = self._file_offset(first), self._span(first, last, files)
         if offset or span is not None:  # polars reads no row group outside the slice
             lf = lf.slice(offset, span)
@@ -278,21 +276,32 @@ class StreamQuery:
         each, as the unit decoders give them: one polars query per unit, all run at once
         (``collect_all``: polars decodes them side by side on its pool). A block-shuffle
         window's read."""
-        if self._pl is None:
-            import polars as pl
-            self._pl = pl
-        pl = self._pl
+        pl = self._polars()
         starts = self._file_rows()[0]
         select = [pl.col(c).alias(name) for name, c in self.columns]
         queries = []
         for i in indices:
             u = self.units[i]
-            lf = pl.scan_parquet(u.path, glob=False, hive_partitioning=False, cache=False, use_statistics=False,
-                                 extra_columns="ignore").slice(starts[u.index], u.num_rows)
+            lf = self._scan(u.path).slice(starts[u.index], u.num_rows)
             if self.predicate is not None:
                 lf = lf.filter(self.predicate.polars)
             queries.append(lf.select(select))
         return [self._table(df) for df in pl.collect_all(queries)]
+
+    def _polars(self):
+        """The polars module (imported on first use)."""
+        if self._pl is None:
+            import polars as pl
+            self._pl = pl
+        return self._pl
+
+    def _scan(self, paths):
+        """The Parquet files ``paths`` as polars scans them for the unit decoders' rows.
+        ``use_statistics=False``: polars would trust footer statistics arrowload found
+        implausible (min > max, NaN) and skip row groups that hold rows; the scan already
+        kept only the row groups whose checked statistics allow a match."""
+        return self._polars().scan_parquet(paths, glob=False, hive_partitioning=False, cache=False,
+                                           use_statistics=False, extra_columns="ignore")
 
     def _table(self, df) -> pa.Table:
         """A polars frame of the query as an Arrow table in the plan's schema."""
@@ -313,5 +322,5 @@ class StreamQuery:
 
 
 __all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "WINDOW_DECODER", "env_decoders", "forked_with_polars",
-           "import_polars_in_background",
+           "import_polars_in_background", "polars_threads",
            "polars_imported", "polars_ready", "stream_setting"]
