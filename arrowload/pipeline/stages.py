@@ -642,12 +642,9 @@ class Pipeline:
         """This iteration's units per decoder (read with the native CPU, not per batch; and
         when the iteration ends or is closed)."""
         if self._decoded is not None:
-            base = self._decoded0
-            self.stats.decoders = {k: v - base.get(k, 0) for k, v in self._decoded().items()
-                                   if v > base.get(k, 0)}
+            self.stats.decoders = {k: n for k, n in _since(self._decoded(), self._decoded0).items() if n > 0}
         if self.stages.device is not None:
-            base = self._device0
-            self.stats.device = {k: v - base.get(k, 0) for k, v in self.stages.device().items()}
+            self.stats.device = _since(self.stages.device(), self._device0)
 
     def _native_cpu(self) -> float:
         """CPU time since the start of threads Python does not know (pyarrow's decode and
@@ -670,6 +667,11 @@ class Pipeline:
                 self.out.get_nowait()
             except queue.Empty:
                 break
+
+
+def _since(counts: dict, base: dict) -> dict:
+    """Running ``counts`` less what they were at ``base`` (this iteration's share)."""
+    return {k: v - base.get(k, 0) for k, v in counts.items()}
 
 
 def take_rows(pending: deque, n: int) -> list:

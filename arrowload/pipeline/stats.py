@@ -38,8 +38,8 @@ class LoaderStats:
     ``scan/decoders.py``; ``polars-stream``: unit tasks taken from an unshuffled epoch's
     polars streaming query, ``scan/stream.py``; ``polars-window``: row groups of
     block-shuffle windows read by polars at once), ``readers`` (reader threads the
-    autotuner settled on), ``readers_peak`` (most busy at once), ``readers_max`` (the bound: ``io_threads``, or the cores), ``prefetch`` (the byte
-    budget). With ``device="cuda"``, ``device`` counts what went to the GPU whole
+    autotuner settled on), ``readers_peak`` (most busy at once), ``readers_max`` (the
+    bound: ``io_threads``, or the cores), ``prefetch`` (the byte budget). With ``device="cuda"``, ``device`` counts what went to the GPU whole
     (``pipeline/device.py``): ``reads``, ``direct_bytes`` (from page-locked memory, no host
     copy) and ``staged_bytes`` (one host copy into pinned staging); empty otherwise.
     """
