@@ -958,3 +958,41 @@ def test_block_shuffled_shared_units_decoded_together_by_polars(tmp_path, monkey
         assert g.keys() == w.keys()
         for name in g:
             np.testing.assert_array_equal(g[name], w[name])
+
+
+def test_block_mixture_decodes_by_polars_only_by_the_loaders_rule(tmp_path):
+    """A block mixture decodes its shared units through polars by the loader's rule for
+    polars reads (``_stream_allowed``): a short epoch in a process without polars does not
+    import it; with polars imported, the same mixture does decode through it, the same
+    batches."""
+    import os
+    import subprocess
+    import sys
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    ids = np.arange(3000)
+    t = pa.table({"id": ids, "k": ids % 3, "v": ids / 7.0})
+    for f in range(2):
+        pq.write_table(t.slice(f * 1500, 1500), lake / f"part-{f}.parquet", row_group_size=250)
+    code = (
+        "import sys, threading, arrowload as al\n"
+        "from arrowload.mixture import shared\n"
+        "used = []\n"
+        "decode = shared.Group.decode_many\n"
+        "shared.Group.decode_many = lambda self, u: used.append(1) or decode(self, u) if self.polars_decodes else None\n"
+        f"ds = al.dataset({str(lake)!r})\n"
+        "def epoch():\n"
+        "    mix = al.mix({'a': ds.filter('k = 0').select('id', 'v'), 'b': ds.filter('k > 0').select('id', 'v')},\n"
+        f"                 weights=[1, 2], seed=3, cache_dir={str(tmp_path / 'cache')!r})\n"
+        f"    with mix.loader(64, shuffle='block', cache_dir={str(tmp_path / 'cache')!r}) as ld:\n"
+        "        return [i for b in ld for i in b['id'].tolist()]\n"
+        "a = epoch()\n"
+        "print('polars' in sys.modules, any('import-polars' in t.name for t in threading.enumerate()), len(used))\n"
+        "import polars\n"
+        "b = epoch()\n"
+        "print(a == b, len(used) > 0)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         timeout=120).stdout.split("\n")
+    assert out[0] == "False False 0", out
+    assert out[1] == "True True", out

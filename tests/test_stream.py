@@ -325,6 +325,32 @@ def test_default_never_imports_polars_for_a_short_epoch(lake, tmp_path):
     assert out[1] == f"{rows} ['{STREAM_DECODER}']", out
 
 
+def test_block_windows_follow_the_loaders_rule_for_polars_reads(lake, tmp_path):
+    """Block windows are read by polars by the loader's rule for polars reads
+    (``_stream_allowed``): a short block epoch in a process without polars reads per unit
+    and does not import it (its import would cost more than it saves); with polars
+    imported, the same loader reads its windows through it, the same batches."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, threading, arrowload as al\n"
+        f"ds = al.dataset({lake!r}).select('id', 'x')\n"
+        "def epoch():\n"
+        f"    with ds.loader(100, shuffle='block', seed=1, cache_dir={str(tmp_path)!r}) as ld:\n"
+        "        ids = [i for b in ld for i in b['id'].tolist()]\n"
+        "        return ids, sorted(ld.stats().decoders)\n"
+        "a, dec = epoch()\n"
+        "print('polars' in sys.modules, any('import-polars' in t.name for t in threading.enumerate()), dec)\n"
+        "import polars\n"
+        "b, dec = epoch()\n"
+        "print(a == b, dec)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                         timeout=120).stdout.split("\n")
+    assert out[0] == "False False ['pyarrow']", out
+    assert out[1] == f"True ['{WINDOW_DECODER}']", out
+
+
 def test_a_fresh_process_reads_per_unit_while_polars_imports_then_streams(tmp_path, monkeypatch):
     """Polars not imported: the stream's first tasks read on the per-unit path while its
     import runs on a thread of its own (the first batch does not wait for it), then the query

@@ -204,6 +204,7 @@ class MixtureLoader:
         o = self.options
         caches = [SharedCache(_KEPT_READS) for _ in self.sizes]
         self._shared.restart()
+        self._allow_polars_decodes()
         stream, held = self._stream_of(sched, blocks)
         self._stream = stream
         stages = Stages(tasks=self._tasks(blocks), read=functools.partial(self._read, sched, blocks, caches,
@@ -226,7 +227,6 @@ class MixtureLoader:
         (``mixture.stream``) and what polars holds ahead, or ``(None, 0)``: a component
         shuffled or not in the lake's one group, the union not streamable or not allowed by
         the loader's rule (``pipeline.loader._stream_allowed``), or queues over their bound."""
-        from ..pipeline.loader import _stream_allowed
         from ..scan.stream import stream_setting
         m = len(self.sizes)
         if not blocks or stream_setting() is False or len(self._shared.members) != 1 or \
@@ -238,17 +238,11 @@ class MixtureLoader:
                 comp.shuffle_kind is not ShuffleKind.NONE or src.kind != "scan" for comp, src in zip(self._components, srcs)):
             return None, 0
         query = group.union_stream()
-        if query is None or not query.units:
+        if query is None or not query.units or not self._union_allowed(query):
             return None, 0
+        o = self.options
         shapes = self._shapes  # each source's footer-known bytes per unit (est_bytes, read_bytes)
         unit = max(max(s.unit_bytes, default=0) for s in shapes)
-
-        def read() -> int:  # the largest member's read (the union reads at least that)
-            return max(sum(s.read_bytes) for s in shapes)
-
-        o = self.options
-        if not _stream_allowed(query, unit, read, prefetch=o.prefetch):
-            return None, 0
         last = blocks[-1] + 1
         i = sched.phase_index(blocks.start)
         if i + 1 < len(self._phases):
@@ -274,6 +268,24 @@ class MixtureLoader:
         # component in turn) and a unit (a polars batch may span units)
         return MixStream(query, group, rows, stop, cap + o.prefetch // READ_SHARE + unit, usable_cores(), last_unit,
                          self._chunks if self._host_ok else None, wait_import=bool(stream_setting())), held
+
+    def _union_allowed(self, query) -> bool:
+        """Whether a group's union may be read through its polars ``query``: by the loader's
+        rule (``pipeline.loader._stream_allowed``) over the components' footer-known bytes
+        (the largest member's read: the union reads at least that)."""
+        from ..pipeline.loader import _stream_allowed
+        shapes = self._shapes
+        unit = max(max(s.unit_bytes, default=0) for s in shapes)
+        return _stream_allowed(query, unit, lambda: max(sum(s.read_bytes) for s in shapes),
+                               prefetch=self.options.prefetch)
+
+    def _allow_polars_decodes(self) -> None:
+        """Whether each group's shared units may be decoded a few at once by polars
+        (``Group.decode_many``) in this iteration: by the same rule as the union's stream."""
+        for group in self._shared.groups:
+            if group is not None:
+                query = group.union_stream()
+                group.polars_decodes = query is not None and self._union_allowed(query)
 
     def _advance(self, rows: int) -> None:
         self._position += self.world_size

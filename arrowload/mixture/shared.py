@@ -69,6 +69,9 @@ class Group:
         self._reader: UnitReader | None = None
         self._position: dict[int, int] = {}
         self._query: Any = False  # the union's polars query (union_stream), once compiled
+        #: units may be decoded a few at once by polars (``decode_many``): set per iteration
+        #: by the mixture's loader, by the loader's rule for polars reads
+        self.polars_decodes = False
         self._lock = threading.Lock()
 
     def add(self, c: int, reader: UnitReader) -> None:
@@ -170,12 +173,13 @@ class Group:
 
     def decode_many(self, units: list[int]) -> list[pa.Table] | None:
         """``units`` (source unit indices) as the union reads them, decoded by polars at once
-        (``StreamQuery.unit_tables``: side by side on its pool), where the union's polars
-        query reads them as the union reader does and polars is imported (else its import
-        starts in the background); None otherwise, or where the query fails."""
+        (``StreamQuery.unit_tables``: side by side on its pool), where the mixture's loader
+        allows it (``polars_decodes``), the union's polars query reads them as the union
+        reader does and polars is imported (else its import starts in the background);
+        None otherwise, or where the query fails."""
         from ..scan.decoders import recoverable
-        from ..scan.stream import forked_with_polars, polars_ready, stream_setting
-        if len(units) < 2 or stream_setting() is False or forked_with_polars() or not polars_ready():
+        from ..scan.stream import forked_with_polars, polars_ready
+        if not self.polars_decodes or len(units) < 2 or forked_with_polars() or not polars_ready():
             return None
         query = self.union_stream()
         if query is None:

@@ -243,14 +243,21 @@ class Loader:
         self._warm_stream()
 
     def _warm_stream(self) -> None:
-        """Where this loader's epochs will stream by the default rule (``_stream_query``) and
-        polars is not imported yet, its import starts now on a thread of its own: a program
+        """Where this loader's epochs will stream by the default rule (``_stream_query``), or
+        its block windows be read by polars (``_polars_windows``), and polars is not
+        imported yet, its import starts now on a thread of its own: a program
         that builds its model between making the loader and iterating it finds polars
         imported, and no task of the first epoch reads per unit waiting for it. (Not for a
         mixture's components: the mixture reads them, per unit.)"""
-        if self._sources is not None or self.shuffle_kind is not ShuffleKind.NONE or "polars" in sys.modules:
+        if self._sources is not None or "polars" in sys.modules:
             return
         try:
+            if self.shuffle_kind is ShuffleKind.BLOCK:
+                if self._polars_windows():
+                    import_polars_in_background()
+                return
+            if self.shuffle_kind is not ShuffleKind.NONE:
+                return
             start, stop = self._rank_rows()
             if stop > start and self._stream_query(self._order(self.epoch), [(start, stop)]) is not None:
                 import_polars_in_background()
@@ -396,6 +403,8 @@ class Loader:
                                 wait_import=bool(stream_setting()))
             read, close = reads.read, reads.close
             held = query.held_bytes(max(shape.unit_bytes, default=0))
+        if order.kind == ShuffleKind.BLOCK.value and isinstance(self._source, ScanRowSource):
+            self._source.polars_windows = self._polars_windows()
         combine, place = (conv.combine if conv is not None else concat_arrow), None
         stage = self._device_stage
         if stage is not None and stage.chunks and conv is not None:  # whole reads to the device
@@ -443,6 +452,20 @@ class Loader:
         allowed = _stream_allowed(query, max(shape.unit_bytes, default=0), read, prefetch=self.options.prefetch,
                                   polars_chosen=chosen)
         return query if allowed else None
+
+    def _polars_windows(self) -> bool:
+        """Whether a block epoch's windows may be read by polars (``rowsource._window_tables``):
+        by the rule for any polars read of the scan (``_stream_allowed``: polars imported,
+        or an epoch long enough to pay its import), over the epoch's footer-known bytes."""
+        src = self._source
+        if not isinstance(src, ScanRowSource):
+            return False
+        query = src.stream_query()
+        if query is None:
+            return False
+        shape = self._source_shape()
+        return _stream_allowed(query, max(shape.unit_bytes, default=0), lambda: sum(shape.read_bytes),
+                               prefetch=self.options.prefetch)
 
     def _decoded_by(self) -> dict[str, int]:
         reader = getattr(self._source, "reader", None)

@@ -44,7 +44,7 @@ from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, transform_up, walk
 from ..scan import execute
 from ..scan.decoders import recoverable
-from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, polars_threads, stream_setting
+from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, polars_threads
 from ..scan.units import UnitReader
 from . import rabuild
 from .budget import cache_chunk_rows
@@ -105,6 +105,9 @@ class ScanRowSource:
         #: decodes units ahead, together, where their reads share decodes (a mixture's
         #: ``UnitCache.warm_many``); None: each read decodes its unit
         self._warm: Callable[[Sequence[int]], None] | None = None
+        #: block windows may be read by polars (``_window_tables``): set per epoch by the
+        #: loader, by its rule for polars reads (``loader._stream_allowed``)
+        self.polars_windows = False
         self._remote = remote
         self._stream: Any = False  # not compiled yet (stream_query)
         self.counts = self._counts()
@@ -295,14 +298,14 @@ class ScanRowSource:
 
     def _window_tables(self, units: Sequence[int]) -> list[pa.Table] | None:
         """A block-shuffle window's units read at once by polars (``StreamQuery.unit_tables``:
-        its queries side by side on polars' pool), where the scan's polars query reads
-        them as the unit decoders do and polars is imported (else its import starts in
-        the background, for the next windows); else None: read per unit.
+        its queries side by side on polars' pool), where the loader allows it
+        (``polars_windows``), the scan's polars query reads them as the unit decoders do and
+        polars is imported (else its import starts in the background, for the next
+        windows); else None: read per unit.
         A query that fails, or gives other counts, also reads per unit (whose answer or
         error decides); so does a process forked after polars was imported (a DataLoader
         worker: polars' pool did not survive the fork)."""
-        if (self._read != self.reader.read or len(units) < 2 or stream_setting() is False
-                or forked_with_polars()):
+        if not self.polars_windows or self._read != self.reader.read or len(units) < 2 or forked_with_polars():
             return None
         if not polars_ready():  # its import started on a thread of its own: later windows
             return None
