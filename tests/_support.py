@@ -607,3 +607,14 @@ def tree_data(tree) -> list:
             return [strip(v) for v in x]
         return x
     return strip(tree.dump())
+
+
+def fresh_python(code: str, timeout: float = 120) -> list[str]:
+    """Run ``code`` in a fresh Python (``-c``) with the environment's stream and decoder
+    pins (``ARROWLOAD_STREAM``, ``ARROWLOAD_DECODER``) left out, so the defaults decide;
+    its standard output's lines. A failing program fails the call."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
+                          timeout=timeout).stdout.split("\n")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import arrowload as al
 from arrowload.order.mixture import Apportion, Phase, Schedule, floor_sum, quantize, rank_blocks
 
-from _support import CountingLocalFileSystem, lake_facts
+from _support import CountingLocalFileSystem, fresh_python, lake_facts
 from conftest import duck, parquet_scan
 
 COUNTRIES = ("US", "DE", "IN", "BR")
@@ -965,9 +965,6 @@ def test_block_mixture_decodes_by_polars_only_by_the_loaders_rule(tmp_path):
     polars reads (``_stream_allowed``): a short epoch in a process without polars does not
     import it; with polars imported, the same mixture does decode through it, the same
     batches."""
-    import os
-    import subprocess
-    import sys
     lake = tmp_path / "lake"
     lake.mkdir()
     ids = np.arange(3000)
@@ -991,8 +988,6 @@ def test_block_mixture_decodes_by_polars_only_by_the_loaders_rule(tmp_path):
         "import polars\n"
         "b = epoch()\n"
         "print(a == b, len(used) > 0)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                         timeout=120).stdout.split("\n")
+    out = fresh_python(code)
     assert out[0] == "False False 0", out
     assert out[1] == "True True", out

@@ -22,6 +22,7 @@ import pytest
 import arrowload as al
 from arrowload.pipeline.streamreads import StreamReads, merge_ranges
 from arrowload.scan.stream import STREAM_DECODER, WINDOW_DECODER, StreamQuery
+from _support import fresh_python
 
 FILES = [(1000, 128), (777, 100), (1500, 256)]  # (rows, row group size) per file
 
@@ -305,8 +306,6 @@ def test_default_never_imports_polars_for_a_short_epoch(lake, tmp_path):
     """Without polars imported (and the unit reader not choosing it), a short epoch stays on
     the per-unit path: the import would cost more than the stream saves. With polars
     imported, the same loader streams."""
-    import subprocess
-    import sys
     code = (
         "import sys, arrowload as al\n"
         f"ds = al.dataset({lake!r}).select('id', 'x')\n"
@@ -317,9 +316,7 @@ def test_default_never_imports_polars_for_a_short_epoch(lake, tmp_path):
         f"with ds.loader(100, cache_dir={str(tmp_path)!r}) as ld:\n"
         "    n = sum(len(b['id']) for b in ld)\n"
         "    print(n, sorted(ld.stats().decoders))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                         timeout=120).stdout.split("\n")
+    out = fresh_python(code)
     rows = sum(n for n, _ in FILES)
     assert out[0] == f"{rows} False ['pyarrow']", out
     assert out[1] == f"{rows} ['{STREAM_DECODER}']", out
@@ -330,8 +327,6 @@ def test_block_windows_follow_the_loaders_rule_for_polars_reads(lake, tmp_path):
     (``_stream_allowed``): a short block epoch in a process without polars reads per unit
     and does not import it (its import would cost more than it saves); with polars
     imported, the same loader reads its windows through it, the same batches."""
-    import subprocess
-    import sys
     code = (
         "import sys, threading, arrowload as al\n"
         f"ds = al.dataset({lake!r}).select('id', 'x')\n"
@@ -344,9 +339,7 @@ def test_block_windows_follow_the_loaders_rule_for_polars_reads(lake, tmp_path):
         "import polars\n"
         "b, dec = epoch()\n"
         "print(a == b, dec)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                         timeout=120).stdout.split("\n")
+    out = fresh_python(code)
     assert out[0] == "False False ['pyarrow']", out
     assert out[1] == f"True ['{WINDOW_DECODER}']", out
 
@@ -358,8 +351,6 @@ def test_a_fresh_process_reads_per_unit_while_polars_imports_then_streams(tmp_pa
     unit are sliced off ahead of the filter. The batches are the per-unit path's, the rows
     DuckDB's. (The consumer paces itself, 4 ms a batch, so that the epoch outlasts the import.)"""
     import json
-    import subprocess
-    import sys
     lake = tmp_path / "lake"
     lake.mkdir()
     rng = np.random.default_rng(3)
@@ -378,9 +369,7 @@ def test_a_fresh_process_reads_per_unit_while_polars_imports_then_streams(tmp_pa
         "        batches.append(b['id'].tolist())\n"
         "        time.sleep(0.004)\n"
         "    print(json.dumps({'batches': batches, 'dec': ld.stats().decoders}))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
-    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                    env=env, timeout=300).stdout.strip().splitlines()[-1])
+    out = json.loads([line for line in fresh_python(code, timeout=300) if line.strip()][-1])
     assert set(out["dec"]) == {"pyarrow", STREAM_DECODER}, out["dec"]
     assert out["dec"]["pyarrow"] >= 1 and out["dec"][STREAM_DECODER] >= 1
     monkeypatch.setenv("ARROWLOAD_STREAM", "0")
@@ -397,8 +386,6 @@ def test_an_unshuffled_mixture_streams_by_the_loaders_rule(lake, tmp_path):
     rule (``_stream_allowed``): on this small lake at the default import thresholds it
     reads per unit and imports nothing; where the read pays the import (threshold 0, as a
     large lake) its first task starts the import and the epoch streams once it has ended."""
-    import subprocess
-    import sys
     code = (
         "import sys, threading, arrowload as al\n"
         "from arrowload.pipeline import loader as L\n"
@@ -418,9 +405,7 @@ def test_an_unshuffled_mixture_streams_by_the_loaders_rule(lake, tmp_path):
         "    if t.name == 'arrowload-import-polars':\n"
         "        t.join()\n"
         "print(n > 0, 'polars' in sys.modules, mx._stream is not None)\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
-                         timeout=120).stdout.split("\n")
+    out = fresh_python(code)
     assert out[0] == "True False True", out
     assert out[1] == "True True True", out
 
