@@ -991,3 +991,55 @@ def test_block_mixture_decodes_by_polars_only_by_the_loaders_rule(tmp_path):
     out = fresh_python(code)
     assert out[0] == "False False 0", out
     assert out[1] == "True True", out
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block", False])
+def test_the_union_stream_hands_over_the_members_masks_from_polars(tmp_path, monkeypatch, shuffle):
+    """Components that take their rows as positions read the union's polars query with
+    each predicate's mask as a boolean column polars evaluates (``Group._marked``), not
+    the columns the predicates read: nulls in those columns keep the SQL meaning.
+    The batches equal the per-unit path's (``ARROWLOAD_STREAM=0``, the masks evaluated by
+    Arrow) in every shuffle, and each component's rows are DuckDB's."""
+    import polars  # noqa: F401 - imported: block windows decode through it
+    from arrowload.mixture import shared
+    n = 4000
+    ids = np.arange(n)
+    t = pa.table({"id": ids, "v": ids / 3.0,
+                  "x": pa.array([None if i % 11 == 0 else i * 37 % 11 for i in ids], pa.int32()),
+                  "tag": pa.array([None if i % 7 == 0 else "abc"[i % 3] for i in ids])})
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    for f in range(2):
+        pq.write_table(t.slice(f * 2000, 2000), lake / f"part-{f}.parquet", row_group_size=400)
+    where = {"hi": "x > 5", "lo": "NOT (x > 5)", "tag": "tag IS NULL OR tag = 'b'",
+             "both": "tag <> 'a' AND x < 3"}
+    seen = []
+    marked = shared.Group._marked
+
+    def spy(self, query):
+        got = marked(self, query)
+        seen.append((got.marks, got.columns))
+        return got
+    monkeypatch.setattr(shared.Group, "_marked", spy)
+    from arrowload.scan.stream import StreamQuery
+    read, table = [], StreamQuery._table
+    monkeypatch.setattr(StreamQuery, "_table", lambda self, df: read.append(df.columns) or table(self, df))
+    got = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("ARROWLOAD_STREAM", env)
+        ds = al.dataset(str(lake))
+        mix = al.mix({k: ds.filter(w).select("id", "v") for k, w in where.items()}, temperature=1.0, seed=2,
+                     cache_dir=str(tmp_path / env))
+        with mix.loader(50, shuffle=shuffle, shuffle_window=3, cache_dir=str(tmp_path / env)) as loader:
+            got[env] = [{k: np.asarray(v).tolist() for k, v in b.items()} for b in loader]
+            if env == "1":
+                stream = loader._shared.groups[0].union_stream()
+                assert [name for name, _ in stream.marks] == [f"__arrowload_mask_{i}" for i in range(4)]
+                assert {c for _, c in stream.columns} == {"id", "v"}  # not x, not tag
+    assert seen and got["1"] == got["0"] and len(got["1"]) > 20
+    assert read and all(cols == ["id", "v"] + [f"__arrowload_mask_{i}" for i in range(4)] for cols in read)
+    # each component's rows DuckDB's, nearly all drawn (weights by size), none twice per component
+    drawn = collections.Counter(i for b in got["1"] for i in b["id"])
+    truth = [duck_ids(str(lake), w) for w in where.values()]
+    assert all(0 < k <= sum(i in s for s in truth) for i, k in drawn.items())
+    assert sum(drawn.values()) >= sum(map(len, truth)) - 4 * 50

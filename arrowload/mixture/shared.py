@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 from ..errors import SnapshotChangedError
 from ..order import ShuffleKind
 from ..plan.nodes import Map, Scan, scans, walk
-from ..scan.units import UnitReader, _evaluate
+from ..scan.units import UnitReader, _evaluate, mask_key
 
 #: share of the prefetch budget the decoded-unit cache of block / none shuffles may hold
 CACHE_SHARE = 4
@@ -69,6 +69,8 @@ class Group:
         self._reader: UnitReader | None = None
         self._position: dict[int, int] = {}
         self._query: Any = False  # the union's polars query (union_stream), once compiled
+        #: mask key -> the union query's boolean column holding it (``_marked``)
+        self._marks: dict[tuple, str] = {}
         #: units may be decoded a few at once by polars (``decode_many``): set per iteration
         #: by the mixture's loader, by the loader's rule for polars reads
         self.polars_decodes = False
@@ -80,6 +82,7 @@ class Group:
             self._local[c] = {u.index: i for i, u in enumerate(reader.units)}
             self._reader = None  # the union of columns changed
             self._query = False
+            self._marks = {}
 
     def units_of(self, c: int) -> tuple[int, ...]:
         """The source's unit indices member ``c`` reads, in its order."""
@@ -114,7 +117,7 @@ class Group:
         """Rows the union read decoded (a unit's, or a stream batch's: ``union_stream``):
         each of ``members``' rows of them, after its whole plan; a predicate several
         members share is evaluated once (``masks``: as ``pick_rows``)."""
-        masks = masks or _shared_masks(raw)
+        masks = masks or _shared_masks(raw, self._marks)
         return {c: self.members[c].read_decoded(0, raw, masks) for c in members}
 
     def picks(self) -> tuple[tuple[tuple[str, str], ...], list[int]] | None:
@@ -134,7 +137,7 @@ class Group:
         """Each of ``members``' rows of ``raw`` as positions (None: every row), for members
         ``picks`` allows; a predicate several members share is evaluated once (``masks``:
         a ``_shared_masks`` of ``raw`` to share with other calls)."""
-        masks = masks or _shared_masks(raw)
+        masks = masks or _shared_masks(raw, self._marks)
         out: dict[int, np.ndarray | None] = {}
         for c in members:
             mask = self.members[c].keep_mask(raw, masks)
@@ -150,7 +153,7 @@ class Group:
         as positions (``positions[c]``, None: every row) in ``view``, the decoded columns
         they keep under their output names; the others their rows after their plans
         (``tables[c]``). Each predicate is evaluated once for all of them."""
-        masks = _shared_masks(raw)
+        masks = _shared_masks(raw, self._marks)
         plain = [c for c in members if found is not None and c in found[1]]
         view, positions = None, {}
         if plain:
@@ -163,13 +166,38 @@ class Group:
     def union_stream(self):
         """The polars query that reads the union's units (``scan/stream.py``: in source
         order, or a few at once, ``decode_many``), or None where it cannot; compiled once
-        for the members it has."""
+        for the members it has. Where every member takes its rows as positions
+        (``picks``), it gives the members' output columns and, instead of the columns their
+        predicates read, each predicate's mask as a boolean column polars evaluates
+        (``_marked``)."""
         reader = self._union_reader()
         with self._lock:
             if self._query is False:
                 from ..scan.stream import StreamQuery
-                self._query = StreamQuery.compile(reader.scan, self.options)
+                query = StreamQuery.compile(reader.scan, self.options)
+                self._query = self._marked(query) if query is not None else None
             return self._query
+
+    def _marked(self, query):
+        """``query`` giving the members' masks (``StreamQuery.marked``) where every member
+        is served by positions (``picks``) and polars translates each predicate whole: the
+        predicates' columns are neither decoded to Arrow nor evaluated again per batch
+        (``_shared_masks`` takes the mask columns). ``query`` itself otherwise. Lock held."""
+        found = self.picks()
+        if found is None or len(found[1]) != len(self.members):
+            return query
+        keys: dict[tuple, str] = {}
+        marks = []
+        for r in self.members.values():
+            key = r.mask_key
+            if key is not None and key not in keys:
+                keys[key] = name = f"__arrowload_mask_{len(marks)}"
+                marks.append((name, r.scan.predicate))
+        got = query.marked(list(dict.fromkeys(col for _, col in found[0])), marks)
+        if got is None:
+            return query
+        self._marks = keys
+        return got
 
     def decode_many(self, units: list[int]) -> list[pa.Table] | None:
         """``units`` (source unit indices) as the union reads them, decoded by polars at once
@@ -208,15 +236,20 @@ def _held_bytes(parts: list) -> int:
     return total
 
 
-def _shared_masks(raw: pa.Table):
-    """``masks(expr, columns)`` over ``raw``: each predicate evaluated once."""
+def _shared_masks(raw: pa.Table, marks: dict[tuple, str] | None = None):
+    """``masks(expr, columns)`` over ``raw``: each predicate evaluated once, or read from
+    ``raw``'s column ``marks[key]`` where it has one (the union query's masks, evaluated
+    by polars: ``Group._marked``)."""
     found: dict[Any, pa.ChunkedArray] = {}
+    named = set(raw.column_names) if marks else ()
 
     def masks(expr, columns) -> pa.ChunkedArray:
-        key = (str(expr), tuple(columns))
+        key = mask_key(expr, columns)
         got = found.get(key)
         if got is None:
-            got = found[key] = _evaluate(raw.select(list(columns)), [expr], ["_"])[0]
+            mark = marks.get(key) if marks else None
+            got = found[key] = raw.column(mark) if mark in named else \
+                _evaluate(raw.select(list(columns)), [expr], ["_"])[0]
         return got
     return masks
 

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 
 from ..options import Options, usable_cores
+from ..plan.expr import Expr
 from ..plan.nodes import Plan, Scan
 from ..source import FileSource
 from .decoders import PolarsDecoder
@@ -150,11 +151,13 @@ class StreamQuery:
     ``scan.selected_units()``), after skipping ``skip`` rows of the first unit (after the
     filter), in the plan's schema."""
 
-    def __init__(self, scan: Scan, schema: pa.Schema, columns: Sequence[tuple[str, str]], predicate) -> None:
+    def __init__(self, scan: Scan, schema: pa.Schema, columns: Sequence[tuple[str, str]], predicate,
+                 marks: Sequence[tuple[str, object]] = ()) -> None:
         self.scan = scan
         self.schema = schema
         self.columns = tuple(columns)  # (output name, file column)
         self.predicate = predicate  # a polars_filter.PolarsSplit translating it whole, or None
+        self.marks = tuple(marks)  # (output name, PolarsSplit): boolean columns (``marked``)
         self.units = scan.selected_units()
         self._pl = None
         self._starts: dict[int, int] | None = None  # unit index -> its first row in its file
@@ -210,6 +213,37 @@ class StreamQuery:
                 return None
         return cls(scan, plan.schema, columns, predicate)
 
+    def marked(self, columns: Sequence[str], marks: Sequence[tuple[str, Expr]]) -> StreamQuery | None:
+        """This query giving file ``columns`` (of its own) and, per ``(name, predicate)`` of
+        ``marks``, a non-null boolean column ``name``: whether the predicate keeps the row
+        (null: not kept, as a filter), evaluated inside polars; None where polars does not
+        translate a predicate whole (or a name is taken). A mixture's union reads its
+        members' masks this way instead of the columns their predicates read
+        (``mixture.shared.Group.union_stream``)."""
+        from ..plan.polars_filter import split_for_polars
+        src = self.scan.source
+        own = {c for _, c in self.columns}
+        parts = set(src.partition_schema.names)
+        physical = pa.schema([f for f in src.schema if f.name not in parts])
+        names = [n for n, _ in marks]
+        if not set(columns) <= own or len(set(names)) != len(names) or set(names) & set(src.schema.names):
+            return None
+        splits = []
+        for name, pred in marks:
+            split = split_for_polars(pred, physical)
+            if split is None or split.rest is not None or split.polars_columns & parts:
+                return None
+            splits.append((name, split))
+        fields = [self.schema.field(next(n for n, c in self.columns if c == col)).with_name(col) for col in columns]
+        schema = pa.schema(fields + [pa.field(n, pa.bool_(), nullable=False) for n in names])
+        return StreamQuery(self.scan, schema, [(c, c) for c in columns], self.predicate, splits)
+
+    def _select(self) -> list:
+        """The query's output columns as polars expressions (its marks last)."""
+        pl = self._polars()
+        return [pl.col(c).alias(name) for name, c in self.columns] + \
+            [split.polars.fill_null(False).alias(name) for name, split in self.marks]
+
     def held_bytes(self, unit_bytes: int) -> int:
         """What one query holds decoded ahead of its reader, for units of ``unit_bytes``
         (the largest unit's decoded bytes): a few morsels per polars thread, plus the batch
@@ -254,7 +288,6 @@ class StreamQuery:
         after unit ``last`` in its file are sliced off before the filter (polars skips their
         row groups unread), the ``skip`` rows of unit ``first`` after it; ``n=None``: every
         row to the end of unit ``last``."""
-        pl = self._polars()
         paths, files = [], []
         for u in self.units[first:last + 1]:
             if not paths or paths[-1] != u.path:
@@ -268,7 +301,7 @@ class StreamQuery:
             lf = lf.filter(self.predicate.polars)
         if skip or n is not None:
             lf = lf.slice(skip, n)
-        lf = lf.select([pl.col(c).alias(name) for name, c in self.columns])
+        lf = lf.select(self._select())
         return self._arrow(lf.collect_batches(engine="streaming"))
 
     def unit_tables(self, indices: Sequence[int]) -> list[pa.Table]:
@@ -278,7 +311,7 @@ class StreamQuery:
         window's read."""
         pl = self._polars()
         starts = self._file_rows()[0]
-        select = [pl.col(c).alias(name) for name, c in self.columns]
+        select = self._select()
         queries = []
         for i in indices:
             u = self.units[i]

@@ -68,6 +68,12 @@ POLARS_PLAIN_BYTES = 1 << 30
 REMEASURE_IMPORT_BYTES = 1 << 30
 
 
+def mask_key(expr, columns) -> tuple:
+    """A predicate's key among shared masks (``mixture.shared``): its text and the columns
+    it reads."""
+    return str(expr), tuple(columns)
+
+
 def _evaluate(table: pa.Table, exprs: Sequence[pc.Expression], names: Sequence[str]) -> list[pa.ChunkedArray]:
     """pyarrow expressions over ``table``, as the scanner computes them (Acero, one thread)."""
     if table.num_columns == 0:  # Acero needs a column to carry the row count
@@ -390,6 +396,12 @@ class UnitReader:
         if any(r is None for r in self._refs):
             return None
         return tuple(zip(self._names, self._refs))
+
+    @property
+    def mask_key(self) -> tuple | None:
+        """What ``keep_mask`` asks ``masks`` for (the same for readers whose predicates
+        are the same); None: it keeps every row."""
+        return None if self._pred is None else mask_key(self._pred, self._pred_cols)
 
     def keep_mask(self, table: pa.Table, masks: Callable | None = None) -> pa.ChunkedArray | None:
         """The rows of decoded ``table`` its predicate keeps (null: not kept), as
