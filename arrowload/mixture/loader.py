@@ -353,6 +353,15 @@ class MixtureLoader:
                     parts = get(("parts", task.unit), functools.partial(_converted, src, task.unit, conv))
                     out.extend(slice_parts(parts, task.lo, task.hi))
                     continue
+                if whole and task.kind == TaskKind.WINDOW:
+                    # a block window placed once in its shuffled order and kept for the next
+                    # tasks: each takes its positions as a slice (the batch gather copies
+                    # them), not a gather of a window laid out in source order
+                    window = get(("placed", task.window), functools.partial(_placed, src, task.window, order, conv,
+                                                                            map_units))
+                    if window is not None:
+                        out.append(window.slice(task.lo, task.hi - task.lo))
+                        continue
                 parts, _ = src.read(task, order, conv, cache=get, map_units=map_units)
                 out.extend(parts)
         return out
@@ -616,6 +625,13 @@ class MixtureLoader:
 def _converted(src, unit: int, conv) -> list:
     """Unit ``unit`` of a scan's rows, read and converted into host chunks where it can be."""
     return _parts(src.read_unit(unit), conv)[0]
+
+
+def _placed(src, window: int, order, conv, map_units):
+    """Block window ``window`` of a scan's rows in its shuffled order, one host chunk (None:
+    a unit did not convert; the task is read as any)."""
+    layout = src.placed(window, order, conv, map_units)
+    return layout.result() if layout is not None else None
 
 
 def _keyed(cache: SharedCache, p: int, key, load, wait=None):

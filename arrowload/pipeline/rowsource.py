@@ -237,10 +237,7 @@ class ScanRowSource:
         whole = task.lo == 0 and task.hi == size
         if conv is not None and whole:
             # the whole window: each unit's rows scattered to their places as it is read
-            perm = order.window_permutation(task.window)
-            positions = np.empty(size, dtype=np.int64)
-            positions[perm] = np.arange(size, dtype=np.int64)
-            layout = self._place(units, conv, map_units, positions)
+            layout = self.placed(task.window, order, conv, map_units)
             if layout is not None:
                 return [layout.result()], layout.take_seconds()
             # a unit did not convert: the same window would fail to lay out again, so it is
@@ -260,6 +257,17 @@ class ScanRowSource:
 
         window = cache(("window-arrow", task.window), load_window)
         return _parts(window.take(pa.array(local, pa.int64())), conv)
+
+    def placed(self, window: int, order, conv, map_units=None):
+        """Window ``window`` of ``order`` read into a ``chunks.WindowLayout`` in its shuffled
+        order: each unit's rows scattered to their output places as it is read, so any
+        positions ``[lo, hi)`` of the window are rows ``lo .. hi`` of ``result()``, no
+        gather; None as ``_place``."""
+        units = [int(u) for u in order.windows[window]]
+        size = sum(self.counts[u] for u in units)
+        positions = np.empty(size, dtype=np.int64)
+        positions[order.window_permutation(window)] = np.arange(size, dtype=np.int64)
+        return self._place(units, conv, map_units, positions)
 
     def _place(self, units: list[int], conv, map_units, positions: np.ndarray | None = None):
         """The window of ``units`` read into a ``chunks.WindowLayout`` (scattered to
