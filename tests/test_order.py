@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from arrowload.order import (KINDS, ORDER_SINCE, ORDER_VERSION, EpochOrder, derive_key, num_batches, permute,
                              rank_range, shuffled_range)
-from arrowload.order.permutation import _splitmix64
+from arrowload.order.permutation import _splitmix64, shuffled_ranges
 
 keys = st.integers(min_value=0, max_value=2**64 - 1)
 sizes = st.integers(min_value=1, max_value=3000)
@@ -186,13 +186,18 @@ def test_shuffled_range_is_the_hash_order(n, key):
     assert sorted(out.tolist()) == list(range(n))  # a bijection
 
 
-@pytest.mark.parametrize("n", [(1 << 18) - 1, 1 << 18, (1 << 18) + 3])
-def test_shuffled_range_is_the_hash_order_on_both_sides_of_the_sort_switch(n):
-    """Below ``_RADIX_BELOW`` two radix passes sort the hashes, from there numpy's default
-    sort: the same order, the spec's, either side of the switch."""
-    from arrowload.order.permutation import _RADIX_BELOW
-    assert _RADIX_BELOW == 1 << 18
+@pytest.mark.parametrize("n", [(1 << 18) + 3, 600_001])
+def test_shuffled_range_is_the_hash_order_on_long_ranges(n):
+    """A window-sized range (one packed sort of hashes and positions): the spec's order."""
     assert shuffled_range(n, 77).tolist() == _shuffled_truth(n, 77)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(0, 1500), ks=st.lists(keys, max_size=5))
+def test_shuffled_ranges_are_each_keys_hash_order(n, ks):
+    out = shuffled_ranges(n, ks)
+    assert out.dtype == np.int64 and out.shape == (len(ks), n)
+    assert [row.tolist() for row in out] == [_shuffled_truth(n, k) for k in ks]
 
 
 @settings(max_examples=60, deadline=None)
