@@ -1043,3 +1043,50 @@ def test_the_union_stream_hands_over_the_members_masks_from_polars(tmp_path, mon
     truth = [duck_ids(str(lake), w) for w in where.values()]
     assert all(0 < k <= sum(i in s for s in truth) for i, k in drawn.items())
     assert sum(drawn.values()) >= sum(map(len, truth)) - 4 * 50
+
+
+def test_block_mixture_decodes_the_next_window_ahead(tmp_path, monkeypatch):
+    """While a block-shuffled component's window is read, polars decodes the shared units of
+    its next window on a thread of its own (``UnitCache.warm_ahead``), a few at once: the
+    batches are those of the mixture over separate datasets (nothing shared, nothing
+    ahead), no unit is decoded twice, and closing the loader ends that thread."""
+    import threading
+
+    import polars  # noqa: F401 - imported: the shared units decode through it
+    from arrowload.mixture import shared
+    ids = np.arange(6000)
+    t = pa.table({"id": ids, "k": ids % 4, "v": ids / 7.0})
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    for f in range(3):
+        pq.write_table(t.slice(f * 2000, 2000), lake / f"part-{f}.parquet", row_group_size=250)
+    calls, decode = [], shared.Group.decode_many
+
+    def counted(self, units):
+        out = decode(self, units)
+        calls.append((threading.current_thread().name, tuple(units), out is not None))
+        return out
+    monkeypatch.setattr(shared.Group, "decode_many", counted)
+    splits, split = [], shared.Group.split
+    monkeypatch.setattr(shared.Group, "split", lambda self, unit, raw=None: splits.append(unit) or split(self, unit, raw))
+
+    def epoch(separate: bool) -> list:
+        opened = al.dataset(str(lake))
+        ds = (lambda: al.dataset(str(lake))) if separate else (lambda: opened)
+        mix = al.mix({"a": ds().filter("k = 0").select("id", "v"), "b": ds().filter("k > 0").select("id", "v")},
+                     weights=[1, 3], seed=5, cache_dir=str(tmp_path / "cache"))
+        with mix.loader(80, shuffle="block", shuffle_window=4, cache_dir=str(tmp_path / "cache")) as loader:
+            out = [{k: np.asarray(v).copy() for k, v in b.items()} for b in loader]
+        assert not any(th.name.startswith("arrowload-ahead") for th in threading.enumerate())
+        return out
+
+    got = epoch(False)
+    used = list(calls)
+    want = epoch(True)
+    ahead = [units for name, units, ok in used if name.startswith("arrowload-ahead") and ok]
+    assert ahead and max(map(len, ahead)) <= max(2, 2 * polars.thread_pool_size())
+    assert sorted(splits) == list(range(24))  # every row group decoded once (ahead, or when asked)
+    assert len(got) == len(want) > 10
+    for g, w in zip(got, want):
+        for name in g:
+            np.testing.assert_array_equal(g[name], w[name])

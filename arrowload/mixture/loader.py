@@ -631,6 +631,9 @@ def _placed(src, window: int, order, conv, map_units):
     """Block window ``window`` of a scan's rows in its shuffled order, one host chunk (None:
     a unit did not convert; the task is read as any)."""
     layout = src.placed(window, order, conv, map_units)
+    ahead = getattr(src, "_warm_ahead", None)
+    if ahead is not None and window + 1 < len(order.windows):
+        ahead([int(u) for u in order.windows[window + 1]])  # decoded while this one is read
     return layout.result() if layout is not None else None
 
 

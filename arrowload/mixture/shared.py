@@ -29,7 +29,10 @@ share is evaluated once) and each member takes its rows with its own plan
   (``rabuild.Picked``), which a block window writes by position; the others a filtered
   table. The mixture
   visits units in one order for every component (``order.mixture.units_key``), so the
-  members need a unit at nearly the same time and the cache hits.
+  members need a unit at nearly the same time and the cache hits. Block shuffle, where
+  polars decodes the union's units (``decode_many``): once a component's window is
+  placed, the units of its next window are decoded on a thread of their own
+  (``UnitCache.warm_ahead``, a few at once), while the readers take rows from this one.
 
 A unit that left the cache before every member read it is decoded again: never a wrong
 row, only a slower read. Components over other sources, over several scans (SQL joins,
@@ -312,6 +315,10 @@ class UnitCache:
         self.peak = 0
         #: how a reader waits for a unit another thread decodes (``Readers.wait``: helping)
         self.wait: Any = None
+        self._ahead: ThreadPoolExecutor | None = None  # warm_ahead's thread, made on first use
+        self._ahead_job: Future | None = None
+        self._closed = False
+        self._halt = False  # the running look-ahead stops at its next group (clear, close)
 
     def warm(self, unit: int) -> None:
         """Decode ``unit`` for the members now (their ``get`` takes the rows later), unless it
@@ -348,6 +355,52 @@ class UnitCache:
                 for u in left:
                     if not entries[u][0].done():
                         entries[u][0].set_result(None)
+
+    def warm_ahead(self, units: list[int]) -> None:
+        """``warm_many(units)`` on a thread of its own, now, while the readers go on (the
+        next block window's units: polars decodes them while the readers place and gather
+        the current one). Only where polars decodes the group's units together
+        (``Group.polars_decodes``) and no earlier look-ahead still runs."""
+        with self._lock:
+            if self._closed or not self.group.polars_decodes or (
+                    self._ahead_job is not None and not self._ahead_job.done()):
+                return
+            if self._ahead is None:
+                self._ahead = ThreadPoolExecutor(1, thread_name_prefix="arrowload-ahead")
+            self._ahead_job = self._ahead.submit(self._warm_quietly, list(units))
+
+    def _warm_quietly(self, units: list[int]) -> None:
+        from ..pipeline.rowsource import _window_step
+        step = _window_step()  # a few at once, as a window's own reads: peak memory stays down
+        try:
+            for k in range(0, len(units), step):
+                if self._closed or self._halt:
+                    return
+                self.warm_many(units[k:k + step])
+        except Exception:  # noqa: BLE001 - a failed decode is the member's to raise, on its own read
+            pass
+
+    def _settle_ahead(self) -> None:
+        """Wait for the look-ahead decode running, if any (a new iteration or the close)."""
+        job = self._ahead_job
+        if job is not None:
+            self._halt = True
+            job.cancel()
+            try:
+                job.result()
+            except BaseException:  # noqa: BLE001 - cancelled, or failed quietly
+                pass
+            self._halt = False
+
+    def close(self) -> None:
+        """Stop looking ahead; returns once the running look-ahead decode ended (no polars
+        read outlives the loader)."""
+        with self._lock:
+            self._closed = True
+            ahead, self._ahead = self._ahead, None
+        self._settle_ahead()
+        if ahead is not None:
+            ahead.shutdown(wait=True)
 
     def get(self, c: int, unit: int) -> pa.Table:
         return self._fetch(c, unit)
@@ -398,7 +451,9 @@ class UnitCache:
                     self._drop(next(iter(self._entries)))
 
     def clear(self) -> None:
-        """Forget every held unit and the peak (a new iteration starts)."""
+        """Forget every held unit and the peak (a new iteration starts: the previous one's
+        look-ahead ended first)."""
+        self._settle_ahead()
         with self._lock:
             self._entries.clear()
             self._sizes.clear()
@@ -495,6 +550,7 @@ class SharedSources:
             cache, units = self.caches[g], src.units
             src._read = lambda i: cache.get(c, units[i])
             src._warm = lambda positions: cache.warm_many([units[i] for i in positions])
+            src._warm_ahead = lambda positions: cache.warm_ahead([units[i] for i in positions])
             return src
 
     def _build_tables(self, g: int, dataset) -> None:
@@ -621,6 +677,9 @@ class SharedSources:
         return table, [f[1] for f in found]
 
     def close(self) -> None:
+        for c in self.caches:
+            if c is not None:
+                c.close()
         for g in self.groups:
             if g is not None:
                 g.close()
