@@ -9,6 +9,7 @@ projection), so a batch says which component each row came from without arrowloa
 from __future__ import annotations
 
 import collections
+import functools
 import math
 
 import numpy as np
@@ -623,20 +624,23 @@ def _unshuffled(make, lake, cache, **kw):
     return make(lake, cache).loader(kw.pop("batch_size", 64), shuffle=False, **kw)
 
 
-def test_plain_components_stream_as_positions(parquet_lake, tmp_path, monkeypatch):
+@pytest.mark.parametrize("stack", [None, {"x": ["f0", "f1"]}])
+def test_plain_components_stream_as_positions(parquet_lake, tmp_path, monkeypatch, stack):
     """Components that keep their columns unchanged take their rows as positions in each
-    converted stream batch: the per-unit path's batches, every component's ids DuckDB's
-    rows in lake order (an unshuffled component keeps its order), overlaps drawn in each."""
+    converted stream batch: the per-unit path's batches (a ``stack=`` group's rows taken
+    whole), every component's ids DuckDB's rows in lake order (an unshuffled component
+    keeps its order), overlaps drawn in each."""
     monkeypatch.setenv("ARROWLOAD_STREAM", "1")
     got = {}
+    make = _plain_mix if stack is None else functools.partial(_plain_mix, columns=("id", "label", "f0", "f1"))
     for env in ("1", "0"):
         monkeypatch.setenv("ARROWLOAD_STREAM", env)
-        loader = _unshuffled(_plain_mix, parquet_lake, str(tmp_path / env))
+        loader = _unshuffled(make, parquet_lake, str(tmp_path / env), stack=stack)
         got[env] = [{k: np.asarray(v).tolist() for k, v in b.items()} for b in loader]
         if env == "1":
             assert loader._stream.picked > 0 and loader._stream.failed is None
     assert got["1"] == got["0"] and got["1"]
-    assert set(got["1"][0]) == {"ident", "label", "f0"}
+    assert set(got["1"][0]) == ({"ident", "label", "f0"} if stack is None else {"ident", "label", "x"})
     # each id drawn at most once per component selecting it; nearly all drawn (temperature=1)
     truths = [duck_ids(parquet_lake, f"country = '{c}'") for c in SHARED] + \
         [duck_ids(parquet_lake, "label = 1 AND id % 3 <> 0")]

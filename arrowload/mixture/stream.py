@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..pipeline.chunks import HostChunk
+from ..pipeline.chunks import HostChunk, _scatter_rows, _take_rows
 from ..pipeline.streamreads import merge_ranges
 from ..scan.decoders import recoverable
 from ..scan.stream import polars_ready
@@ -355,7 +355,10 @@ def gather(found: list[list], base: np.ndarray, idx: np.ndarray, pool) -> HostCh
             for host, rows in parts:
                 src = host.columns[name]
                 k = len(src) if rows is None else len(rows)
-                out[where[at:at + k]] = src if rows is None else src[rows]
+                if src.dtype == out.dtype and src.shape[1:] == out.shape[1:]:  # rows as opaque items
+                    _scatter_rows(out, where[at:at + k], src if rows is None else _take_rows(src, rows))
+                else:
+                    out[where[at:at + k]] = src if rows is None else src[rows]
                 at += k
         columns[name] = out
     return HostChunk(columns, n, sum(p.nbytes for parts in found for p in parts) / max(1, n))

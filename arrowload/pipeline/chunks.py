@@ -417,6 +417,17 @@ def _scatter_rows(out: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> None:
            rows.reshape(len(rows), -1).view(item).reshape(-1))
 
 
+def _take_rows(src: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``src[rows]`` along the first axis, each row moved as one opaque item where ``src``
+    is C-contiguous ``[n, k, ...]`` (numpy's fancy indexing of such rows is about 2x
+    slower)."""
+    width = src.dtype.itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
+    if src.ndim == 1 or not src.flags.c_contiguous or width == 0:
+        return src[rows]
+    item = np.dtype((np.void, width))
+    return src.reshape(len(src), -1).view(item).reshape(-1)[rows].view(src.dtype).reshape(len(rows), *src.shape[1:])
+
+
 def _chunk_groups(offsets: np.ndarray, rows: np.ndarray, chunks: int) -> list:
     """(positions in the output, rows within the chunk) of each chunk (``None`` positions:
     one chunk, all rows in order)."""
