@@ -1094,3 +1094,27 @@ def test_block_mixture_decodes_the_next_window_ahead(tmp_path, monkeypatch):
     for g, w in zip(got, want):
         for name in g:
             np.testing.assert_array_equal(g[name], w[name])
+
+
+@pytest.mark.parametrize("shuffle", ["global", "block", False])
+def test_components_whose_long_in_lists_differ_in_the_middle_keep_their_own_rows(tmp_path, shuffle):
+    """Two components over one lake, ``x IN (30 values)`` each, differing only in the 16th
+    value: pyarrow prints such a value set as its first and last 10, and the shared decode
+    keyed each member's mask by that text, so the second component took the first one's
+    rows. Keyed by what the predicate computes, each component's rows are DuckDB's."""
+    ids = np.arange(4000)
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    pq.write_table(pa.table({"id": ids, "x": (ids * 37 % 101).astype(np.int32)}), lake / "p.parquet",
+                   row_group_size=400)
+    a = list(range(0, 60, 2))
+    b = list(a)
+    b[15] = 99
+    where = {"a": f"x IN ({', '.join(map(str, a))})", "b": f"x IN ({', '.join(map(str, b))})"}
+    ds = al.dataset(str(lake))
+    mix = al.mix({k: ds.filter(w).select("id", comp=f"'{k}'") for k, w in where.items()}, weights=[1, 1],
+                 stopping="all_exhausted", seed=1, cache_dir=str(tmp_path / "cache"))
+    with mix.loader(50, shuffle=shuffle, cache_dir=str(tmp_path / "cache")) as loader:
+        drawn = by_component([{k: np.asarray(v).tolist() for k, v in b.items()} for b in loader])
+    for k, w in where.items():
+        assert set(drawn[k]) == duck_ids(str(lake), w)

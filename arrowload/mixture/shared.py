@@ -53,7 +53,7 @@ import pyarrow.compute as pc
 from ..errors import SnapshotChangedError
 from ..order import ShuffleKind
 from ..plan.nodes import Map, Scan, scans, walk
-from ..scan.units import UnitReader, _evaluate, mask_key
+from ..scan.units import UnitReader, _evaluate
 
 #: share of the prefetch budget the decoded-unit cache of block / none shuffles may hold
 CACHE_SHARE = 4
@@ -240,14 +240,13 @@ def _held_bytes(parts: list) -> int:
 
 
 def _shared_masks(raw: pa.Table, marks: dict[tuple, str] | None = None):
-    """``masks(expr, columns)`` over ``raw``: each predicate evaluated once, or read from
-    ``raw``'s column ``marks[key]`` where it has one (the union query's masks, evaluated
-    by polars: ``Group._marked``)."""
+    """``masks(key, expr, columns)`` over ``raw``: each predicate (``UnitReader.mask_key``)
+    evaluated once, or read from ``raw``'s column ``marks[key]`` where it has one (the union
+    query's masks, evaluated by polars: ``Group._marked``)."""
     found: dict[Any, pa.ChunkedArray] = {}
     named = set(raw.column_names) if marks else ()
 
-    def masks(expr, columns) -> pa.ChunkedArray:
-        key = mask_key(expr, columns)
+    def masks(key, expr, columns) -> pa.ChunkedArray:
         got = found.get(key)
         if got is None:
             mark = marks.get(key) if marks else None

@@ -14,7 +14,8 @@ built from each node's kind and fields:
 - expressions: SQL as its sqlglot syntax tree (DuckDB dialect) with identifiers normalized
   and parentheses dropped (the tree's shape holds the precedence); a simple filter's tree
   (``simplesql``, parsed without sqlglot) has the same shape and gives the same data; pyarrow and polars
-  expressions as their libraries print them;
+  expressions as their libraries print them and the SHA-256 of their serialized bytes
+  (the printed form elides long value lists);
 - sources: format (``kind``), schema and hive partition schema; with ``data=True`` also the
   source's own snapshot identity (``Source.fingerprint()``: for files the canonical
   absolute paths with sizes and modification times, and what else the filesystem offers);
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from typing import Any
 
 import pyarrow as pa
@@ -160,10 +162,27 @@ def _expr(e: Expr | None) -> Any:
     if tree is not None and isa(tree, "Expression"):
         return {"sql": sql_tree(tree, resolved=True)}
     if isinstance(e, ArrowExpr):
-        return {"arrow": str(e.expr)}
+        return {"arrow": str(e.expr), "exact": _exact(lambda: pickle.dumps(e.expr))}
     if isinstance(e, PolarsExpr):
-        return {"polars": str(e.expr)}
+        return {"polars": str(e.expr), "exact": _exact(lambda: e.expr.meta.serialize(format="json").encode())}
     return {type(e).__name__: str(e)}
+
+
+def expr_key(e: Expr | None) -> str:
+    """32 hex digits naming what expression ``e`` computes (as in the fingerprint): equal
+    for the same SQL spelled differently, different for different expressions -- pyarrow
+    and polars expressions included, whose printed forms elide long value lists."""
+    return digest(_expr(e))
+
+
+def _exact(dump) -> str | None:
+    """SHA-256 of a pyarrow / polars expression's serialized bytes: what the printed form
+    leaves out (``is_in`` prints the first and last 10 of a longer value set); None where
+    the library cannot serialize it."""
+    try:
+        return hashlib.sha256(dump()).hexdigest()
+    except Exception:  # noqa: BLE001 - an expression its library does not serialize (a UDF)
+        return None
 
 
 def _items(items) -> list | None:

@@ -68,12 +68,6 @@ POLARS_PLAIN_BYTES = 1 << 30
 REMEASURE_IMPORT_BYTES = 1 << 30
 
 
-def mask_key(expr, columns) -> tuple:
-    """A predicate's key among shared masks (``mixture.shared``): its text and the columns
-    it reads."""
-    return str(expr), tuple(columns)
-
-
 def _evaluate(table: pa.Table, exprs: Sequence[pc.Expression], names: Sequence[str]) -> list[pa.ChunkedArray]:
     """pyarrow expressions over ``table``, as the scanner computes them (Acero, one thread)."""
     if table.num_columns == 0:  # Acero needs a column to carry the row count
@@ -185,6 +179,7 @@ class UnitReader:
         names = schema.names
         pred = scan.predicate
         self._pred = pred.to_arrow(schema, predicate=True) if pred is not None else None
+        self._mask_key = None  # mask_key, worked out on first use
         pred_cols = pred.columns if pred is not None else frozenset()
         if scan.projection is not None:
             self._refs = [e.column_name() for _, e in scan.projection]
@@ -399,16 +394,23 @@ class UnitReader:
 
     @property
     def mask_key(self) -> tuple | None:
-        """What ``keep_mask`` asks ``masks`` for (the same for readers whose predicates
-        are the same); None: it keeps every row."""
-        return None if self._pred is None else mask_key(self._pred, self._pred_cols)
+        """What ``keep_mask`` asks ``masks`` for: the same for readers whose predicates
+        compute the same (``fingerprint.expr_key`` of the scan's predicate, not its pyarrow
+        text, which elides long value lists) and read the same columns; None: it keeps
+        every row."""
+        if self._pred is None:
+            return None
+        if self._mask_key is None:
+            from ..plan.fingerprint import expr_key
+            self._mask_key = (expr_key(self.scan.predicate), self._pred_cols)
+        return self._mask_key
 
     def keep_mask(self, table: pa.Table, masks: Callable | None = None) -> pa.ChunkedArray | None:
         """The rows of decoded ``table`` its predicate keeps (null: not kept), as
         ``read_decoded`` filters them; None: every row."""
         if self._pred is None:
             return None
-        return masks(self._pred, self._pred_cols) if masks is not None else \
+        return masks(self.mask_key, self._pred, self._pred_cols) if masks is not None else \
             _evaluate(table.select(list(self._pred_cols)), [self._pred], ["_"])[0]
 
     def read_decoded(self, i: int, table: pa.Table, masks: Callable | None = None) -> pa.Table:
@@ -416,7 +418,7 @@ class UnitReader:
         the unit's rows decoded, in order, with at least ``decoded_columns`` (by name; others
         are ignored) -- every row, or (where ``sees_every_row`` is false) any subset holding
         every row the scan's predicate keeps. Several plans over one lake share one decode of a unit
-        this way (``mixture.shared``). ``masks(expr, columns)`` (optional) gives the
+        this way (``mixture.shared``). ``masks(key, expr, columns)`` (optional) gives the
         predicate's mask over ``table``'s ``columns`` (shared by readers whose predicates
         repeat)."""
         if self._pred is None:
