@@ -1053,7 +1053,9 @@ def test_block_mixture_decodes_the_next_window_ahead(tmp_path, monkeypatch):
     """While a block-shuffled component's window is read, polars decodes the shared units of
     its next window on a thread of its own (``UnitCache.warm_ahead``), a few at once: the
     batches are those of the mixture over separate datasets (nothing shared, nothing
-    ahead), no unit is decoded twice, and closing the loader ends that thread."""
+    ahead), no unit is decoded twice, and closing the loader ends that thread. (Each
+    look-ahead is waited for here: on a busy machine the readers may otherwise claim the
+    next window's units first, and the look-ahead finds nothing left to decode.)"""
     import threading
 
     import polars  # noqa: F401 - imported: the shared units decode through it
@@ -1073,6 +1075,13 @@ def test_block_mixture_decodes_the_next_window_ahead(tmp_path, monkeypatch):
     monkeypatch.setattr(shared.Group, "decode_many", counted)
     splits, split = [], shared.Group.split
     monkeypatch.setattr(shared.Group, "split", lambda self, unit, raw=None: splits.append(unit) or split(self, unit, raw))
+    warm_ahead = shared.UnitCache.warm_ahead
+
+    def waited(self, units):
+        warm_ahead(self, units)
+        if self._ahead_job is not None:
+            self._ahead_job.result()
+    monkeypatch.setattr(shared.UnitCache, "warm_ahead", waited)
 
     def epoch(separate: bool) -> list:
         opened = al.dataset(str(lake))
@@ -1118,3 +1127,95 @@ def test_components_whose_long_in_lists_differ_in_the_middle_keep_their_own_rows
         drawn = by_component([{k: np.asarray(v).tolist() for k, v in b.items()} for b in loader])
     for k, w in where.items():
         assert set(drawn[k]) == duck_ids(str(lake), w)
+
+
+def test_block_components_take_slices_of_windows_placed_once(tmp_path):
+    """A block-shuffled component's window is placed once in its shuffled order and each
+    task takes its rows as a slice (``ScanRowSource.placed``); with a small ``prefetch``
+    tasks cover parts of windows (slices that start inside them). The batches equal the
+    Arrow path's (``output="arrow"``: a window read in source order and taken by
+    position), over two epochs."""
+    from arrowload.mixture import loader as mixture_loader
+    from arrowload.pipeline.chunks import HostChunk
+    ids = np.arange(24000)
+    t = pa.table({"id": ids, "k": ids % 5, "v": ids / 7.0, "x": (ids * 13 % 97).astype(np.int32)})
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    for f in range(3):
+        pq.write_table(t.slice(f * 8000, 8000), lake / f"p{f}.parquet", row_group_size=500)
+    placed, starts = set(), []
+    orig_placed, orig_slice = mixture_loader._placed, HostChunk.slice
+
+    def spy_placed(*a):
+        got = orig_placed(*a)
+        placed.add(id(got))
+        return got
+
+    def spy_slice(self, offset, length=None):
+        if id(self) in placed:
+            starts.append(offset)
+        return orig_slice(self, offset, length)
+    ds = al.dataset(str(lake))
+    comps = {"a": ds.filter("k = 0").select("id", "v"), "b": ds.filter("k > 0 AND x < 60").select("id", "v"),
+             "c": ds.filter("x >= 30").select("id", "v")}
+    got = {}
+    for output in ("numpy", "arrow"):
+        mix = al.mix(comps, weights=[1, 2, 2], seed=5, cache_dir=str(tmp_path / "cache"))
+        mixture_loader._placed, HostChunk.slice = spy_placed, spy_slice
+        try:
+            with mix.loader(64, shuffle="block", shuffle_window=4, prefetch=200_000, output=output,
+                            cache_dir=str(tmp_path / "cache")) as loader:
+                for epoch in range(2):
+                    loader.set_epoch(epoch)
+                    got[output, epoch] = [np.asarray(b["id"]).tolist() if output == "numpy" else
+                                          b.column("id").to_pylist() for b in loader]
+        finally:
+            mixture_loader._placed, HostChunk.slice = orig_placed, orig_slice
+    assert any(s > 0 for s in starts)  # tasks over parts of placed windows
+    for epoch in range(2):
+        assert got["numpy", epoch] == got["arrow", epoch] and len(got["numpy", epoch]) > 50
+
+
+def test_a_child_forked_during_a_look_ahead_does_not_wait_for_it():
+    """A process forked while a look-ahead decode runs (a DataLoader worker) inherits the
+    cache but not its thread: the child's new iteration (``clear``) and ``close`` return
+    at once instead of waiting for a job no thread of its own will finish."""
+    import os
+    import threading
+    import time
+
+    from arrowload.mixture.shared import UnitCache
+    release, started = threading.Event(), threading.Event()
+
+    class SlowGroup:  # a group whose polars decode blocks until released
+        polars_decodes = True
+
+        def decode_many(self, units):
+            started.set()
+            release.wait(20)
+            return None
+    cache = UnitCache(SlowGroup(), capacity=1 << 20)
+    cache._largest = 1  # as if a unit had been decoded: the look-ahead fits
+    cache.warm_ahead([0, 1])
+    assert started.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: must not wait for the parent's look-ahead
+        code = 1
+        try:
+            cache.clear()
+            cache.close()
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        deadline = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child waited for its parent's look-ahead")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        release.set()
+        cache.close()

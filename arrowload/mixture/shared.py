@@ -41,6 +41,7 @@ limits) or read by Ray are bound as any loader binds its dataset.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -316,6 +317,8 @@ class UnitCache:
         self.wait: Any = None
         self._ahead: ThreadPoolExecutor | None = None  # warm_ahead's thread, made on first use
         self._ahead_job: Future | None = None
+        self._ahead_pid = 0  # the process that started it (a forked child has no such thread)
+        self._largest = 0  # the most bytes one decoded unit held: what a look-ahead may add
         self._closed = False
         self._halt = False  # the running look-ahead stops at its next group (clear, close)
 
@@ -359,8 +362,12 @@ class UnitCache:
         """``warm_many(units)`` on a thread of its own, now, while the readers go on (the
         next block window's units: polars decodes them while the readers place and gather
         the current one). Only where polars decodes the group's units together
-        (``Group.polars_decodes``) and no earlier look-ahead still runs."""
+        (``Group.polars_decodes``) and no earlier look-ahead still runs; a few units at a
+        time, each group only while it fits the cache's capacity beside what it holds
+        (else it would push out units members still need, decoded again)."""
         with self._lock:
+            if self._ahead_pid != os.getpid():  # forked: the parent's thread is not here
+                self._ahead, self._ahead_job, self._ahead_pid = None, None, os.getpid()
             if self._closed or not self.group.polars_decodes or (
                     self._ahead_job is not None and not self._ahead_job.done()):
                 return
@@ -373,14 +380,21 @@ class UnitCache:
         step = _window_step()  # a few at once, as a window's own reads: peak memory stays down
         try:
             for k in range(0, len(units), step):
-                if self._closed or self._halt:
+                group = units[k:k + step]
+                with self._lock:
+                    fits = 0 < self._largest and self.held + self._largest * len(group) <= self.capacity
+                if self._closed or self._halt or not fits:
                     return
-                self.warm_many(units[k:k + step])
+                self.warm_many(group)
         except Exception:  # noqa: BLE001 - a failed decode is the member's to raise, on its own read
             pass
 
     def _settle_ahead(self) -> None:
-        """Wait for the look-ahead decode running, if any (a new iteration or the close)."""
+        """Wait for the look-ahead decode running, if any (a new iteration or the close);
+        in a forked child, forget the parent's (its thread is not in this process)."""
+        if self._ahead_pid != os.getpid():
+            self._ahead, self._ahead_job = None, None
+            return
         job = self._ahead_job
         if job is not None:
             self._halt = True
@@ -397,8 +411,9 @@ class UnitCache:
         with self._lock:
             self._closed = True
             ahead, self._ahead = self._ahead, None
+        forked = self._ahead_pid != os.getpid()
         self._settle_ahead()
-        if ahead is not None:
+        if ahead is not None and not forked:
             ahead.shutdown(wait=True)
 
     def get(self, c: int, unit: int) -> pa.Table:
@@ -442,6 +457,7 @@ class UnitCache:
         size = _held_bytes([t for k, t in tables.items() if k != c])
         fut.set_result(tables)
         with self._lock:
+            self._largest = max(self._largest, size)
             if unit in self._entries:
                 self._sizes[unit] = size
                 self.held += size

@@ -202,6 +202,7 @@ def _sorted_by_hash(n: int, lo, hi) -> np.ndarray:
         h ^= hi
         _fmix32(h)
     packed = h.astype(np.uint64)
+    del h  # at most 16 bytes a position held at once (the packed keys, then the result)
     packed <<= np.uint64(32)
     packed |= np.arange(n, dtype=np.uint64)
     packed.sort(axis=-1)
