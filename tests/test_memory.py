@@ -109,6 +109,7 @@ print(json.dumps({
     "accounted": loader.stats().peak_prefetch_bytes,
     "source": loader.source_kind,
     "decoders": loader.stats().decoders,
+    "modules": sorted(m for m in ("polars", "duckdb", "torch", "jax", "sqlglot", "pandas") if m in sys.modules),
     "table_bytes": loader._source.table.nbytes if hasattr(loader._source, "table") else 0,
     "window_est": max((sum(loader._source.est_bytes(int(u)) for u in w) for w in loader._order(0).windows),
                       default=0) if kind == "block" else 0,
@@ -214,7 +215,7 @@ def test_disk_cache_holds_less_anonymous_memory_than_memory(wide_lake, tmp_path)
     assert memory["peak_anon"] >= table_bytes  # the measure sees the table when it is held
     # the disk path never holds the table
     assert disk["peak_anon"] < min(table_bytes, memory["peak_anon"]), (disk["peak_anon"] / MIB,
-                                                                       memory["peak_anon"] / MIB)
+                                                                       memory["peak_anon"] / MIB, disk, memory)
 
 
 def test_global_shuffle_peak_is_the_table_plus_prefetch(wide_lake, tmp_path):
