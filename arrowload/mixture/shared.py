@@ -317,7 +317,7 @@ class UnitCache:
         self.wait: Any = None
         self._ahead: ThreadPoolExecutor | None = None  # warm_ahead's thread, made on first use
         self._ahead_job: Future | None = None
-        self._ahead_pid = 0  # the process that started it (a forked child has no such thread)
+        self._ahead_pid = os.getpid()  # the process whose thread runs it (not a forked child)
         self._largest = 0  # the most bytes one decoded unit held: what a look-ahead may add
         self._closed = False
         self._halt = False  # the running look-ahead stops at its next group (clear, close)
@@ -366,8 +366,7 @@ class UnitCache:
         time, each group only while it fits the cache's capacity beside what it holds
         (else it would push out units members still need, decoded again)."""
         with self._lock:
-            if self._ahead_pid != os.getpid():  # forked: the parent's thread is not here
-                self._ahead, self._ahead_job, self._ahead_pid = None, None, os.getpid()
+            self._forget_if_forked()
             if self._closed or not self.group.polars_decodes or (
                     self._ahead_job is not None and not self._ahead_job.done()):
                 return
@@ -389,11 +388,17 @@ class UnitCache:
         except Exception:  # noqa: BLE001 - a failed decode is the member's to raise, on its own read
             pass
 
+    def _forget_if_forked(self) -> bool:
+        """In a process forked from the one that started the look-ahead: forget its thread
+        and job (neither is in this process; waiting on the job would wait forever)."""
+        if self._ahead_pid == os.getpid():
+            return False
+        self._ahead, self._ahead_job, self._ahead_pid = None, None, os.getpid()
+        return True
+
     def _settle_ahead(self) -> None:
-        """Wait for the look-ahead decode running, if any (a new iteration or the close);
-        in a forked child, forget the parent's (its thread is not in this process)."""
-        if self._ahead_pid != os.getpid():
-            self._ahead, self._ahead_job = None, None
+        """Wait for the look-ahead decode running, if any (a new iteration or the close)."""
+        if self._forget_if_forked():
             return
         job = self._ahead_job
         if job is not None:
@@ -410,10 +415,9 @@ class UnitCache:
         read outlives the loader)."""
         with self._lock:
             self._closed = True
-            ahead, self._ahead = self._ahead, None
-        forked = self._ahead_pid != os.getpid()
         self._settle_ahead()
-        if ahead is not None and not forked:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
             ahead.shutdown(wait=True)
 
     def get(self, c: int, unit: int) -> pa.Table:

@@ -405,27 +405,33 @@ class WindowLayout:
         return secs
 
 
+def _row_items(a: np.ndarray) -> np.ndarray | None:
+    """``a`` (C-contiguous ``[n, k, ...]``) as a 1-D view of ``n`` opaque items, one a row;
+    None for a 1-D, strided or empty-row array."""
+    width = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+    if a.ndim == 1 or not a.flags.c_contiguous or width == 0:
+        return None
+    return a.reshape(len(a), -1).view(np.dtype((np.void, width))).reshape(-1)
+
+
 def _scatter_rows(out: np.ndarray, pos: np.ndarray, rows: np.ndarray) -> None:
     """``out[pos] = rows`` along the first axis, each row moved as one opaque item
     (numpy's fancy assignment of ``[n, k]`` rows is about 2x slower)."""
-    width = out.dtype.itemsize * int(np.prod(out.shape[1:], dtype=np.int64))
-    if out.ndim == 1 or not out.flags.c_contiguous or not rows.flags.c_contiguous or width == 0:
+    items, moved = _row_items(out), _row_items(rows)
+    if items is None or moved is None:
         out[pos] = rows
         return
-    item = np.dtype((np.void, width))
-    np.put(out.reshape(len(out), -1).view(item).reshape(-1), pos,
-           rows.reshape(len(rows), -1).view(item).reshape(-1))
+    np.put(items, pos, moved)
 
 
 def _take_rows(src: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``src[rows]`` along the first axis, each row moved as one opaque item where ``src``
     is C-contiguous ``[n, k, ...]`` (numpy's fancy indexing of such rows is about 2x
     slower)."""
-    width = src.dtype.itemsize * int(np.prod(src.shape[1:], dtype=np.int64))
-    if src.ndim == 1 or not src.flags.c_contiguous or width == 0:
+    items = _row_items(src)
+    if items is None:
         return src[rows]
-    item = np.dtype((np.void, width))
-    return src.reshape(len(src), -1).view(item).reshape(-1)[rows].view(src.dtype).reshape(len(rows), *src.shape[1:])
+    return items[rows].view(src.dtype).reshape(len(rows), *src.shape[1:])
 
 
 def _chunk_groups(offsets: np.ndarray, rows: np.ndarray, chunks: int) -> list:

@@ -181,16 +181,13 @@ class StreamQuery:
         else:
             columns = [(n, n) for n in (scan.columns if scan.columns is not None else names)]
         parts = set(src.partition_schema.names)
-        physical = pa.schema([f for f in src.schema if f.name not in parts])
         needed = {c for _, c in columns}
         predicate = None
         if scan.predicate is not None:
-            from ..plan.polars_filter import split_for_polars
-            split = split_for_polars(scan.predicate, physical)
-            if split is None or split.rest is not None or split.polars_columns & parts:
+            predicate = _whole_split(scan.predicate, src)
+            if predicate is None:
                 return None
-            predicate = split  # its polars expression is built by the first query (importing polars)
-            needed |= set(split.polars_columns)
+            needed |= set(predicate.polars_columns)  # its polars expression is built by the first query
         if needed & parts or not columns:
             return None
         units = scan.selected_units()
@@ -220,18 +217,15 @@ class StreamQuery:
         translate a predicate whole (or a name is taken). A mixture's union reads its
         members' masks this way instead of the columns their predicates read
         (``mixture.shared.Group.union_stream``)."""
-        from ..plan.polars_filter import split_for_polars
         src = self.scan.source
         own = {c for _, c in self.columns}
-        parts = set(src.partition_schema.names)
-        physical = pa.schema([f for f in src.schema if f.name not in parts])
         names = [n for n, _ in marks]
         if not set(columns) <= own or len(set(names)) != len(names) or set(names) & set(src.schema.names):
             return None
         splits = []
         for name, pred in marks:
-            split = split_for_polars(pred, physical)
-            if split is None or split.rest is not None or split.polars_columns & parts:
+            split = _whole_split(pred, src)
+            if split is None:
                 return None
             splits.append((name, split))
         fields = [self.schema.field(next(n for n, c in self.columns if c == col)).with_name(col) for col in columns]
@@ -352,6 +346,17 @@ class StreamQuery:
             for b in table.to_batches():
                 if b.num_rows:
                     yield b
+
+
+def _whole_split(predicate: Expr, src):
+    """``predicate`` as polars evaluates it over ``src``'s files, where polars translates it
+    whole and it reads no partition column (``plan/polars_filter.py``); else None."""
+    from ..plan.polars_filter import split_for_polars
+    parts = set(src.partition_schema.names)
+    split = split_for_polars(predicate, pa.schema([f for f in src.schema if f.name not in parts]))
+    if split is None or split.rest is not None or split.polars_columns & parts:
+        return None
+    return split
 
 
 __all__ = ["DECODER_ENV", "STREAM_DECODER", "StreamQuery", "WINDOW_DECODER", "env_decoders", "forked_with_polars",
