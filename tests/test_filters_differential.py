@@ -48,6 +48,7 @@ from hypothesis import strategies as st
 
 import arrowload as al
 from arrowload.options import OptimizerOptions
+from arrowload.plan.nodes import Filter, walk
 
 # CI: derandomized and without the example database, so a run is reproducible (set on
 # these tests only, not as a global profile)
@@ -363,6 +364,24 @@ ISSUE_EXAMPLES = [
 @pytest.mark.parametrize("expr", ISSUE_EXAMPLES)
 def test_issue_examples_match_duckdb(opened, con, lake, expr):
     check(opened, con, lake, expr, loader=True)
+
+
+# Float literals DuckDB rounds to the column's type once (``pushable.float_value``) are
+# pushed into the scan (pruning, the polars stream); the others stay with DuckDB. The lake
+# holds 0.1 and 1.005 in every float type: ``f32 = 0.1`` holds only compared in float32.
+FLOAT_LITERALS = [
+    ("f32 = 0.1", True), ("f32 >= 0.1", True), ("f32 < 1.005", True), ("0.1 = f32", True), ("f64 = 0.1", True),
+    ("f64 >= 1.005", True), ("f32 BETWEEN 0.1 AND 2.5", True), ("f64 > 1e-1", True), ("NOT (f32 > 0.1)", True),
+    ("f32 <> 0.1", True), ("f32 > 1e-1", False), ("f32 BETWEEN 0.1 AND 1e0", False), ("f32 = 16777217", False),
+    ("f32 > 0.00000000001", False), ("f64 > 0.12345678901234567", False), ("f32 IN (0.1, 1.5)", False),
+]
+
+
+@pytest.mark.parametrize("expr,pushed", FLOAT_LITERALS)
+def test_float_literals_rounded_once_are_pushed(opened, con, lake, expr, pushed):
+    check(opened, con, lake, expr, loader=True)
+    plan = opened[0].filter(expr).optimized_plan()
+    assert (not any(isinstance(n, Filter) for n in walk(plan))) == pushed, (expr, plan)
 
 
 # ---------------------------------------------------------------------------

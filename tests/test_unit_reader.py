@@ -176,15 +176,21 @@ def test_polars_reads_where_it_can_and_hands_the_rest_on(typed_lake):
 
 
 def test_predicate_translated_for_polars_is_named(tmp_path):
-    table = pa.table({"a": pa.array([1, None, 3, 4], pa.int32()), "f": [0.5, 1.5, 2.5, None]})
+    table = pa.table({"a": pa.array([1, None, 3, 4], pa.int32()), "f": [0.5, 1.5, 2.5, None],
+                      "s": ["ab", "b", "b", "ad"]})
     path = str(tmp_path / "t.parquet")
     pq.write_table(table, path)
-    d = al.dataset(path).filter("a > 1 AND f > 0.25")
+    d = al.dataset(path).filter("a > 1 AND f > 0.25 AND s LIKE 'a%'")
     reader = UnitReader(d.optimized_plan(), d.options, decoders=["polars"])
     described = reader.describe()
     assert described["decoder"] == "polars"
-    assert described["polars_prefilter"] == '"a" > 1'  # the float conjunct stays with pyarrow
-    assert reader.read(0).to_pydict() == {"a": [3], "f": [2.5]}
+    # the LIKE conjunct stays with pyarrow
+    assert described["polars_prefilter"] == '"a" > 1 AND "f" > 0.25'
+    assert reader.read(0).to_pydict() == {"a": [], "f": [], "s": []}
+    d = al.dataset(path).filter("a > 1 AND s LIKE 'a%'")
+    reader = UnitReader(d.optimized_plan(), d.options, decoders=["polars"])
+    assert reader.describe()["polars_prefilter"] == '"a" > 1'
+    assert reader.read(0).to_pydict() == {"a": [4], "f": [None], "s": ["ad"]}
 
 
 # ---------------------------------------------------------------------------

@@ -13,11 +13,20 @@ type AND operand types, each shape checked against DuckDB by a differential test
   NOT (polars' ``&`` / ``|`` / ``~`` are three-valued like SQL's, and a null keeps no row);
 * columns that are integers (signed or unsigned), ``string`` / ``large_string``, ``bool``
   and ``date32``, with literals ``pushable.literal_fits`` accepts for that column type, typed
-  as the column (as DuckDB and ``sqlexpr`` type them).
+  as the column (as DuckDB and ``sqlexpr`` type them);
+* ``float32`` / ``float64`` columns, also against each other and in ``IN`` lists: DuckDB and
+  polars both order floats totally (NaN equal to NaN and above every number, ``-0.0``
+  equal to ``0.0``), and polars is told to read no statistics (writers leave NaN out of
+  min / max). A literal is the value DuckDB compares with (``pushable.float_value``): one
+  the column's type holds exactly, or a plain decimal DuckDB casts to the column's type
+  with one rounding (``0.9`` against a ``float32`` column is ``float32(0.9)``). DuckDB
+  compares a ``float32`` column with a literal in exponent form (a DOUBLE) in double
+  precision, and with it every literal of its ``IN`` list or ``BETWEEN``: such a group
+  translates only where every literal is exact in ``float32``.
 
-Floats (NaN order), decimals, timestamps, LIKE and everything else stay with arrowload's
-evaluator. A predicate is split at its top-level ANDs: the translated conjuncts prefilter
-in polars, the others (if any) are evaluated after, over the rows polars kept.
+Decimals, timestamps, LIKE and everything else stay with arrowload's evaluator. A
+predicate is split at its top-level ANDs: the translated conjuncts prefilter in polars, the
+others (if any) are evaluated after, over the rows polars kept.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from .simplesql import isa
 
 # node class names (sqlglot's trees and simple ones alike: ``simplesql.isa``)
 _FLIP = {"EQ": "EQ", "NEQ": "NEQ", "LT": "GT", "GT": "LT", "LTE": "GTE", "GTE": "LTE"}
-_KINDS = ("int", "str", "bool", "date")
+_KINDS = ("int", "float", "str", "bool", "date")
 
 
 class _No(Exception):
@@ -49,6 +58,8 @@ def polars_kind(t: pa.DataType) -> str | None:
 
 
 def _polars_type(t: pa.DataType, pl):
+    if pat.is_floating(t):
+        return pl.Float32 if pat.is_float32(t) else pl.Float64
     if pat.is_integer(t):
         return {"int8": pl.Int8, "int16": pl.Int16, "int32": pl.Int32, "int64": pl.Int64,
                 "uint8": pl.UInt8, "uint16": pl.UInt16, "uint32": pl.UInt32, "uint64": pl.UInt64}[str(t)]
@@ -70,11 +81,21 @@ def _column(node, schema: pa.Schema) -> tuple[str, pa.DataType] | None:
     return None
 
 
+def _values(nodes, t: pa.DataType) -> list:
+    """The values of literals ``nodes`` compared with a column of type ``t`` together (an
+    ``IN`` list, ``BETWEEN``'s bounds; ``pushable.float_group_fits``)."""
+    if polars_kind(t) == "float" and not pushable.float_group_fits(nodes, t):
+        raise _No("a float literal group DuckDB compares in double precision")
+    return [_value(n, t) for n in nodes]
+
+
 def _value(node, t: pa.DataType) -> Any:
     """The Python value of literal ``node`` compared with a column of type ``t``."""
     if not pushable.literal_fits(node, t):
         raise _No("literal")
     kind = polars_kind(t)
+    if kind == "float":
+        return pushable.float_value(node, t)
     if kind == "int":
         return int(pushable._number(node))
     if kind == "bool":
@@ -134,12 +155,12 @@ def _shape(node, schema: pa.Schema) -> tuple:
         if c is None or node.args.get("query") is not None or node.args.get("unnest") is not None \
                 or not node.expressions:
             raise _No("IN")
-        return ("in", c[0], [_value(e, c[1]) for e in node.expressions], c[1])
+        return ("in", c[0], _values(node.expressions, c[1]), c[1])
     if isa(node, "Between"):
         c = _column(node.this, schema)
         if c is None or node.args.get("symmetric"):
             raise _No("BETWEEN")
-        low, high = (("val", _value(node.args[k], c[1]), c[1]) for k in ("low", "high"))
+        low, high = (("val", v, c[1]) for v in _values([node.args["low"], node.args["high"]], c[1]))
         return ("and", ("cmp", ">=", c[0], low), ("cmp", "<=", c[0], high))
     raise _No(type(node).__name__)
 
@@ -169,8 +190,6 @@ def _build(shape: tuple, pl):
 
 def translatable(tree, schema: pa.Schema) -> bool:
     """Whether predicate ``tree`` is in the whitelist (polars is not imported)."""
-    if not pushable.equivalent(tree, schema):
-        return False
     try:
         _shape(tree, schema)
     except _No:

@@ -13,8 +13,9 @@ itself (``duckeval``). The grammar is a whitelist by node type AND operand types
 * columns that are integers (signed or unsigned), ``string`` / ``large_string``,
   ``bool``, ``date32``, time-zone-naive timestamps and ``decimal128`` (against plain
   decimal literals the column's type holds exactly); ``float32`` / ``float64`` against
-  literals the column's type represents exactly (never column against column, never in
-  ``IN``), with ``>`` / ``>=`` keeping NaN rows (DuckDB: NaN is greater than every number);
+  the literals whose value DuckDB rounds to the column's type once (``float_value``: those
+  it holds exactly, and plain decimals such as ``0.9``; never column against column, never
+  in ``IN``), with ``>`` / ``>=`` keeping NaN rows (DuckDB: NaN is greater than every number);
 * integer literals that fit the column's type; string literals against strings, strict
   ISO dates / timestamps (no more fractional digits than the column keeps) against dates
   and timestamps; ``LIKE`` with a pattern of plain characters and ``%`` only.
@@ -118,9 +119,63 @@ def _exact_float(v: Decimal, t: pa.DataType) -> bool:
     if not np.isfinite(f):
         return False
     if pat.is_float32(t):
-        f32 = np.float32(f)
+        with np.errstate(over="ignore"):  # beyond float32: inf, not exact
+            f32 = np.float32(f)
         return bool(np.isfinite(f32)) and Decimal(float(f32)) == v
     return Decimal(f) == v
+
+
+#: a float type's significand bits and the largest power of ten it holds exactly (5**k < 2**bits)
+_FLOAT_EXACT = {"float": (24, 10), "double": (53, 22)}
+
+
+def float_value(node, t: pa.DataType) -> float | None:
+    """The value DuckDB compares a ``float32`` / ``float64`` column (type ``t``) with, for
+    numeric literal ``node``, where it is the literal correctly rounded to ``t`` (the value
+    ``sqlexpr`` gives it); else None.
+
+    - A literal ``t`` holds exactly: itself (in ``t`` or in double precision, alike).
+    - A plain decimal (``0.9``, ``-2.5``, ``3``): DuckDB types it DECIMAL (INTEGER) and
+      casts it to ``t`` as its unscaled integer divided by its power of ten. Where both are
+      exact in ``t``, that is one rounding: the correctly rounded value. (Python rounds to
+      double first, then to float32: one rounding too, since 53 >= 2 * 24 + 2.)
+    - Exponent form (``1e-1``) is a DOUBLE in DuckDB: against ``float64``, correctly
+      rounded by both parsers; against ``float32`` DuckDB compares in double precision,
+      so only an exact one qualifies.
+    """
+    v = _number(node)
+    if v is None:
+        return None
+    if _exact_float(v, t):
+        return float(v)
+    f32 = pat.is_float32(t)
+    if f32 and _double_literal(node):
+        return None
+    _, digits, exponent = v.as_tuple()
+    bits, pow10 = _FLOAT_EXACT[str(t)]
+    if exponent > 0 or -exponent > pow10 or int("".join(map(str, digits)) or "0") >= 2 ** bits:
+        return None
+    value = float(v)
+    if f32:
+        value = float(np.float32(value))
+        if not np.isfinite(value):  # pragma: no cover - below 2**24 at most 10 places: finite
+            return None
+    return value
+
+
+def _double_literal(node) -> bool:
+    """Whether DuckDB types numeric literal ``node`` DOUBLE (exponent form)."""
+    return "e" in _text(node).lower()
+
+
+def float_group_fits(nodes, t: pa.DataType) -> bool:
+    """Whether literals ``nodes``, compared with a float column of type ``t`` together (an
+    ``IN`` list, ``BETWEEN``'s bounds), each mean ``float_value``: against ``float32``,
+    DuckDB compares the whole group in double precision where one of them is a DOUBLE, so
+    then every one must be exact in ``float32``."""
+    if pat.is_float32(t) and any(_double_literal(n) for n in nodes):
+        return all((v := _number(n)) is not None and _exact_float(v, t) for n in nodes)
+    return all(float_value(n, t) is not None for n in nodes)
 
 
 def _valid_date(text: str) -> bool:
@@ -147,8 +202,7 @@ def literal_fits(node, t: pa.DataType) -> bool:
         except (pa.ArrowInvalid, OverflowError):
             return False
     if kind == "float":
-        v = _number(node)
-        return v is not None and _exact_float(v, t)
+        return float_value(node, t) is not None
     if kind == "dec":  # a plain decimal literal the column's type holds exactly
         v = _number(node)
         if v is None or "e" in _text(node).lower():
@@ -224,6 +278,8 @@ def equivalent(node, schema: pa.Schema) -> bool:
         t = _column_type(node.this, schema)
         if t is None or _kind(t) is None or node.args.get("symmetric"):
             return False
+        if _kind(t) == "float":
+            return float_group_fits([node.args["low"], node.args["high"]], t)
         return literal_fits(node.args["low"], t) and literal_fits(node.args["high"], t)
     if isa(node, "Like"):
         t = _column_type(node.this, schema)
