@@ -54,7 +54,7 @@ OUT = HERE / "out"
 RESULTS = HERE / "RESULTS.md"
 CHART = HERE / "results.png"
 QUICK_ROWS, FULL_ROWS = 1_000_000, 4_000_000
-THROUGHPUT = ("W1", "W2", "W2i", "W2h", "W3", "W4")
+THROUGHPUT = ("W1", "W2", "W2i", "W2f", "W2h", "W3", "W4")
 #: Workloads left out of --quick (the hive copy takes longer to write than they take to run).
 QUICK_SKIP = ("W2h",)
 #: Bare decode does not depend on the order a loader wants: W3's limit is W1's decode.
@@ -221,6 +221,9 @@ def _pruned(w: Workload, stats: dict, rows: int) -> bool:
     if w.filter == "id10":
         r = rng("id")
         return r is not None and r[0] >= id_bound(rows)
+    if w.filter == "f90":
+        f, lab = rng("f0"), rng("label")
+        return (f is not None and f[1] <= 0.9) or (lab is not None and not (lab[0] <= 1 <= lab[1]))
     if w.filter == "us1":
         c, lab = rng("country"), rng("label")
         return (c is not None and not (c[0] <= "US" <= c[1])) or (lab is not None and not (lab[0] <= 1 <= lab[1]))
@@ -612,7 +615,7 @@ def targets_i12(cells, rows: int) -> list[tuple[str, bool | None, str]]:
     ratio_target("global shuffle (W3), table build included, ≥ 0.5× polars' bare decode (of W1)", a3, d1, 0.5)
     ratio_target("global shuffle (W3) ≥ 1.0× polars' streaming hash-sort shuffle", a3, h3, 1.0)
     ratio_target("block shuffle (W3, arrowload-block) ≥ 0.7× polars' bare decode (of W1)", b3, d1, 0.7)
-    for wk in ("W2", "W2i"):
+    for wk in ("W2", "W2i", "W2f"):
         a, p = get(wk), get(wk, "polars")
         if a and p:
             r, ev = _vs(a, p)
@@ -633,6 +636,7 @@ def targets_i12(cells, rows: int) -> list[tuple[str, bool | None, str]]:
     modes = [("unshuffled (W1)", a1, p1, "polars batches'"),
              ("filter W2", get("W2"), get("W2", "polars"), "polars batches'"),
              ("filter W2i", get("W2i"), get("W2i", "polars"), "polars batches'"),
+             ("filter W2f", get("W2f"), get("W2f", "polars"), "polars batches'"),
              ("global shuffle (W3)", a3, h3, "polars' hash-sort shuffle's"),
              ("block shuffle (W3)", b3, h3, "polars' hash-sort shuffle's"),
              ("emb (W4)", get("W4"), get("W4", "polars"), "polars batches'")]
@@ -828,7 +832,7 @@ def chart(cells, rows: int, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    wks = [wk for wk in ("W1", "W2", "W2i", "W3", "W4") if any(c.workload.key == wk for c in cells)]
+    wks = [wk for wk in ("W1", "W2", "W2i", "W2f", "W3", "W4") if any(c.workload.key == wk for c in cells)]
     fig, axes = plt.subplots(len(wks), 1, figsize=(8, 2.1 + 2.0 * len(wks)), squeeze=False)
     for ax, wk in zip(axes[:, 0], wks):
         mine = [c for c in cells if c.workload.key == wk and not c.verify_only and rate(c)]

@@ -45,10 +45,11 @@ FEATURES = [f"f{i}" for i in range(16)]
 FILTER_SQL = "country = 'US' AND label = 1"
 #: The filters of the workloads, by key. ``us1`` keeps ~7% of rows spread over every row
 #: group (statistics cannot prune it); ``id10`` keeps the first 10% of ids (``id < 400000``
-#: on the 4M-row lake), whole row groups that footers' statistics prune.
-FILTERS = {"us1": FILTER_SQL, "id10": "id < {bound}"}
+#: on the 4M-row lake), whole row groups that footers' statistics prune; ``f90`` keeps ~4%
+#: of rows by a float32 feature against a literal DuckDB rounds to float32 (``0.9``).
+FILTERS = {"us1": FILTER_SQL, "id10": "id < {bound}", "f90": "f0 > 0.9 AND label = 1"}
 #: The columns each filter reads besides the selection's.
-FILTER_COLUMNS = {"us1": ("country", "label"), "id10": ("id",)}
+FILTER_COLUMNS = {"us1": ("country", "label"), "id10": ("id",), "f90": ("f0", "label")}
 RESULT_PREFIX = "@@RESULT "
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -96,6 +97,9 @@ def pa_filter(spec: dict):
     import pyarrow.compute as pc
     if w.filter == "us1":
         return (pc.field("country") == "US") & (pc.field("label") == 1)
+    if w.filter == "f90":
+        import pyarrow as pa
+        return (pc.field("f0") > pa.scalar(0.9, pa.float32())) & (pc.field("label") == 1)
     return pc.field("id") < id_bound(spec["lake_rows"])
 
 
@@ -107,6 +111,8 @@ def pl_filter(spec: dict):
     import polars as pl
     if w.filter == "us1":
         return (pl.col("country") == "US") & (pl.col("label") == 1)
+    if w.filter == "f90":
+        return (pl.col("f0") > pl.lit(0.9, dtype=pl.Float32)) & (pl.col("label") == 1)
     return pl.col("id") < id_bound(spec["lake_rows"])
 
 
@@ -116,6 +122,8 @@ WORKLOADS: dict[str, Workload] = {w.key: w for w in [
              filter="us1"),
     Workload("W2i", "W1 + filter `id < rows/10` (`id < 400000` on the 4M-row lake: 10% of rows, "
              "row groups prunable by statistics)", tuple(FEATURES), 4096, filter="id10"),
+    Workload("W2f", "W1 + filter `f0 > 0.9 AND label = 1` (~4% of rows, a float32 column against a "
+             "decimal literal)", tuple(FEATURES), 4096, filter="f90"),
     Workload("W2h", "W2 on the hive copy (country=.../ folders)", tuple(FEATURES), 4096, filter="us1",
              hive=True),
     Workload("W3", "W1 shuffled (global where the peer can), batch 1024", tuple(FEATURES), 1024,
@@ -139,7 +147,7 @@ class Peer:
     label: str                   # how the tables name it
     options: dict = field(default_factory=dict)
     role: str = "peer"           # "decode" (bare decode: the limit) | "tuned" | "arrowload" | "peer"
-    workloads: tuple[str, ...] = ("W1", "W2", "W2i", "W2h", "W3", "W4", "W5", "W6", "W6w")
+    workloads: tuple[str, ...] = ("W1", "W2", "W2i", "W2f", "W2h", "W3", "W4", "W5", "W6", "W6w")
     #: lake size cap per mode ("quick" / "full"), per workload or "*": slow peers run on a
     #: smaller lake of the same generator (flagged in the tables); None = the main lake.
     caps: dict = field(default_factory=dict)
@@ -157,9 +165,9 @@ class Peer:
 SMALL, TINY = 250_000, 20_000
 PEERS: dict[str, Peer] = {p.key: p for p in [
     Peer("decode-pyarrow", "bare_decode", "bare decode: pyarrow tuned Scanner (no conversion)",
-         {"engine": "pyarrow"}, role="decode", workloads=("W1", "W2", "W2i", "W2h", "W3", "W4")),
+         {"engine": "pyarrow"}, role="decode", workloads=("W1", "W2", "W2i", "W2f", "W2h", "W3", "W4")),
     Peer("decode-polars", "bare_decode", "bare decode: polars streaming collect()",
-         {"engine": "polars"}, role="decode", workloads=("W1", "W2", "W2i", "W2h", "W3", "W4")),
+         {"engine": "polars"}, role="decode", workloads=("W1", "W2", "W2i", "W2f", "W2h", "W3", "W4")),
     Peer("arrowload", "arrowload_loader", "arrowload Dataset.loader(output='torch')", role="arrowload"),
     Peer("arrowload-block", "arrowload_loader", "arrowload loader, shuffle='block'",
          {"shuffle": "block"}, role="arrowload", workloads=("W3",)),
@@ -186,7 +194,7 @@ PEERS: dict[str, Peer] = {p.key: p for p in [
          caps={"full": {"*": 1_000_000}}, quick=(), heavy=True,
          why_not_quick="ray.init and the first batch take seconds in every run (fresh process)"),
     Peer("lance", "lance_scanner", "Lance (converted copy) scanner / take",
-         workloads=("W1", "W2", "W2i", "W3", "W4", "W5"),
+         workloads=("W1", "W2", "W2i", "W2f", "W3", "W4", "W5"),
          caps={"quick": {"W3": TINY}, "full": {"W3": SMALL}}),
     Peer("petastorm", "petastorm_reader", "Petastorm make_batch_reader", workloads=("W1",)),
 ]}
