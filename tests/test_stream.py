@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import arrowload as al
+from arrowload.pipeline.loader import STREAM_READERS
 from arrowload.pipeline.streamreads import StreamReads, merge_ranges
 from arrowload.scan.stream import STREAM_DECODER, WINDOW_DECODER, StreamQuery
 from _support import fresh_python
@@ -621,3 +622,21 @@ def test_block_windows_read_per_unit_in_a_forked_child_of_a_polars_process(lake,
     got, dec = epoch()
     assert got == want
     assert not any(calls) and WINDOW_DECODER not in dec
+
+
+def test_a_streamed_epoch_reads_on_one_thread_unless_told(lake, cache_dir, monkeypatch):
+    """The stream's tasks take their rows one at a time while polars decodes on its own
+    pool: by default one reader thread takes them; ``io_threads`` still sets the bound."""
+    monkeypatch.setenv("ARROWLOAD_STREAM", "1")
+    ds = al.dataset(lake).filter("k < 5").select("id", "x")
+    for io_threads, bound in ((None, STREAM_READERS), (2, 2)):
+        names: set[str] = set()
+        with ds.loader(64, io_threads=io_threads, cache_dir=cache_dir) as loader:
+            ids = []
+            for b in loader:
+                names |= {t.name for t in threading.enumerate() if t.name.startswith("arrowload-read-")}
+                ids += list(b["id"])
+            s = loader.stats()
+        assert set(s.decoders) == {STREAM_DECODER}
+        assert s.readers_max == bound and len(names) <= bound, (io_threads, s.readers_max, names)
+        assert ids == [r["id"] for r in _duck(lake, ["id"], "k < 5")]

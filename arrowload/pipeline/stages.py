@@ -76,7 +76,9 @@ class Stages:
     - ``held``: bytes the reads hold outside their tasks for the whole iteration (a polars
       stream's read-ahead, ``streamreads.py``), counted in the budget from the start;
     - ``close()`` (optional): stops what ``read`` runs outside the tasks (the stream's
-      query), called first when the iteration ends or is closed.
+      query), called first when the iteration ends or is closed;
+    - ``readers`` (optional): the most reader threads these reads can use, below
+      ``Settings.max_readers`` (a polars stream's tasks take their rows one at a time).
     """
 
     tasks: Iterable[Task]
@@ -90,6 +92,7 @@ class Stages:
     device: Callable[[], dict] | None = None
     held: int = 0
     close: Callable[[], None] | None = None
+    readers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -381,7 +384,7 @@ class Pipeline:
         self.budget = ByteBudget(settings.prefetch, self.stop)
         self._held = self.budget.charge(max(0, int(stages.held)))  # never released: the reads hold it
         self.out: queue.Queue = queue.Queue()
-        bound = max(1, settings.max_readers)
+        bound = max(1, min(settings.max_readers, stages.readers or settings.max_readers))
         self.stats = LoaderStats(readers_max=bound, prefetch=settings.prefetch, cores=usable_cores())
         self.readers = Readers(bound)
         self.cache = SharedCache(bound + 1 if settings.share_units else 0)
