@@ -83,6 +83,9 @@ def _table(k: int, p: str, rng: np.random.Generator, start: int) -> pa.Table:
             dt.date(2023, 12, 31)]
     times = [dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 1, 0, 0, 0, 500), dt.datetime(2024, 1, 1, 12),
              dt.datetime(2023, 12, 31, 23, 59, 59), dt.datetime(1970, 1, 1)]
+    midnight = 1_704_067_200 * 10**9
+    nanos = [midnight, midnight + 1, midnight + 1_000, midnight + 1_000_000, midnight + 43_200 * 10**9, 0,
+             -1_000]
     lists = [[], [1], [1, 2], [2, None], [3, 4, 5], None]
     f64 = pick(fl, pa.float64())
     return pa.table({
@@ -93,6 +96,11 @@ def _table(k: int, p: str, rng: np.random.Generator, start: int) -> pa.Table:
         "f64": f64, "dec": pick(dec, pa.decimal128(10, 2)), "s": pick(strs, pa.string()),
         "d": pick(days, pa.date32()), "ts": pick(times, pa.timestamp("us")),
         "tsz": pick(times, pa.timestamp("us")).cast(pa.timestamp("us", tz="UTC")),
+        # a millisecond and a nanosecond column: values a unit after midnight, typed literals
+        # (microseconds) and plain strings meeting them
+        "tms": pa.array([None if v is None else v // 10**6 for v in pick(nanos, pa.int64()).to_pylist()],
+                        pa.int64()).cast(pa.timestamp("ms")),
+        "tns": pick(nanos, pa.int64()).cast(pa.timestamp("ns")),
         "b": pick([True, False], pa.bool_()), "l": pick(lists, pa.list_(pa.int64()), nulls=0.0),
     })
 
@@ -143,7 +151,9 @@ NUM_LITS = ["0", "1", "-1", "2", "3", "5", "127", "128", "-128", "-129", "255", 
 STR_LITS = ["''", "'a'", "'ab'", "'abc'", "'ab%'", "'ab\\x'", "'a_c'", "'é'", "'b'", "'1'", "'01'", "'x'",
             "'2024-01-01'", "NULL"]
 DATE_LITS = ["'2024-01-01'", "DATE '2024-01-02'", "'2024-03-01'", "TIMESTAMP '2024-01-01 00:00:00'",
-             "'2024-01-01 12:00:00'", "'1970-01-01'", "NULL"]
+             "'2024-01-01 12:00:00'", "'1970-01-01'", "NULL", "TIMESTAMP '2024-01-01 00:00:00.000001'",
+             "'2024-01-01 00:00:00.000000001'", "'2024-01-01 00:00:00.001'", "TIMESTAMP '2024-01-01 00:00:00.001'",
+             "TIMESTAMP '2024-01-01 00:00:00.000000001'"]
 LIKE_PATS = ["'a%'", "'%b%'", "'ab\\%'", "'ab\\\\x'", "'a_c'", "'%\\_'", "'%'", "'_'", "'%é'", "'AB%'", "'a__'"]
 OPS = ["=", "<>", "!=", "<", "<=", ">", ">="]
 
@@ -152,7 +162,7 @@ lit_for = {
     "bool": st.sampled_from(["true", "false", "NULL"]),
 }
 col_kind = {**{c: "num" for c in INT_COLS + FLOAT_COLS + ["dec"]}, "s": "str", "p": "str",
-            "d": "date", "ts": "date", "tsz": "date", "b": "bool"}
+            "d": "date", "ts": "date", "tsz": "date", "tms": "date", "tns": "date", "b": "bool"}
 
 
 @st.composite
@@ -366,19 +376,24 @@ def test_issue_examples_match_duckdb(opened, con, lake, expr):
     check(opened, con, lake, expr, loader=True)
 
 
-# Float literals DuckDB rounds to the column's type once (``pushable.float_value``) are
-# pushed into the scan (pruning, the polars stream); the others stay with DuckDB. The lake
+# Float literals DuckDB rounds to the column's type once (``pushable.float_value``), and
+# typed TIMESTAMP literals, are pushed into the scan (pruning, the polars stream); the
+# others stay with DuckDB. The lake
 # holds 0.1 and 1.005 in every float type: ``f32 = 0.1`` holds only compared in float32.
 FLOAT_LITERALS = [
     ("f32 = 0.1", True), ("f32 >= 0.1", True), ("f32 < 1.005", True), ("0.1 = f32", True), ("f64 = 0.1", True),
     ("f64 >= 1.005", True), ("f32 BETWEEN 0.1 AND 2.5", True), ("f64 > 1e-1", True), ("NOT (f32 > 0.1)", True),
     ("f32 <> 0.1", True), ("f32 > 1e-1", False), ("f32 BETWEEN 0.1 AND 1e0", False), ("f32 = 16777217", False),
     ("f32 > 0.00000000001", False), ("f64 > 0.12345678901234567", False), ("f32 IN (0.1, 1.5)", False),
+    # typed TIMESTAMP literals (microseconds in DuckDB) meet ms / us / ns columns in the scan
+    ("tns = TIMESTAMP '2024-01-01 00:00:00'", True), ("tms >= TIMESTAMP '2024-01-01 00:00:00.001'", True),
+    ("ts < TIMESTAMP '2024-01-01 12:00:00'", True), ("tns > TIMESTAMP '2024-01-01 00:00:00.000000001'", False),
+    ("tns = '2024-01-01 00:00:00.000000001'", True),
 ]
 
 
 @pytest.mark.parametrize("expr,pushed", FLOAT_LITERALS)
-def test_float_literals_rounded_once_are_pushed(opened, con, lake, expr, pushed):
+def test_float_and_timestamp_literals_pushed(opened, con, lake, expr, pushed):
     check(opened, con, lake, expr, loader=True)
     plan = opened[0].filter(expr).optimized_plan()
     assert (not any(isinstance(n, Filter) for n in walk(plan))) == pushed, (expr, plan)

@@ -6,8 +6,9 @@ string (with ``''``, ``é``, ``%``), boolean, date and float (``float32`` / ``fl
 NaN, ``-0.0``, infinities and values literals round to) columns full of nulls, mixing the
 whitelisted shapes (comparisons with literals and with columns of the same type, IN and
 NOT IN lists, BETWEEN, IS [NOT] NULL, bare booleans, TRUE / FALSE) under AND / OR / NOT with
-shapes outside the whitelist (decimals, timestamps, LIKE, arithmetic, literals DuckDB
-rounds twice or compares in double precision). The float columns' first row group holds
+shapes outside the whitelist (decimals, zoned timestamps, LIKE, arithmetic, literals
+DuckDB rounds twice or compares in double precision). Timestamps come in ``ms``, ``us``
+and ``ns``, with values a unit after midnight and just before the epoch. The float columns' first row group holds
 no value above 0.5 but NaN, which writers leave out of its statistics.
 For every expression:
 
@@ -70,6 +71,17 @@ def _table() -> pa.Table:
                   for k, i in enumerate(rng.integers(0, len(fl), ROWS) % np.where(np.arange(ROWS) < ROWS // 4,
                                                                                       len(low), len(fl)))]
         return pa.array(values, pa.float64()).cast(typ)
+
+    # nanoseconds since the epoch: midnight and a unit after it in each unit, noon, the
+    # epoch and just before it; each column keeps what its unit holds (truncated)
+    midnight = 1_704_067_200 * 10**9
+    ns = [midnight, midnight + 1, midnight + 1_000, midnight + 1_000_000, midnight + 43_200 * 10**9, 0, -1_000,
+          midnight - 10**9]
+
+    def stamps(unit):
+        per = {"ms": 10**6, "us": 10**3, "ns": 1}[unit]
+        return pa.array([None if v is None else v // per for v in pick(ns, pa.int64()).to_pylist()],
+                        pa.int64()).cast(pa.timestamp(unit))
     return pa.table({
         "id": pa.array(np.arange(ROWS), pa.int64()),
         "i8": pick(i8, pa.int8()), "i8b": pick(i8, pa.int8()),
@@ -79,9 +91,10 @@ def _table() -> pa.Table:
         "b": pick([True, False], pa.bool_()), "b2": pick([True, False], pa.bool_()),
         "d": pick(days, pa.date32()), "d2": pick(days, pa.date32()),
         "f": floats(pa.float64()), "f2": floats(pa.float64()), "g": floats(pa.float32()), "g2": floats(pa.float32()),
+        "t": stamps("us"), "t2": stamps("us"), "tm": stamps("ms"), "tn": stamps("ns"),
         # outside the whitelist
         "dec": pick([decimal.Decimal("1.50"), decimal.Decimal("-2.00")], pa.decimal128(5, 2)),
-        "ts": pick([dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 1, 12)], pa.timestamp("us")),
+        "tz": pick([dt.datetime(2024, 1, 1), dt.datetime(2024, 1, 1, 12)], pa.timestamp("us", tz="UTC")),
     })
 
 
@@ -97,14 +110,17 @@ LITS = {
     "bool": ["true", "false", "NULL"],
     "date": ["'2024-01-01'", "DATE '2024-01-02'", "'1970-01-01'", "'2023-12-31'", "'2024-01-01 00:00:00'"],
     # exact, rounded once (plain decimals), DOUBLE (exponent form), rounded twice, beyond float32
+    "ts": ["'2024-01-01'", "'2024-01-01 00:00:00'", "TIMESTAMP '2024-01-01 12:00:00'", "DATE '2024-01-01'",
+           "'2024-01-01 00:00:00.001'", "'2024-01-01 00:00:00.000001'", "'2024-01-01 00:00:00.000000001'",
+           "'1970-01-01'", "'1969-12-31 23:59:59.999999'", "'2024-01-01T12:00:00'", "'3000-01-01'", "NULL"],
     "float": ["0", "-0.0", "0.5", "2", "0.9", "0.1", "1.005", "123456.7", "16777217", "0.300000001", "1e-1",
               "5e-1", "2e0", "1e-46", "0.00000000001", "1e39", "-1", "NULL"],
 }
 COLS = {"i8": "i8", "i8b": "i8", "u8": "u8", "i32": "i32", "i64": "i64", "i64b": "i64", "u64": "u64",
         "s": "str", "s2": "str", "ls": "str", "b": "bool", "b2": "bool", "d": "date", "d2": "date",
-        "f": "float", "f2": "float", "g": "float", "g2": "float"}
-PAIRS = [("i8", "i8b"), ("i64", "i64b"), ("s", "s2"), ("b", "b2"), ("d", "d2"), ("f", "f2"), ("g", "g2")]
-OUTSIDE = ["f = g", "g > 0.1e0", "g IN (0.9, 1e0)", "g BETWEEN 0.1 AND 1e0", "f > 0.12345678901234567", "dec > 1", "ts > '2024-01-01'", "s LIKE 'a%'", "i8 + 1 > 0", "length(s) > 1",
+        "f": "float", "f2": "float", "g": "float", "g2": "float", "t": "ts", "t2": "ts", "tm": "ts", "tn": "ts"}
+PAIRS = [("i8", "i8b"), ("i64", "i64b"), ("s", "s2"), ("b", "b2"), ("d", "d2"), ("f", "f2"), ("g", "g2"), ("t", "t2")]
+OUTSIDE = ["f = g", "g > 0.1e0", "g IN (0.9, 1e0)", "g BETWEEN 0.1 AND 1e0", "f > 0.12345678901234567", "dec > 1", "tz > '2024-01-01'", "t = tm", "s LIKE 'a%'", "i8 + 1 > 0", "length(s) > 1",
            "i8 = i32", "s = ls"]
 OPS = ["=", "<>", "<", "<=", ">", ">="]
 
@@ -213,6 +229,10 @@ WHITELIST_EXAMPLES = [
     "f = f2", "g <> g2", "g < g2", "g IN (0.9, 0.1, -0.0)", "f NOT IN (0.5, 2)", "f BETWEEN 0.1 AND 1e0",
     "g BETWEEN -0.0 AND 0.9", "f > 1e-1", "g > 5e-1", "0.9 < g", "g = 123456.7", "f IS NULL",
     "i8 = 1 AND g > 0.12345678901",
+    # timestamps: counts of the column's unit; a date is its midnight
+    "t > '2024-01-01'", "tn = '2024-01-01 00:00:00.000000001'", "tm < TIMESTAMP '2024-01-01 12:00:00'",
+    "t IN ('2024-01-01', DATE '1970-01-01', '1969-12-31 23:59:59.999999')", "t >= DATE '2024-01-01'",
+    "tn BETWEEN '1969-12-31 23:59:59.999999' AND '2024-01-01'", "t = t2", "NOT (tm <> '2024-01-01 00:00:00.001')",
 ]
 
 
@@ -226,10 +246,13 @@ def test_what_is_left_to_arrowloads_evaluator():
     """Decimals, timestamps, LIKE, arithmetic, mixed types and float literals DuckDB rounds
     twice or compares in double precision are never handed to polars; a conjunction splits
     into the part polars takes and the rest."""
-    for text in OUTSIDE + ["i8 = 128", "u8 = -1", "i8 IN (1, 1.5)"]:
+    for text in OUTSIDE + ["i8 = 128", "u8 = -1", "i8 IN (1, 1.5)", "tn < '3000-01-01'",
+                           "t = '2024-01-01 00:00:00.000000001'"]:
         e = SqlExpr.parse(text, SCHEMA, "filter")
         assert not translatable(e.tree, SCHEMA), text
         assert split_for_polars(e, SCHEMA) is None, text
+    seconds = pa.schema([("ts", pa.timestamp("s"))])  # polars has no seconds unit
+    assert not translatable(SqlExpr.parse("ts > '2024-01-01'", seconds, "filter").tree, seconds)
     split = split_for_polars(SqlExpr.parse("i8 = 1 AND dec > 1 AND s = 'a'", SCHEMA, "filter"), SCHEMA)
     assert split.polars_columns == {"i8", "s"} and split.rest_columns == {"dec"}
     assert split_for_polars(SqlExpr.parse("i8 = 1 OR dec > 1", SCHEMA, "filter"), SCHEMA) is None

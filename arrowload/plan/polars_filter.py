@@ -11,9 +11,11 @@ type AND operand types, each shape checked against DuckDB by a differential test
   the very same type, ``col [NOT] IN (literals)``, ``col BETWEEN literal AND literal``,
   ``col IS [NOT] NULL``, a boolean column, ``TRUE`` / ``FALSE``, combined with AND / OR /
   NOT (polars' ``&`` / ``|`` / ``~`` are three-valued like SQL's, and a null keeps no row);
-* columns that are integers (signed or unsigned), ``string`` / ``large_string``, ``bool``
-  and ``date32``, with literals ``pushable.literal_fits`` accepts for that column type, typed
-  as the column (as DuckDB and ``sqlexpr`` type them);
+* columns that are integers (signed or unsigned), ``string`` / ``large_string``, ``bool``,
+  ``date32`` and time-zone-naive ``timestamp`` in ``ms`` / ``us`` / ``ns``, with literals
+  ``pushable.literal_fits`` accepts for that column type, typed as the column (as DuckDB and
+  ``sqlexpr`` type them: a timestamp literal is a count of the column's unit, a date one
+  its midnight);
 * ``float32`` / ``float64`` columns, also against each other and in ``IN`` lists: DuckDB and
   polars both order floats totally (NaN equal to NaN and above every number, ``-0.0``
   equal to ``0.0``), and polars is told to read no statistics (writers leave NaN out of
@@ -24,9 +26,9 @@ type AND operand types, each shape checked against DuckDB by a differential test
   precision, and with it every literal of its ``IN`` list or ``BETWEEN``: such a group
   translates only where every literal is exact in ``float32``.
 
-Decimals, timestamps, LIKE and everything else stay with arrowload's evaluator. A
-predicate is split at its top-level ANDs: the translated conjuncts prefilter in polars, the
-others (if any) are evaluated after, over the rows polars kept.
+Decimals, zoned or second-unit timestamps, LIKE and everything else stay with arrowload's
+evaluator. A predicate is split at its top-level ANDs: the translated conjuncts prefilter
+in polars, the others (if any) are evaluated after, over the rows polars kept.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from .simplesql import isa
 
 # node class names (sqlglot's trees and simple ones alike: ``simplesql.isa``)
 _FLIP = {"EQ": "EQ", "NEQ": "NEQ", "LT": "GT", "GT": "LT", "LTE": "GTE", "GTE": "LTE"}
-_KINDS = ("int", "float", "str", "bool", "date")
+_KINDS = ("int", "float", "str", "bool", "date", "ts")
+#: digits after the second of a timestamp unit polars has (no seconds unit)
+_UNIT_DIGITS = {"ms": 3, "us": 6, "ns": 9}
 
 
 class _No(Exception):
@@ -54,6 +58,8 @@ class _No(Exception):
 def polars_kind(t: pa.DataType) -> str | None:
     """The whitelist's kind of a column type, or None when polars does not filter it here."""
     kind = pushable._kind(t)
+    if kind == "ts" and t.unit not in _UNIT_DIGITS:
+        return None
     return kind if kind in _KINDS else None
 
 
@@ -67,6 +73,8 @@ def _polars_type(t: pa.DataType, pl):
         return pl.String
     if pat.is_boolean(t):
         return pl.Boolean
+    if pat.is_timestamp(t):
+        return pl.Datetime(t.unit)
     return pl.Date
 
 
@@ -105,7 +113,27 @@ def _value(node, t: pa.DataType) -> Any:
     typed = pushable._typed_string(node)
     if typed is None:  # pragma: no cover - literal_fits accepted it
         raise _No("literal")
+    if kind == "ts":
+        return _epoch(typed[1], t.unit)
     return typed[1] if kind == "str" else dt.date.fromisoformat(typed[1])
+
+
+def _epoch(text: str, unit: str) -> int:
+    """Timestamp literal ``text`` (``YYYY-MM-DD[ HH:MM:SS[.f]]``, which ``literal_fits``
+    checked: no more fractional digits than ``unit`` keeps) as an integer count of ``unit``
+    since the epoch, as the column holds it; ``_No`` beyond its int64 range."""
+    m = pushable._TIMESTAMP.match(text)
+    if m is None:  # pragma: no cover - literal_fits accepted it
+        raise _No("literal")
+    day, hh, mm, ss, frac = m.groups()
+    seconds = (dt.date.fromisoformat(day) - dt.date(1970, 1, 1)).days * 86_400
+    if hh is not None:
+        seconds += int(hh) * 3_600 + int(mm) * 60 + int(ss)
+    digits = _UNIT_DIGITS[unit]
+    value = seconds * 10 ** digits + (int((frac or "").ljust(digits, "0")) if frac else 0)
+    if not -(2 ** 63) <= value < 2 ** 63:
+        raise _No("a timestamp beyond the column's range")
+    return value
 
 
 _OPS = {"EQ": "==", "NEQ": "!=", "LT": "<", "LTE": "<=", "GT": ">", "GTE": ">="}
@@ -180,10 +208,17 @@ def _build(shape: tuple, pl):
         return pl.col(shape[1]).is_null()
     if kind == "in":
         _, name, values, t = shape
+        if pat.is_timestamp(t):  # integers in the column's unit
+            return pl.col(name).is_in(pl.Series(values, dtype=pl.Int64).cast(_polars_type(t, pl)).implode())
         return pl.col(name).is_in(pl.Series(values, dtype=_polars_type(t, pl)).implode())
     _, op, name, right = shape
     left = pl.col(name)
-    right = pl.col(right[1]) if right[0] == "col" else pl.lit(right[1], dtype=_polars_type(right[2], pl))
+    if right[0] == "col":
+        right = pl.col(right[1])
+    elif pat.is_timestamp(right[2]):
+        right = pl.lit(right[1], dtype=pl.Int64).cast(_polars_type(right[2], pl))
+    else:
+        right = pl.lit(right[1], dtype=_polars_type(right[2], pl))
     return {"==": left.__eq__, "!=": left.__ne__, "<": left.__lt__, "<=": left.__le__,
             ">": left.__gt__, ">=": left.__ge__}[op](right)
 

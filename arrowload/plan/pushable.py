@@ -109,7 +109,7 @@ def _typed_string(node) -> tuple[str, str] | None:
         t = type_name(node.args["to"])
         if t == "DATE":
             return "date", _string(node.this)
-        if t in ("TIMESTAMP", "DATETIME"):
+        if t in ("TIMESTAMP", "TIMESTAMPNTZ", "DATETIME"):  # both parsers spell TIMESTAMP '...' TIMESTAMPNTZ
             return "ts", _string(node.this)
     return None
 
@@ -229,6 +229,8 @@ def literal_fits(node, t: pa.DataType) -> bool:
         if m.group(2) is not None and not (int(m.group(2)) < 24 and int(m.group(3)) < 60 and int(m.group(4)) < 60):
             return False
         frac = m.group(5) or ""
+        if lit_kind == "ts" and len(frac) > _UNIT_DIGITS["us"]:  # a TIMESTAMP literal holds microseconds
+            return False
         return len(frac) <= _UNIT_DIGITS.get(t.unit, -1)
     return False
 
