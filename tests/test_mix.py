@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import arrowload as al
 from arrowload.order.mixture import Apportion, Phase, Schedule, floor_sum, quantize, rank_blocks
+from arrowload.pipeline.loader import STREAM_READERS
 
 from _support import CountingLocalFileSystem, fresh_python, lake_facts
 from conftest import duck, parquet_scan
@@ -770,8 +771,10 @@ def test_unshuffled_mixture_from_the_union_stream_equals_the_per_unit_path(parqu
             if env == "1":
                 assert loader._stream is not None and loader._stream.failed is None
                 assert loader._stream.queries == 1 and loader.stats().peak_prefetch_bytes >= loader._stream.peak > 0
+                assert loader.stats().readers_max == STREAM_READERS  # its tasks take rows one at a time
             else:
                 assert loader._stream is None
+                assert loader.stats().readers_max == loader.max_readers
     assert len(calls) == world  # one query per rank's epoch
     for rank in range(world):
         assert got["1", rank] == got["0", rank] and got["1", rank]

@@ -43,7 +43,7 @@ from ..order.tasks import READ_SHARE, read_rows
 from ..pipeline import arguments as _arguments
 from ..convert.host import array_valued
 from ..pipeline.chunks import HostChunk, _varlist
-from ..pipeline.loader import Loader, rank_and_world
+from ..pipeline.loader import STREAM_READERS, Loader, rank_and_world
 from ..pipeline.rowsource import _parts, slice_parts
 from ..pipeline.stages import EpochIterator, Settings, SharedCache, Stages
 from ..options import default_cache_dir
@@ -212,7 +212,9 @@ class MixtureLoader:
                         combine=self._chunks.combine if self._chunks is not None else concat_arrow,
                         finish=self._output, transform=self._transform,
                         deliver=self._device_stage.ready if self._device_stage is not None else None,
-                        held=held, close=stream.close if stream is not None else None)
+                        held=held, close=stream.close if stream is not None else None,
+                        # as a single loader's stream (pipeline/loader.py STREAM_READERS)
+                        readers=STREAM_READERS if stream is not None and o.io_threads is None else None)
         # the decoded-unit caches' (or the stream's queues') bytes are taken out of the
         # budget (stats() counts them)
         settings = Settings(batch_size=o.batch_size, prefetch=max(1, o.prefetch - self._shared.cache_bytes),
