@@ -334,7 +334,11 @@ def gather(found: list[list], base: np.ndarray, idx: np.ndarray, pool) -> HostCh
     components' rows concatenated (component ``c``'s parts ``found[c]`` from ``base[c]``:
     :class:`Rows` or host chunks), each row copied once from its host arrays to its place;
     None where a part has no host chunk (an Arrow batch) or a column is not an array (the
-    Arrow path then)."""
+    Arrow path then).
+
+    Parts that pick rows by position from one host chunk (the members of one stream batch,
+    whatever their component) are moved together: one take and one scatter per chunk and
+    column, not one per part (a 2.4M-row epoch of three components made 5,151 calls of each)."""
     hosts = [[(p, None) if isinstance(p, HostChunk) else (getattr(p, "host", None), getattr(p, "idx", None))
               for p in parts] for parts in found]
     if any(h is None for parts in hosts for h, _ in parts):
@@ -345,21 +349,33 @@ def gather(found: list[list], base: np.ndarray, idx: np.ndarray, pool) -> HostCh
     n = len(idx)
     where = np.empty(n, dtype=np.int64)
     where[idx] = np.arange(n, dtype=np.int64)
+    whole: list = []  # (host, output positions): every row of the host, in order
+    picked: dict[int, list] = {}  # id(host) -> [host, positions..., rows...]: rows by position
+    for c, parts in enumerate(hosts):
+        at = int(base[c])
+        for host, rows in parts:
+            k = host.num_rows if rows is None else len(rows)
+            if rows is None:
+                whole.append((host, where[at:at + k]))
+            else:
+                g = picked.setdefault(id(host), [host, [], []])
+                g[1].append(where[at:at + k])
+                g[2].append(rows)
+            at += k
+    moves = whole + [(h, np.concatenate(pos) if len(pos) > 1 else pos[0],
+                      np.concatenate(rows) if len(rows) > 1 else rows[0]) for h, pos, rows in picked.values()]
     columns = {}
     for name, sample in first.columns.items():
         if not isinstance(sample, np.ndarray):
             return None
         out = pool.take((n, *sample.shape[1:]), sample.dtype)
-        for c, parts in enumerate(hosts):
-            at = int(base[c])
-            for host, rows in parts:
-                src = host.columns[name]
-                k = len(src) if rows is None else len(rows)
-                if src.dtype == out.dtype and src.shape[1:] == out.shape[1:]:  # rows as opaque items
-                    _scatter_rows(out, where[at:at + k], src if rows is None else _take_rows(src, rows))
-                else:
-                    out[where[at:at + k]] = src if rows is None else src[rows]
-                at += k
+        for move in moves:
+            src, pos = move[0].columns[name], move[1]
+            rows = move[2] if len(move) > 2 else None
+            if src.dtype == out.dtype and src.shape[1:] == out.shape[1:]:  # rows as opaque items
+                _scatter_rows(out, pos, src if rows is None else _take_rows(src, rows))
+            else:
+                out[pos] = src if rows is None else src[rows]
         columns[name] = out
     return HostChunk(columns, n, sum(p.nbytes for parts in found for p in parts) / max(1, n))
 
