@@ -161,6 +161,7 @@ class StreamQuery:
         self.units = scan.selected_units()
         self._pl = None
         self._starts: dict[int, int] | None = None  # unit index -> its first row in its file
+        self._c_stream: bool | None = None  # _table: frames through the C stream interface
         self._totals: dict[int, int] = {}  # file -> its rows
 
     @classmethod
@@ -331,8 +332,17 @@ class StreamQuery:
                                            use_statistics=False, extra_columns="ignore")
 
     def _table(self, df) -> pa.Table:
-        """A polars frame of the query as an Arrow table in the plan's schema."""
-        table = df.to_arrow(compat_level=self._pl.CompatLevel.oldest())
+        """A polars frame of the query as an Arrow table in the plan's schema: through the
+        Arrow C stream interface where every column is fixed-width (the types polars exports
+        there are the plan's; 18 against 42 us of CPU for a W2 frame of 17 columns, as
+        ``to_arrow`` converts column by column), else ``to_arrow`` at the oldest compat
+        level (plain strings and lists, not views)."""
+        if self._c_stream is None:
+            self._c_stream = all(_fixed_width(f.type) for f in self.schema)
+        if self._c_stream:
+            table = pa.RecordBatchReader.from_stream(df).read_all()
+        else:
+            table = df.to_arrow(compat_level=self._pl.CompatLevel.oldest())
         schema = self.schema
         if not table.schema.equals(schema):
             table = pa.Table.from_arrays([c if c.type.equals(f.type, check_metadata=True) else c.cast(f.type)
@@ -346,6 +356,13 @@ class StreamQuery:
             for b in table.to_batches():
                 if b.num_rows:
                     yield b
+
+
+def _fixed_width(t: pa.DataType) -> bool:
+    """A plain fixed-width Arrow type (numbers, booleans, dates, times, timestamps,
+    durations), exported by polars' C stream as itself."""
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or \
+        pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_duration(t)
 
 
 def _whole_split(predicate: Expr, src):
