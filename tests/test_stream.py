@@ -640,3 +640,22 @@ def test_a_streamed_epoch_reads_on_one_thread_unless_told(lake, cache_dir, monke
         assert set(s.decoders) == {STREAM_DECODER}
         assert s.readers_max == bound and len(names) <= bound, (io_threads, s.readers_max, names)
         assert ids == [r["id"] for r in _duck(lake, ["id"], "k < 5")]
+
+
+def test_block_window_tasks_count_the_units_polars_decodes_at_once(lake, cache_dir, monkeypatch):
+    """A whole window's task holds its rows once plus the units decoded and not yet placed:
+    ``window_step()`` of them where polars reads the window a few units at a time, one
+    where the units are read one by one (``order.tasks``)."""
+    import polars  # noqa: F401 - imported: the windows read through it
+    from arrowload.pipeline.rowsource import window_step
+    ds = al.dataset(lake).select("id", "x")
+    for env, at_once in (("1", window_step()), ("0", 1)):
+        monkeypatch.setenv("ARROWLOAD_STREAM", env)
+        with ds.loader(50, shuffle="block", shuffle_window=4, seed=1, cache_dir=cache_dir) as loader:
+            order = loader._order(0)
+            tasks = list(loader._stages(order, [(0, loader.num_rows)]).tasks)
+            assert loader._source.polars_windows is (env == "1")
+            est = [loader._source.est_bytes(u) for u in range(len(loader._source.counts))]
+            for t in tasks:
+                units = [est[int(u)] for u in order.windows[t.window]]
+                assert t.est_bytes == sum(units) + min(at_once, len(units)) * max(units), (env, t)

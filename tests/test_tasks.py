@@ -44,13 +44,14 @@ def _rows_of(task: Task, order: EpochOrder) -> np.ndarray:
 @settings(max_examples=150, deadline=None)
 @given(counts=counts_st, kind=kinds, seed=st.integers(0, 2**64 - 1), window=st.integers(1, 5),
        table=st.booleans(), batch=st.integers(1, 50), prefetch=st.integers(1, 1 << 16),
-       row_bytes=st.floats(1.0, 500.0), data=st.data())
+       row_bytes=st.floats(1.0, 500.0), at_once=st.integers(1, 6), data=st.data())
 def test_tasks_cover_the_ranges_exactly_in_order(counts, kind, seed, window, table, batch, prefetch,
-                                                 row_bytes, data):
+                                                 row_bytes, at_once, data):
     table = table or kind is ShuffleKind.GLOBAL  # a global shuffle needs random access
     order = EpochOrder(counts, kind.value, seed=seed, epoch=1, window=window)
     unit_bytes = tuple(data.draw(st.integers(0, 10_000)) for _ in counts)
-    shape = SourceShape(counts, table=table, unit_bytes=() if table else unit_bytes, row_bytes=row_bytes)
+    shape = SourceShape(counts, table=table, unit_bytes=() if table else unit_bytes, row_bytes=row_bytes,
+                        units_at_once=at_once)
     ranges = _ranges(data, order.total)
     tasks = list(plan_tasks(order, ranges, shape, batch, prefetch))
 
@@ -72,13 +73,15 @@ def test_tasks_cover_the_ranges_exactly_in_order(counts, kind, seed, window, tab
             assert t.rows <= step
             assert t.est_bytes == max(1, int(t.rows * row_bytes))
         elif kind is ShuffleKind.BLOCK:  # one window each: its units' estimates once (and the
-            # largest unit, being placed) for a whole window, twice (laid out, gathered) for part of one
+            # units decoded at once, being placed, as large as the largest) for a whole window,
+            # twice (laid out, gathered) for part of one
             assert t.kind is TaskKind.WINDOW
             size = order.window_offsets[t.window + 1] - order.window_offsets[t.window]
             assert t.hi <= size
             units = [unit_bytes[int(u)] for u in order.windows[t.window]]
             whole = t.lo == 0 and t.hi == size
-            assert t.est_bytes == (sum(units) + max(units) if whole else WINDOW_COPIES * sum(units))
+            held = min(at_once, len(units)) * max(units)
+            assert t.est_bytes == (sum(units) + held if whole else WINDOW_COPIES * sum(units))
         else:  # source order over a scan: within one unit, its share of the unit's estimate
             assert t.kind is TaskKind.UNIT
             assert 0 <= t.lo < t.hi <= counts[t.unit]

@@ -375,8 +375,8 @@ class UnitCache:
             self._ahead_job = self._ahead.submit(self._warm_quietly, list(units))
 
     def _warm_quietly(self, units: list[int]) -> None:
-        from ..pipeline.rowsource import _window_step
-        step = _window_step()  # a few at once, as a window's own reads: peak memory stays down
+        from ..pipeline.rowsource import window_step
+        step = window_step()  # a few at once, as a window's own reads: peak memory stays down
         try:
             for k in range(0, len(units), step):
                 group = units[k:k + step]

@@ -12,8 +12,8 @@ The rules (what each task reads, and how big it may be):
   a block shuffle -- the smallest reads it allows; a unit task's ``est_bytes`` is its share
   of its unit's footer-known estimate (``unit_bytes``: the bytes it holds decoded); a task
   over a whole window holds its rows once (each unit scattered to its places as it is read)
-  plus the unit being placed, a task over part of one twice (``WINDOW_COPIES``: laid out
-  for the gather, and gathered);
+  plus the units decoded and not yet placed (``units_at_once`` of the largest), a task over
+  part of one twice (``WINDOW_COPIES``: laid out for the gather, and gathered);
 - a **random-access table** is read in pieces sized in bytes (:func:`read_rows`: a whole
   number of batches within ``prefetch / READ_SHARE``, at most ``MAX_READ_ROWS`` rows, at
   least one batch): slices of its units in source order, gathers of ``order.rows`` for
@@ -104,13 +104,16 @@ class SourceShape:
 
     ``table``: a random-access table (slices and gathers sized by ``row_bytes``) rather
     than a scan (units and windows sized by ``unit_bytes``: the bytes each unit holds
-    decoded). ``read_bytes``: each unit's compressed bytes read (optional; for stats)."""
+    decoded). ``read_bytes``: each unit's compressed bytes read (optional; for stats).
+    ``units_at_once``: the units a block-shuffle window's read holds decoded at once beside
+    the window being placed (a few where polars decodes them side by side, else one)."""
 
     counts: tuple[int, ...]
     table: bool = False
     unit_bytes: Sequence[int] = ()
     row_bytes: float = 0.0
     read_bytes: Sequence[int] = ()
+    units_at_once: int = 1
 
     def __post_init__(self) -> None:
         if not self.table and len(self.unit_bytes) != len(self.counts):
@@ -149,7 +152,8 @@ def plan_tasks(order: EpochOrder, ranges: Sequence[tuple[int, int]], shape: Sour
                 units = [int(u) for u in order.windows[w]]
                 size = sum(shape.unit_bytes[u] for u in units)
                 whole = lo == 0 and hi == int(order.window_offsets[w + 1] - order.window_offsets[w])
-                est = size + max(shape.unit_bytes[u] for u in units) if whole else WINDOW_COPIES * size
+                held = max(1, min(shape.units_at_once, len(units))) * max(shape.unit_bytes[u] for u in units)
+                est = size + held if whole else WINDOW_COPIES * size
                 yield Task(TaskKind.WINDOW, hi - lo, est, window=w, lo=lo, hi=hi,
                            read_bytes=sum(read[u] for u in units))
         else:

@@ -47,7 +47,7 @@ from .chunks import ChunkConverter
 from .collate import BufferPool
 from .device import TorchDeviceStage, jax_place, pin_tables_setting, wants_cuda
 from .options import LoaderOptions, reader_bound
-from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize
+from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize, window_step
 from .stages import EpochIterator, Settings, Stages
 from .streamreads import StreamReads
 from .state import (DATA, STATE_VERSION, Position, batches_for, check_identity, identity_keys, make_state,
@@ -396,6 +396,10 @@ class Loader:
         opts = self.options
         conv = self._chunks
         shape = self._source_shape()
+        if order.kind == ShuffleKind.BLOCK.value and isinstance(self._source, ScanRowSource):
+            self._source.polars_windows = self._polars_windows()
+            if self._source.polars_windows:  # a few units decoded at once beside the window
+                shape = dataclasses.replace(shape, units_at_once=window_step())
         tasks = plan_tasks(order, ranges, shape, opts.batch_size, opts.prefetch)
         read = functools.partial(self._source.read, order=order, conv=conv)
         held, close, readers = 0, None, None
@@ -411,8 +415,6 @@ class Loader:
                 # the cores and with the first reader for the GIL (W2 epoch, 7 fresh
                 # processes: 0.241 s with two readers, 0.219 s with one; W1 equal, less CPU)
                 readers = STREAM_READERS
-        if order.kind == ShuffleKind.BLOCK.value and isinstance(self._source, ScanRowSource):
-            self._source.polars_windows = self._polars_windows()
         combine, place = (conv.combine if conv is not None else concat_arrow), None
         stage = self._device_stage
         if stage is not None and stage.chunks and conv is not None:  # whole reads to the device

@@ -282,7 +282,7 @@ class ScanRowSource:
         if layout is None:
             return None
         run = map_units or _serial
-        step = _window_step()
+        step = window_step()
         first = self._window_tables(units[:step])
         if first is not None:  # polars reads the window, a few row groups per polars thread at once
             tables: list = first
@@ -675,7 +675,7 @@ def _open_cache(base: str, snapshot: str, what: str, reuse: bool = True) -> Tabl
         return None
 
 
-def _window_step() -> int:
+def window_step() -> int:
     """Row groups of a window polars decodes at once before they are placed: two per
     polars thread (its pool then stays busy), at least two; fewer decoded tables are held
     than a whole window's."""
