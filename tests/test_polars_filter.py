@@ -5,7 +5,7 @@ Hypothesis writes WHERE expressions over integer (signed, unsigned, at their lim
 string (with ``''``, ``é``, ``%``), boolean, date and float (``float32`` / ``float64`` with
 NaN, ``-0.0``, infinities and values literals round to) columns full of nulls, mixing the
 whitelisted shapes (comparisons with literals and with columns of the same type, IN and
-NOT IN lists, BETWEEN, IS [NOT] NULL, bare booleans, TRUE / FALSE) under AND / OR / NOT with
+NOT IN lists, BETWEEN, IS [NOT] NULL, [NOT] LIKE, bare booleans, TRUE / FALSE) under AND / OR / NOT with
 shapes outside the whitelist (decimals, zoned timestamps, LIKE, arithmetic, literals
 DuckDB rounds twice or compares in double precision). Timestamps come in ``ms``, ``us``
 and ``ns``, with values a unit after midnight and just before the epoch. The float columns' first row group holds
@@ -57,7 +57,7 @@ def _table() -> pa.Table:
     i8 = [-128, -1, 0, 1, 2, 127]
     u64 = [0, 1, 2, 2**63, 2**64 - 1]
     i64 = [-(2**63), -5, 0, 1, 3, 2**53 + 1, 2**63 - 1]
-    strs = ["", "a", "ab", "b", "é", "aé", "A", "ab%", "1", "2024-01-01"]
+    strs = ["", "a", "ab", "b", "é", "aé", "A", "ab%", "1", "2024-01-01", "aba", "abba", "ba", "xaby"]
     days = [dt.date(2024, 1, 1), dt.date(2024, 1, 2), dt.date(1970, 1, 1), dt.date(2023, 12, 31)]
     # values literals round to in either precision (0.9 is float32(0.9) in a float32 column,
     # the double 0.9 in a float64 one), their neighbours, NaN, signed zeros, infinities
@@ -120,14 +120,18 @@ COLS = {"i8": "i8", "i8b": "i8", "u8": "u8", "i32": "i32", "i64": "i64", "i64b":
         "s": "str", "s2": "str", "ls": "str", "b": "bool", "b2": "bool", "d": "date", "d2": "date",
         "f": "float", "f2": "float", "g": "float", "g2": "float", "t": "ts", "t2": "ts", "tm": "ts", "tn": "ts"}
 PAIRS = [("i8", "i8b"), ("i64", "i64b"), ("s", "s2"), ("b", "b2"), ("d", "d2"), ("f", "f2"), ("g", "g2"), ("t", "t2")]
-OUTSIDE = ["f = g", "g > 0.1e0", "g IN (0.9, 1e0)", "g BETWEEN 0.1 AND 1e0", "f > 0.12345678901234567", "dec > 1", "tz > '2024-01-01'", "t = tm", "s LIKE 'a%'", "i8 + 1 > 0", "length(s) > 1",
+OUTSIDE = ["f = g", "g > 0.1e0", "g IN (0.9, 1e0)", "g BETWEEN 0.1 AND 1e0", "f > 0.12345678901234567", "dec > 1", "tz > '2024-01-01'", "t = tm", "s LIKE 'a_'", "s LIKE '%a%b%'", "s ILIKE 'a%'", "ls LIKE 'a%b%'", "i8 + 1 > 0", "length(s) > 1",
            "i8 = i32", "s = ls"]
 OPS = ["=", "<>", "<", "<=", ">", ">="]
+# prefix, suffix, both (apart: 'ab%ba' is not 'aba'), between two %, none, empty, only %;
+# and outside: '_', a character between % beside others, an escape
+LIKES = ["'a%'", "'%b'", "'a%b'", "'ab%ba'", "'%a%'", "'%é'", "'ab'", "''", "'%'", "'%%'", "'a%%b'", "'A%'",
+         "'%ab%%'", "'a_'", "'%a%b%'", "'a\\%'"]
 
 
 @st.composite
 def atom(draw):
-    shape = draw(st.sampled_from(["cmp", "cmp", "flip", "cols", "in", "between", "null", "bool", "const",
+    shape = draw(st.sampled_from(["cmp", "cmp", "flip", "cols", "in", "between", "null", "bool", "const", "like",
                                   "outside"]))
     col = draw(st.sampled_from(sorted(COLS)))
     lit = st.sampled_from(LITS[COLS[col]])
@@ -141,6 +145,9 @@ def atom(draw):
         return f"{col} BETWEEN {draw(lit)} AND {draw(lit)}"
     if shape == "null":
         return f"{col} IS {draw(st.sampled_from(['', 'NOT ']))}NULL"
+    if shape == "like":
+        return f"{draw(st.sampled_from(['s', 's2', 'ls']))} {draw(st.sampled_from(['', 'NOT ']))}LIKE " \
+               f"{draw(st.sampled_from(LIKES))}"
     if shape == "bool":
         return draw(st.sampled_from(["b", "NOT b", "b2"]))
     if shape == "const":
@@ -233,6 +240,9 @@ WHITELIST_EXAMPLES = [
     "t > '2024-01-01'", "tn = '2024-01-01 00:00:00.000000001'", "tm < TIMESTAMP '2024-01-01 12:00:00'",
     "t IN ('2024-01-01', DATE '1970-01-01', '1969-12-31 23:59:59.999999')", "t >= DATE '2024-01-01'",
     "tn BETWEEN '1969-12-31 23:59:59.999999' AND '2024-01-01'", "t = t2", "NOT (tm <> '2024-01-01 00:00:00.001')",
+    # LIKE: a prefix, a suffix, both apart, between two %, the string itself; NULL stays NULL
+    "s LIKE 'a%'", "s NOT LIKE '%b'", "ls LIKE 'a%b'", "s2 LIKE 'ab%ba'", "s LIKE '%a%'", "s NOT LIKE '%'",
+    "s LIKE ''", "s NOT LIKE 'ab'", "s LIKE '%é'", "s LIKE 'ab%%'",
 ]
 
 

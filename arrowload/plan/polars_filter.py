@@ -11,6 +11,10 @@ type AND operand types, each shape checked against DuckDB by a differential test
   the very same type, ``col [NOT] IN (literals)``, ``col BETWEEN literal AND literal``,
   ``col IS [NOT] NULL``, a boolean column, ``TRUE`` / ``FALSE``, combined with AND / OR /
   NOT (polars' ``&`` / ``|`` / ``~`` are three-valued like SQL's, and a null keeps no row);
+* ``col [NOT] LIKE 'pattern'`` on a string column, where the pattern is plain characters
+  around one run of ``%`` or between two (``'ab%'``, ``'%ab'``, ``'a%b'``, ``'%ab%'``,
+  ``'ab'``): ``starts_with`` / ``ends_with`` / a length check / ``contains`` / equality,
+  byte for byte as DuckDB;
 * columns that are integers (signed or unsigned), ``string`` / ``large_string``, ``bool``,
   ``date32`` and time-zone-naive ``timestamp`` in ``ms`` / ``us`` / ``ns``, with literals
   ``pushable.literal_fits`` accepts for that column type, typed as the column (as DuckDB and
@@ -26,8 +30,8 @@ type AND operand types, each shape checked against DuckDB by a differential test
   precision, and with it every literal of its ``IN`` list or ``BETWEEN``: such a group
   translates only where every literal is exact in ``float32``.
 
-Decimals, zoned or second-unit timestamps, LIKE and everything else stay with arrowload's
-evaluator. A predicate is split at its top-level ANDs: the translated conjuncts prefilter
+Decimals, zoned or second-unit timestamps, other LIKE patterns and everything else stay with
+arrowload's evaluator. A predicate is split at its top-level ANDs: the translated conjuncts prefilter
 in polars, the others (if any) are evaluated after, over the rows polars kept.
 """
 
@@ -184,6 +188,9 @@ def _shape(node, schema: pa.Schema) -> tuple:
                 or not node.expressions:
             raise _No("IN")
         return ("in", c[0], _values(node.expressions, c[1]), c[1])
+    if isa(node, "Like"):
+        shape = _like(node, schema)
+        return ("not", shape) if node.args.get("negate") else shape
     if isa(node, "Between"):
         c = _column(node.this, schema)
         if c is None or node.args.get("symmetric"):
@@ -191,6 +198,25 @@ def _shape(node, schema: pa.Schema) -> tuple:
         low, high = (("val", v, c[1]) for v in _values([node.args["low"], node.args["high"]], c[1]))
         return ("and", ("cmp", ">=", c[0], low), ("cmp", "<=", c[0], high))
     raise _No(type(node).__name__)
+
+
+def _like(node, schema: pa.Schema) -> tuple:
+    """``col LIKE 'pattern'`` (plain characters and ``%``, no escape, as ``pushable`` takes
+    it) where the pattern is a prefix and / or a suffix around one run of ``%``, or
+    characters between two: ``("like", name, prefix, suffix, middle)`` (``suffix`` None: no
+    ``%``, the string itself)."""
+    c = _column(node.this, schema)
+    pattern = pushable._string(node.expression)
+    if c is None or polars_kind(c[1]) != "str" or pattern is None or node.args.get("escape") is not None \
+            or "\\" in pattern or "_" in pattern:
+        raise _No("LIKE")
+    if "%" not in pattern:
+        return ("like", c[0], pattern, None, "")
+    prefix, suffix = pattern[:pattern.index("%")], pattern[pattern.rindex("%") + 1:]
+    middle = pattern[len(prefix):len(pattern) - len(suffix)].strip("%")
+    if middle and (prefix or suffix or "%" in middle):
+        raise _No("LIKE with characters between two % beside others")
+    return ("like", c[0], prefix, suffix, middle)
 
 
 def _build(shape: tuple, pl):
@@ -206,6 +232,22 @@ def _build(shape: tuple, pl):
         return pl.col(shape[1])
     if kind == "null":
         return pl.col(shape[1]).is_null()
+    if kind == "like":
+        _, name, prefix, suffix, middle = shape
+        col = pl.col(name)
+        if suffix is None:
+            return col == pl.lit(prefix, dtype=pl.String)
+        if middle:
+            return col.str.contains(middle, literal=True)
+        parts = [col.str.starts_with(pl.lit(prefix, dtype=pl.String)),  # '' too: null stays null
+                 col.str.ends_with(pl.lit(suffix, dtype=pl.String)) if suffix else None,
+                 # 'ab%ba' needs both apart: 'aba' starts with 'ab' and ends with 'ba'
+                 col.str.len_bytes() >= len(prefix.encode()) + len(suffix.encode()) if prefix and suffix else None]
+        expr = parts[0]
+        for p in parts[1:]:
+            if p is not None:
+                expr = expr & p
+        return expr
     if kind == "in":
         _, name, values, t = shape
         if pat.is_timestamp(t):  # integers in the column's unit
