@@ -77,6 +77,8 @@ SIMPLE = [
     '"a""b" = 2', "((a))", "x = NULL", "-x < -(1)", "x = 1e+03", "x = 00", "a <> 'é'",
     "a = 'a\\b'", "A = 1 and b = 2 or NOT c", "x IN (-1)", "x in (1, NULL)", "\n a\t=\r\n1 ",
     "(x = 1) = TRUE", "_x1 > 0", "a = ''",
+    "a LIKE 'x%'", "a NOT LIKE '%y' AND b = 1", "NOT a LIKE 'x'", "(a NOT LIKE 'x%') OR a LIKE '%é%'",
+    "'x' LIKE a", "a LIKE b", "a LIKE NULL", "a like 'it''s%'",
 ]
 
 
@@ -90,7 +92,8 @@ def test_simple_filters_parse_into_duckdbs_tree(text):
 
 
 OUTSIDE = [
-    "f(x) > 1", "a + 1 > 2", "a * 2 = 4", "a LIKE 'x%'", "a NOT ILIKE '%y'", "a::INT = 1",
+    "f(x) > 1", "a + 1 > 2", "a * 2 = 4", "a NOT ILIKE '%y'", "a::INT = 1", "a LIKE 'x!%' ESCAPE '!'",
+    "a LIKE 'x' = TRUE", "a NOT LIKE 'x' IS NULL", "a LIKE 'x' IN (TRUE)", "a NOT LIKE", "a LIKE",
     "CAST(a AS INT) = 1", "CASE WHEN a THEN 1 END = 1", "a = 1 -- note", "a = /* c */ 1",
     "date = 1", "row = 1", "t.a = 1", "a = $1", "a = ?", "a = E'x'", "a = 1_000", "a = 1.",
     "a = 0x1F", "a IS DISTINCT FROM b", "a = b = c", "a < b < c", "a = b IS NULL",
@@ -140,6 +143,7 @@ def _expressions():
             st.tuples(inner, ATOMS, ATOMS, st.booleans())
             .map(lambda t: f"{t[0]} {'NOT ' if t[3] else ''}BETWEEN {t[1]} AND {t[2]}"),
             st.tuples(inner, st.booleans()).map(lambda t: f"{t[0]} IS {'NOT ' if t[1] else ''}NULL"),
+            st.tuples(inner, ATOMS, st.booleans()).map(lambda t: f"{t[0]} {'NOT ' if t[2] else ''}LIKE {t[1]}"),
             st.tuples(NAMES, inner).map(lambda t: f"{t[0]}({t[1]})"),
         )
     return st.recursive(ATOMS, extend, max_leaves=8)
@@ -158,7 +162,7 @@ def test_a_simple_parse_is_duckdbs_tree(text):
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(ATOMS, st.sampled_from(["=", "<", "<=", "(", ")", ",", "-", "AND", "OR", "NOT", "IN",
-                                                  "IS", "NULL", "BETWEEN", "--", "/*", "*/", "\n", "'", '"'])),
+                                                  "IS", "NULL", "BETWEEN", "LIKE", "--", "/*", "*/", "\n", "'", '"'])),
                 min_size=1, max_size=9))
 def test_a_simple_parse_of_token_soup_is_duckdbs_tree(parts):
     text = " ".join(parts)
@@ -186,6 +190,7 @@ TABLE = pa.table({
     "price": pa.array([Decimal(i * 37 % 1000) / 100 for i in range(N)], pa.decimal128(6, 2)),
     "My Col": pa.array([i % 5 for i in range(N)], pa.int32()),
 })
+LIKES = ["'U%'", "'%S'", "'%E%'", "'U%S'", "'US'", "''", "'%'", "'it''s%'", "'_S'", "'%U%S%'", "'u%'"]
 COLUMN_TEXT = {"id": ["id", "ID", '"id"'], "small": ["small"], "u": ["u"], "f": ["f"], "country": ["country", "Country"],
                "flag": ["flag"], "day": ["day"], "ts": ["ts"], "price": ["price"], "My Col": ['"My Col"']}
 LITERALS = {
@@ -216,7 +221,7 @@ def _atoms():
         name = st.sampled_from(COLUMN_TEXT[c])
         lit = st.sampled_from(LITERALS[c])
         op = st.sampled_from(["=", "<>", "!=", "<", "<=", ">", ">=", "=="])
-        return st.one_of(
+        shapes = [
             st.tuples(name, op, lit).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
             st.tuples(lit, op, name).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
             st.tuples(name, st.lists(lit, min_size=1, max_size=3), st.booleans())
@@ -224,7 +229,11 @@ def _atoms():
             st.tuples(name, lit, lit, st.booleans())
             .map(lambda t: f"{t[0]} {'NOT ' if t[3] else ''}BETWEEN {t[1]} AND {t[2]}"),
             st.tuples(name, st.booleans()).map(lambda t: f"{t[0]} IS {'NOT ' if t[1] else ''}NULL"),
-        )
+        ]
+        if c == "country":
+            shapes.append(st.tuples(name, st.sampled_from(LIKES), st.booleans())
+                          .map(lambda t: f"{t[0]} {'NOT ' if t[2] else ''}LIKE {t[1]}"))
+        return st.one_of(*shapes)
     return column.flatmap(atom) | st.sampled_from(["flag", "NOT flag", "TRUE", "id = small", "day = day"])
 
 
@@ -331,6 +340,7 @@ import json, sys
 import arrowload as al
 ds = al.dataset({small_file!r})
 sel = ds.filter("id < 40 AND country IN ('US', 'it''s') AND NOT flag").filter("day >= DATE '2024-01-02'")
+sel = sel.filter("country NOT LIKE '%x%'")
 sel = sel.select("id", "u", "day", "flag")
 n = sel.count()
 with sel.loader(4, shuffle=True, seed=1, cache_dir={str(tmp_path / "cache")!r}) as loader:
@@ -347,12 +357,13 @@ print(json.dumps({{"n": n, "ids": sorted(ids), "ids2": sorted(ids2), "plan": sta
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["sqlglot"] == []
     want = duckdb.sql(f"SELECT id FROM read_parquet('{small_file}') WHERE id < 40 AND country IN ('US', 'it''s') "
-                      "AND NOT flag AND day >= DATE '2024-01-02'").fetchall()
+                      "AND NOT flag AND day >= DATE '2024-01-02' AND country NOT LIKE '%x%'").fetchall()
     assert got["ids"] == got["ids2"] == sorted(r[0] for r in want) and got["n"] == len(want) > 0
     # the plan fingerprint in the state is the one sqlglot's trees give
     ds = al.dataset(small_file)
     plan = ds.plan
-    for text in ("id < 40 AND country IN ('US', 'it''s') AND NOT flag", "day >= DATE '2024-01-02'"):
+    for text in ("id < 40 AND country IN ('US', 'it''s') AND NOT flag", "day >= DATE '2024-01-02'",
+                 "country NOT LIKE '%x%'"):
         plan = Filter(plan, SqlExpr.bind(duckdb_parse(text), ds.schema, text))
     theirs = al.Dataset(plan, ds.options).select("id", "u", "day", "flag")
     with theirs.loader(4, shuffle=True, seed=1) as loader:

@@ -14,11 +14,12 @@ is needed: SQL text for DuckDB, ``explain()``, rewriting through a computed colu
 
 The grammar: comparisons (``= == != <> < <= > >=``) of operands, ``AND`` / ``OR`` /
 ``NOT``, parentheses, ``[NOT] IN (operands)``, ``[NOT] BETWEEN a AND b``, ``IS [NOT]
-NULL``; operands are numbers, strings, ``TRUE`` / ``FALSE`` / ``NULL``, plain names (no
-SQL keyword) and double-quoted names, ``-operand``, ``DATE '...'`` / ``TIMESTAMP '...'``
-and a parenthesized expression. One operator per comparison (``a = b = c`` is not in
-it). Anything else -- functions, arithmetic, LIKE, CASE, ``::``, comments, keywords it
-does not know -- gives None, and the caller parses the text with sqlglot as before.
+NULL``, ``[NOT] LIKE operand`` (no ``ESCAPE``); operands are numbers, strings, ``TRUE`` /
+``FALSE`` / ``NULL``, plain names (no SQL keyword) and double-quoted names, ``-operand``,
+``DATE '...'`` / ``TIMESTAMP '...'`` and a parenthesized expression. One operator per
+comparison (``a = b = c``, ``a LIKE 'x' = TRUE`` are not in it). Anything else --
+functions, arithmetic, ILIKE, CASE, ``::``, comments, keywords it does not know -- gives
+None, and the caller parses the text with sqlglot as before.
 """
 
 from __future__ import annotations
@@ -202,6 +203,10 @@ class Between(Expression):
     __slots__ = ()
 
 
+class Like(Expression):
+    __slots__ = ()
+
+
 class TypeName:
     """A SQL type's name where sqlglot has its ``DataType.Type`` enum member: ``.name`` and
     ``.value`` as the member's, ``str()`` as the member's (fingerprints print it)."""
@@ -361,7 +366,7 @@ SQL_WORDS = frozenset({
     "XOR",
 })
 # the keywords of the grammar (the DuckDB tokenizer reads TIMESTAMP as TIMESTAMPNTZ)
-_KEYWORDS = {"AND", "OR", "NOT", "IN", "IS", "NULL", "TRUE", "FALSE", "BETWEEN", "DATE", "TIMESTAMP"}
+_KEYWORDS = {"AND", "OR", "NOT", "IN", "IS", "NULL", "TRUE", "FALSE", "BETWEEN", "LIKE", "DATE", "TIMESTAMP"}
 _TYPED_LITERALS = {"DATE": "DATE", "TIMESTAMP": "TIMESTAMPNTZ"}
 
 _TOKEN = re.compile(r"""
@@ -462,6 +467,10 @@ class _Parser:
                 self.i += 1
             node = self.in_list(left) if self.take() == "IN" else self.between(left)
             node = Not(this=node) if negate else node
+        elif kind == "LIKE" or (kind == "NOT" and self.peek(1) == "LIKE"):
+            negate = kind == "NOT"  # sqlglot: Like(..., negate=True), not Not(Like(...))
+            self.i += 2 if negate else 1
+            node = Like(this=left, expression=self.operand(), **({"negate": True} if negate else {}))
         else:
             node = left
         if self.peek() not in _FOLLOW:
