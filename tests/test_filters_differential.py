@@ -384,7 +384,9 @@ FLOAT_LITERALS = [
     ("f32 = 0.1", True), ("f32 >= 0.1", True), ("f32 < 1.005", True), ("0.1 = f32", True), ("f64 = 0.1", True),
     ("f64 >= 1.005", True), ("f32 BETWEEN 0.1 AND 2.5", True), ("f64 > 1e-1", True), ("NOT (f32 > 0.1)", True),
     ("f32 <> 0.1", True), ("f32 > 1e-1", False), ("f32 BETWEEN 0.1 AND 1e0", False), ("f32 = 16777217", False),
-    ("f32 > 0.00000000001", False), ("f64 > 0.12345678901234567", False), ("f32 IN (0.1, 1.5)", False),
+    ("f32 > 0.00000000001", False), ("f64 > 0.12345678901234567", False), ("f32 IN (0.1, 1.5)", True),
+    ("f64 NOT IN (-0.0, 1.5, NULL)", False), ("f64 NOT IN (-0.0, 1.5)", True), ("f32 IN (-0.0, 0.1)", True),
+    ("f32 IN (0.1, 1e0)", False), ("f32 IN (0.5, 1e0)", True),
     # typed TIMESTAMP literals (microseconds in DuckDB) meet ms / us / ns columns in the scan
     ("tns = TIMESTAMP '2024-01-01 00:00:00'", True), ("tms >= TIMESTAMP '2024-01-01 00:00:00.001'", True),
     ("ts < TIMESTAMP '2024-01-01 12:00:00'", True), ("tns > TIMESTAMP '2024-01-01 00:00:00.000000001'", False),

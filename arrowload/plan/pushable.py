@@ -14,8 +14,9 @@ itself (``duckeval``). The grammar is a whitelist by node type AND operand types
   ``bool``, ``date32``, time-zone-naive timestamps and ``decimal128`` (against plain
   decimal literals the column's type holds exactly); ``float32`` / ``float64`` against
   the literals whose value DuckDB rounds to the column's type once (``float_value``: those
-  it holds exactly, and plain decimals such as ``0.9``; never column against column, never
-  in ``IN``), with ``>`` / ``>=`` keeping NaN rows (DuckDB: NaN is greater than every number);
+  it holds exactly, and plain decimals such as ``0.9``; never column against column; ``IN``
+  as ORs of ``=``, where ``-0.0`` equals ``0.0``), with ``>`` / ``>=`` keeping NaN rows
+  (DuckDB: NaN is greater than every number);
 * integer literals that fit the column's type; string literals against strings, strict
   ISO dates / timestamps (no more fractional digits than the column keeps) against dates
   and timestamps; ``LIKE`` with a pattern of plain characters and ``%`` only.
@@ -272,9 +273,11 @@ def equivalent(node, schema: pa.Schema) -> bool:
         return isa(node.expression, "Null") and t is not None and _kind(t) is not None
     if isa(node, "In"):
         t = _column_type(node.this, schema)
-        if t is None or _kind(t) in (None, "float") or node.args.get("query") is not None \
+        if t is None or _kind(t) is None or node.args.get("query") is not None \
                 or node.args.get("unnest") is not None or not node.expressions:
             return False
+        if _kind(t) == "float":  # compiled as ORs of =, where -0.0 = 0.0 (sqlexpr.visit_In)
+            return float_group_fits(node.expressions, t)
         return all(literal_fits(e, t) for e in node.expressions)
     if isa(node, "Between"):
         t = _column_type(node.this, schema)

@@ -573,8 +573,9 @@ class Compiler:
             raise ExpressionError(f"IN (subquery) is not supported in a filter: {self.text!r}; "
                                   "use al.sql() for subqueries")
         items = [self.visit(e) for e in node.expressions]
-        if x.is_literal or any(not i.is_literal for i in items):
-            # general case: a chain of ORs, SQL semantics for free
+        if x.is_literal or any(not i.is_literal for i in items) or (x.type is not None and pat.is_floating(x.type)):
+            # general case: a chain of ORs, SQL semantics for free (floats too: pyarrow's
+            # is_in hashes -0.0 apart from 0.0, DuckDB's IN finds them equal)
             e = None
             for i in items:
                 ea, eb = _unify(x, i)
