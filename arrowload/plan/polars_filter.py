@@ -16,9 +16,10 @@ type AND operand types, each shape checked against DuckDB by a differential test
   ``'ab'``): ``starts_with`` / ``ends_with`` / a length check / ``contains`` / equality,
   byte for byte as DuckDB;
 * columns that are integers (signed or unsigned), ``string`` / ``large_string``, ``bool``,
-  ``date32`` and time-zone-naive ``timestamp`` in ``ms`` / ``us`` / ``ns``, with literals
-  ``pushable.literal_fits`` accepts for that column type, typed as the column (as DuckDB and
-  ``sqlexpr`` type them: a timestamp literal is a count of the column's unit, a date one
+  ``date32``, ``decimal128`` and time-zone-naive ``timestamp`` in ``ms`` / ``us`` / ``ns``,
+  with literals ``pushable.literal_fits`` accepts for that column type, typed as the column
+  (as DuckDB and ``sqlexpr`` type them: a decimal literal the column's type holds exactly,
+  a timestamp literal a count of the column's unit, a date one
   its midnight);
 * ``float32`` / ``float64`` columns, also against each other and in ``IN`` lists: DuckDB and
   polars both order floats totally (NaN equal to NaN and above every number, ``-0.0``
@@ -30,7 +31,7 @@ type AND operand types, each shape checked against DuckDB by a differential test
   precision, and with it every literal of its ``IN`` list or ``BETWEEN``: such a group
   translates only where every literal is exact in ``float32``.
 
-Decimals, zoned or second-unit timestamps, other LIKE patterns and everything else stay with
+Zoned or second-unit timestamps, other LIKE patterns and everything else stay with
 arrowload's evaluator. A predicate is split at its top-level ANDs: the translated conjuncts prefilter
 in polars, the others (if any) are evaluated after, over the rows polars kept.
 """
@@ -50,7 +51,7 @@ from .simplesql import isa
 
 # node class names (sqlglot's trees and simple ones alike: ``simplesql.isa``)
 _FLIP = {"EQ": "EQ", "NEQ": "NEQ", "LT": "GT", "GT": "LT", "LTE": "GTE", "GTE": "LTE"}
-_KINDS = ("int", "float", "str", "bool", "date", "ts")
+_KINDS = ("int", "float", "str", "bool", "date", "ts", "dec")
 #: digits after the second of a timestamp unit polars has (no seconds unit)
 _UNIT_DIGITS = {"ms": 3, "us": 6, "ns": 9}
 
@@ -79,6 +80,8 @@ def _polars_type(t: pa.DataType, pl):
         return pl.Boolean
     if pat.is_timestamp(t):
         return pl.Datetime(t.unit)
+    if pat.is_decimal(t):
+        return pl.Decimal(t.precision, t.scale)
     return pl.Date
 
 
@@ -108,6 +111,8 @@ def _value(node, t: pa.DataType) -> Any:
     kind = polars_kind(t)
     if kind == "float":
         return pushable.float_value(node, t)
+    if kind == "dec":  # a plain decimal the column's type holds exactly (literal_fits)
+        return pushable._number(node)
     if kind == "int":
         return int(pushable._number(node))
     if kind == "bool":
