@@ -19,8 +19,7 @@ type AND operand types, each shape checked against DuckDB by a differential test
   ``date32``, ``decimal128`` and time-zone-naive ``timestamp`` in ``ms`` / ``us`` / ``ns``,
   with literals ``pushable.literal_fits`` accepts for that column type, typed as the column
   (as DuckDB and ``sqlexpr`` type them: a decimal literal the column's type holds exactly,
-  a timestamp literal a count of the column's unit, a date one
-  its midnight);
+  a timestamp literal a count of the column's unit, a date one its midnight);
 * ``float32`` / ``float64`` columns, also against each other and in ``IN`` lists: DuckDB and
   polars both order floats totally (NaN equal to NaN and above every number, ``-0.0``
   equal to ``0.0``), and polars is told to read no statistics (writers leave NaN out of
@@ -32,8 +31,9 @@ type AND operand types, each shape checked against DuckDB by a differential test
   translates only where every literal is exact in ``float32``.
 
 Zoned or second-unit timestamps, other LIKE patterns and everything else stay with
-arrowload's evaluator. A predicate is split at its top-level ANDs: the translated conjuncts prefilter
-in polars, the others (if any) are evaluated after, over the rows polars kept.
+arrowload's evaluator. A predicate is split at its top-level ANDs: the translated
+conjuncts prefilter in polars, the others (if any) are evaluated after, over the rows
+polars kept.
 """
 
 from __future__ import annotations
