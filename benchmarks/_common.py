@@ -58,6 +58,29 @@ def ensure_lake(rows: int, *, partition_by: str | None = None, log=print) -> Pat
     return lake
 
 
+def emit(body: str, write: bool, begin: str, end: str, title: str, log=print) -> None:
+    """Print a benchmark's table; with ``write``, record it in RESULTS.md under ``title``
+    between the markers ``begin`` / ``end`` (replacing the last run's)."""
+    print()
+    print(body)
+    if write:
+        replace_section(begin, end, f"{begin}\n{title}\n\n{body}\n{end}\n")
+        log("recorded in benchmarks/RESULTS.md")
+
+
+def rotated(variants, reps: int, run) -> dict:
+    """``run(variant)`` ``reps`` times per variant, after one warm-up of each, the order of
+    the variants reversed every other repetition: {variant: [results]}."""
+    variants = list(variants)
+    for v in variants:
+        run(v)
+    out: dict = {v: [] for v in variants}
+    for rep in range(reps):
+        for v in (variants if rep % 2 == 0 else variants[::-1]):
+            out[v].append(run(v))
+    return out
+
+
 def replace_section(begin: str, end: str, block: str) -> None:
     """Put ``block`` (which starts with ``begin`` and ends with ``end``) into RESULTS.md,
     replacing the section between those markers if there is one, appending it otherwise."""

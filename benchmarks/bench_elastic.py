@@ -32,7 +32,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake, machine, replace_section  # noqa: E402
+from _common import emit  # noqa: E402
+from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake, machine  # noqa: E402
 
 import arrowload as al  # noqa: E402
 
@@ -132,13 +133,8 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {kind} | {med['fresh']:.3f} | {med['elastic']:.3f} | "
                          f"{med['elastic'] / med['fresh']:.2f}x | {med['same']:.3f} |")
             print(lines[-1], flush=True)
-    body = "\n".join(lines) + "\n"
-    print()
-    print(body)
-    if args.write:
-        title = f"## Time to the first batch after an elastic resume (`bench_elastic.py`), {rows:,} rows"
-        replace_section(BEGIN, END, f"{BEGIN}\n{title}\n\n{body}\n{END}\n")
-        print("recorded in benchmarks/RESULTS.md")
+    emit("\n".join(lines) + "\n", args.write, BEGIN, END,
+         f"## Time to the first batch after an elastic resume (`bench_elastic.py`), {rows:,} rows")
     return 0
 
 

@@ -33,7 +33,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake, machine, replace_section  # noqa: E402
+from _common import emit, rotated  # noqa: E402
+from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake, machine  # noqa: E402
 
 FEATURES = [f"f{i}" for i in range(16)]
 BATCH = 4096
@@ -72,9 +73,9 @@ def _epoch_here(lake: str, variant: str, name: str, cache: str, bound: str) -> d
         for df in lf.collect_batches(chunk_size=BATCH, engine="streaming"):
             x = torch.from_numpy(np.ascontiguousarray(df.select(FEATURES).to_numpy()))
             y = torch.from_numpy(df["label"].to_numpy().copy())
+            assert x.shape == (len(y), len(FEATURES))
             rows += len(y)
             labels += int(y.sum())
-            del x
     return {"rows": rows, "labels": labels, "seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0}
 
 
@@ -118,12 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     with tempfile.TemporaryDirectory(prefix="bench-filters-") as cache:
         for name in names:
-            runs: dict[str, list[dict]] = {"arrowload": [], "polars": []}
-            for v in runs:  # warm-up: counts, decoder choices, page cache
-                epoch(lake, v, name, cache, bound)
-            for rep in range(args.reps):
-                for v in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
-                    runs[v].append(epoch(lake, v, name, cache, bound))
+            # a warm-up of each first: counts, decoder choices, page cache
+            runs = rotated(("arrowload", "polars"), args.reps, lambda v: epoch(lake, v, name, cache, bound))
             got = {(r["rows"], r["labels"]) for rs in runs.values() for r in rs}
             if len(got) != 1:
                 raise SystemExit(f"{name}: arrowload and polars yield other rows: {sorted(got)}")
@@ -134,13 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{s['polars']:.3f} | {s['polars'] / s['arrowload']:.2f}x | {cpu['arrowload']:.3f} | "
                          f"{cpu['polars']:.3f} |")
             print(lines[-1], flush=True)
-    body = "\n".join(lines) + "\n"
-    print()
-    print(body)
-    if args.write:
-        title = f"## Filtered epochs by kind of filter (`bench_filters.py`), {rows:,} rows"
-        replace_section(BEGIN, END, f"{BEGIN}\n{title}\n\n{body}\n{END}\n")
-        print("recorded in benchmarks/RESULTS.md")
+    emit("\n".join(lines) + "\n", args.write, BEGIN, END,
+         f"## Filtered epochs by kind of filter (`bench_filters.py`), {rows:,} rows")
     return 0
 
 

@@ -33,7 +33,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake, machine, replace_section  # noqa: E402
+from _common import emit, rotated  # noqa: E402
+from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake, machine  # noqa: E402
 
 import arrowload as al  # noqa: E402
 
@@ -104,12 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     with tempfile.TemporaryDirectory(prefix="bench-mix-") as cache:
         for kind in args.kinds.split(","):
-            runs: dict[str, list[dict]] = {"single": [], "mixture": []}
-            for v in runs:  # warm-up: counts, random-access tables, page cache
-                epoch(lake, v, kind, cache)
-            for rep in range(args.reps):
-                for v in (list(runs) if rep % 2 == 0 else list(runs)[::-1]):
-                    runs[v].append(epoch(lake, v, kind, cache))
+            # a warm-up of each first: counts, random-access tables, page cache
+            runs = rotated(("single", "mixture"), args.reps, lambda v: epoch(lake, v, kind, cache))
             rate = {v: statistics.median(r["rows"] / r["seconds"] for r in rs) for v, rs in runs.items()}
             n = {v: rs[0]["rows"] for v, rs in runs.items()}
             build_s = statistics.median(r["build"] for r in runs["mixture"])
@@ -118,13 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{rate['mixture']:,.0f} | {rate['mixture'] / rate['single']:.2f}x | {build_s:.2f} | "
                          f"{cpu['single']:.2f} | {cpu['mixture']:.2f} |")
             print(lines[-1], flush=True)
-    body = "\n".join(lines) + "\n"
-    print()
-    print(body)
-    if args.write:
-        title = f"## A mixture epoch against a single selection (`bench_mix.py`), {rows:,} rows"
-        replace_section(BEGIN, END, f"{BEGIN}\n{title}\n\n{body}\n{END}\n")
-        print("recorded in benchmarks/RESULTS.md")
+    emit("\n".join(lines) + "\n", args.write, BEGIN, END,
+         f"## A mixture epoch against a single selection (`bench_mix.py`), {rows:,} rows")
     return 0
 
 

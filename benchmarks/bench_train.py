@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     reps = args.reps or (3 if args.quick else 5)
     if reps < 3:
         p.error("--reps must be at least 3 (medians of fewer runs are noise)")
-    from bench_scan import ensure_lake, load, machine, replace_section
+    from _common import emit
+    from bench_scan import ensure_lake, load, machine
     command = shlex.join(["python", "benchmarks/bench_train.py", *(sys.argv[1:] if argv is None else argv)])
     log = lambda m: print(m, flush=True)  # noqa: E731
     t_start = time.perf_counter()
@@ -367,13 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- load average at start {load_start}, at end {load()}",
         f"- wall time of the whole run: {time.perf_counter() - t_start:.0f} s",
     ]
-    body = render(results, meta, args.hidden)
-    print()
-    print(body)
-    if args.write:
-        title = f"## Training beside the loader (`bench_train.py`), {rows:,} rows"
-        replace_section(BEGIN, END, f"{BEGIN}\n{title}\n\n{body}\n{END}\n")
-        log("recorded in benchmarks/RESULTS.md")
+    emit(render(results, meta, args.hidden), args.write, BEGIN, END,
+         f"## Training beside the loader (`bench_train.py`), {rows:,} rows", log=log)
     return 0
 
 
