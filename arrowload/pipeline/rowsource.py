@@ -651,6 +651,10 @@ class _ChunkWriter:
         self._writer.write_batch(parts[0] if len(parts) == 1 else pa.concat_batches(parts))
         self._pending_rows -= n
         self.rows += n
+        # hand the written chunk's freed pages back now: mimalloc (pyarrow's default pool)
+        # otherwise keeps them past the next chunks, and a 64 MiB build measured 38-94 MiB of
+        # anonymous memory where it holds 25 (26-60 with this call; tests/test_memory.py)
+        pa.default_memory_pool().release_unused()
 
     def close(self) -> None:
         if self._pending_rows:
