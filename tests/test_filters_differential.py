@@ -387,6 +387,10 @@ FLOAT_LITERALS = [
     ("f32 > 0.00000000001", False), ("f64 > 0.12345678901234567", False), ("f32 IN (0.1, 1.5)", True),
     ("f64 NOT IN (-0.0, 1.5, NULL)", False), ("f64 NOT IN (-0.0, 1.5)", True), ("f32 IN (-0.0, 0.1)", True),
     ("f32 IN (0.1, 1e0)", False), ("f32 IN (0.5, 1e0)", True),
+    # a point and over 38 digits (leading and trailing zeros too): DuckDB types it DOUBLE
+    ("f32 = 0000000000000000000000000000000000000000.1", False), ("f32 = 1.00000000000000000000000000000000000000", True),
+    ("f32 IN (0.5, 0.10000000000000000000000000000000000000)", False), ("f32 = 0.1000000000000000000000000000000000000", False),
+    ("f64 = 0000000000000000000000000000000000000000.1", True), ("dec = 0000000000000000000000000000000000000000.1", False),
     # typed TIMESTAMP literals (microseconds in DuckDB) meet ms / us / ns columns in the scan
     ("tns = TIMESTAMP '2024-01-01 00:00:00'", True), ("tms >= TIMESTAMP '2024-01-01 00:00:00.001'", True),
     ("ts < TIMESTAMP '2024-01-01 12:00:00'", True), ("tns > TIMESTAMP '2024-01-01 00:00:00.000000001'", False),

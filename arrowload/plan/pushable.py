@@ -164,9 +164,16 @@ def float_value(node, t: pa.DataType) -> float | None:
     return value
 
 
+#: the most digits DuckDB's DECIMAL holds; a literal with a point and more digits (leading
+#: and trailing zeros counted: ``1.000...0``) is a DOUBLE
+_DECIMAL_DIGITS = 38
+
+
 def _double_literal(node) -> bool:
-    """Whether DuckDB types numeric literal ``node`` DOUBLE (exponent form)."""
-    return "e" in _text(node).lower()
+    """Whether DuckDB types numeric literal ``node`` DOUBLE: exponent form, or a point and
+    more digits than a DECIMAL holds."""
+    text = _text(node).lower()
+    return "e" in text or ("." in text and sum(c.isdigit() for c in text) > _DECIMAL_DIGITS)
 
 
 def float_group_fits(nodes, t: pa.DataType) -> bool:
@@ -206,7 +213,7 @@ def literal_fits(node, t: pa.DataType) -> bool:
         return float_value(node, t) is not None
     if kind == "dec":  # a plain decimal literal the column's type holds exactly
         v = _number(node)
-        if v is None or "e" in _text(node).lower():
+        if v is None or _double_literal(node):
             return False
         return v.as_tuple().exponent >= -t.scale and abs(v) < Decimal(10) ** (t.precision - t.scale)
     if kind == "bool":
