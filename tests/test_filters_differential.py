@@ -405,6 +405,17 @@ def test_float_and_timestamp_literals_pushed(opened, con, lake, expr, pushed):
     assert (not any(isinstance(n, Filter) for n in walk(plan))) == pushed, (expr, plan)
 
 
+def test_a_long_float_in_list_is_pushed_and_matches_duckdb(opened, con, lake, col="f32"):
+    """A float ``IN`` list of 10,000 values (the lake's 0.1, 1.5 and -0.0 among them) is
+    pushed into the scan as one value set, not 10,000 ORs (a chain that deep crashed the
+    row-group pruning), and keeps DuckDB's rows: -0.0 finds 0.0, NULL and NaN find nothing."""
+    values = ["0.1", "1.5", "-0.0"] + [f"{1000 + i}.25" for i in range(9_997)]
+    for expr in (f"{col} IN ({', '.join(values)})", f"{col} NOT IN ({', '.join(values)})"):
+        check(opened, con, lake, expr, loader=True)
+        plan = opened[0].filter(expr).optimized_plan()
+        assert not any(isinstance(n, Filter) for n in walk(plan)), plan
+
+
 # ---------------------------------------------------------------------------
 # computed columns: select(v=expr) holds DuckDB's values and types
 

@@ -283,7 +283,7 @@ def equivalent(node, schema: pa.Schema) -> bool:
         if t is None or _kind(t) is None or node.args.get("query") is not None \
                 or node.args.get("unnest") is not None or not node.expressions:
             return False
-        if _kind(t) == "float":  # compiled as ORs of =, where -0.0 = 0.0 (sqlexpr.visit_In)
+        if _kind(t) == "float":  # one value set with -0.0 beside 0.0 (sqlexpr.visit_In)
             return float_group_fits(node.expressions, t)
         return all(literal_fits(e, t) for e in node.expressions)
     if isa(node, "Between"):

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.types as pat
 
 from ..errors import ColumnNotFoundError, ExpressionError
-from . import simplesql
+from . import pushable, simplesql
 from .arrowtypes import type_of
 from .simplesql import isa
 from .syntax import check_complete, syntax_error, token_error
@@ -290,6 +290,16 @@ def _as_expr(t: Typed, target: pa.DataType | None = None) -> pc.Expression:
     if not t.is_literal:
         return t.expr
     return pc.scalar(_literal_as(t, target) if target is not None else _default_scalar(t))
+
+
+def _in_set(xe: pc.Expression, values: pa.Array, has_null: bool) -> pc.Expression:
+    """``xe IN values`` with SQL's nulls: NULL where ``xe`` is NULL (it matters under NOT),
+    and where nothing matched but the list holds a NULL (``has_null``)."""
+    e = pc.is_in(xe, value_set=values)
+    e = pc.or_kleene(e, pc.and_kleene(pc.is_null(xe), pc.scalar(pa.scalar(None, pa.bool_()))))
+    if has_null:
+        e = pc.or_kleene(e, pc.scalar(pa.scalar(None, pa.bool_())))
+    return e
 
 
 def _to_float(e: pc.Expression, src: pa.DataType | None, target: pa.DataType) -> pc.Expression:
@@ -573,29 +583,28 @@ class Compiler:
             raise ExpressionError(f"IN (subquery) is not supported in a filter: {self.text!r}; "
                                   "use al.sql() for subqueries")
         items = [self.visit(e) for e in node.expressions]
-        if x.is_literal or any(not i.is_literal for i in items) or (x.type is not None and pat.is_floating(x.type)):
-            # general case: a chain of ORs, SQL semantics for free (floats too: pyarrow's
-            # is_in hashes -0.0 apart from 0.0, DuckDB's IN finds them equal)
-            e = None
-            for i in items:
-                ea, eb = _unify(x, i)
-                term = pc.equal(ea, eb)
-                e = term if e is None else pc.or_kleene(e, term)
-            return Typed(e if e is not None else pc.scalar(False), pa.bool_())
+        floating = x.type is not None and pat.is_floating(x.type)
+        if floating and not x.is_literal and pushable.float_group_fits(node.expressions, x.type):
+            # each literal is exactly the value DuckDB compares with, in the column's type:
+            # one value set, with -0.0 beside 0.0 (pyarrow's is_in hashes them apart, SQL's
+            # = finds them equal)
+            values = [pushable.float_value(n, x.type) for n in node.expressions]
+            values += [-v for v in values if v == 0]
+            return Typed(_in_set(x.expr, pa.array(values, x.type), has_null=False), pa.bool_())
+        if x.is_literal or any(not i.is_literal for i in items) or floating:
+            # general case: ORs of =, SQL semantics for free; a balanced tree, never a chain
+            # as deep as the list is long
+            terms = [pc.equal(*_unify(x, i)) for i in items]
+            while len(terms) > 1:
+                terms = [pc.or_kleene(a, b) for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) & ~1:]
+            return Typed(terms[0] if terms else pc.scalar(False), pa.bool_())
         target = x.type.value_type if pat.is_dictionary(x.type) else x.type
-        has_null = any(i.value is None for i in items)
         scalars = [_literal_as(i, target) for i in items if i.value is not None]
         values = pa.array([s.as_py() for s in scalars], type=scalars[0].type if scalars else target)
         xe = x.expr
         if pat.is_date(target) and pat.is_timestamp(values.type):
             xe = xe.cast(values.type)
-        e = pc.is_in(xe, value_set=values)
-        # SQL: NULL IN (...) is NULL, not false (it matters under NOT)
-        null_if_x_null = pc.and_kleene(pc.is_null(xe), pc.scalar(pa.scalar(None, pa.bool_())))
-        e = pc.or_kleene(e, null_if_x_null)
-        if has_null:
-            e = pc.or_kleene(e, pc.scalar(pa.scalar(None, pa.bool_())))
-        return Typed(e, pa.bool_())
+        return Typed(_in_set(xe, values, has_null=any(i.value is None for i in items)), pa.bool_())
 
     def _like(self, node, ignore_case: bool):
         x = self.visit(node.this)
