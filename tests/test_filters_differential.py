@@ -416,6 +416,17 @@ def test_a_long_float_in_list_is_pushed_and_matches_duckdb(opened, con, lake, co
         assert not any(isinstance(n, Filter) for n in walk(plan)), plan
 
 
+def test_a_float16_in_list_compiles_as_comparisons():
+    """The value-set form is for float32 / float64 (``pushable.float_value`` knows their
+    rounding): a float16 list stays comparisons, with no value beyond float16 turned to inf."""
+    from arrowload.plan.expr import SqlExpr
+    from arrowload.plan.sqlexpr import compile_predicate
+    schema = pa.schema([("h", pa.float16())])
+    for text in ("h IN (1.5, 0.1)", "h IN (-0.0, 2)"):
+        e = str(compile_predicate(SqlExpr.parse(text, schema, "filter").tree, schema))
+        assert "is_in" not in e and "==" in e, (text, e)
+
+
 # ---------------------------------------------------------------------------
 # computed columns: select(v=expr) holds DuckDB's values and types
 

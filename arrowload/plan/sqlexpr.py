@@ -584,7 +584,8 @@ class Compiler:
                                   "use al.sql() for subqueries")
         items = [self.visit(e) for e in node.expressions]
         floating = x.type is not None and pat.is_floating(x.type)
-        if floating and not x.is_literal and pushable.float_group_fits(node.expressions, x.type):
+        if floating and not pat.is_float16(x.type) and not x.is_literal \
+                and pushable.float_group_fits(node.expressions, x.type):
             # each literal is exactly the value DuckDB compares with, in the column's type:
             # one value set, with -0.0 beside 0.0 (pyarrow's is_in hashes them apart, SQL's
             # = finds them equal)
