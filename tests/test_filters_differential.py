@@ -444,6 +444,20 @@ def test_an_expression_is_checked_and_compiled_once_per_schema(opened, con, lake
         assert 0 < calls["equivalent"] <= 4 and 0 < calls["compile_predicate"] <= 2, calls
 
 
+def test_38_digits_after_a_leading_point_are_refused_not_misread(opened, con, lake):
+    """DuckDB types ``.ddd`` with 38 digits DECIMAL(38,38) and ``0.ddd`` DOUBLE; both parsers
+    store the first as the second. arrowload refuses that one spelling (it answered as the
+    DOUBLE: ``f32 IN (0.1, .5000...)`` lost the float32 0.1 rows DuckDB keeps); its neighbours
+    and the spellings the message proposes keep DuckDB's rows."""
+    d38 = "." + "5" + "0" * 37
+    for expr in (f"f32 IN (0.1, {d38})", f"dec = -{d38}", f"f32 BETWEEN -{d38} AND 0.1"):
+        with pytest.raises(al.ExpressionError, match="DECIMAL"):
+            opened[0].filter(expr)
+    for expr in (f"f32 IN (0.1, 0{d38})", f"f32 IN (0.1, CAST('0{d38}' AS DECIMAL(38,38)))",
+                 f"f32 IN (0.1, {d38[:-1]})", f"f32 < {d38}0", f"f32 = {d38}e0", f"s <> '{d38}'"):
+        check(opened, con, lake, expr, loader=True)
+
+
 def test_a_float16_in_list_compiles_as_comparisons():
     """The value-set form is for float32 / float64 (``pushable.float_value`` knows their
     rounding): a float16 list stays comparisons, with no value beyond float16 turned to inf."""

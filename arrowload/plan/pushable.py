@@ -15,7 +15,7 @@ itself (``duckeval``). The grammar is a whitelist by node type AND operand types
   decimal literals the column's type holds exactly); ``float32`` / ``float64`` against
   the literals whose value DuckDB rounds to the column's type once (``float_value``: those
   it holds exactly, and plain decimals such as ``0.9``; never column against column; ``IN``
-  as ORs of ``=``, where ``-0.0`` equals ``0.0``), with ``>`` / ``>=`` keeping NaN rows
+  as one value set holding ``-0.0`` beside ``0.0``), with ``>`` / ``>=`` keeping NaN rows
   (DuckDB: NaN is greater than every number);
 * integer literals that fit the column's type; string literals against strings, strict
   ISO dates / timestamps (no more fractional digits than the column keeps) against dates

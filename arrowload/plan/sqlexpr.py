@@ -46,6 +46,7 @@ def parse(text: str, what: str = "expression"):
     loading the DuckDB dialect; the rest, and every error, with the DuckDB dialect."""
     if not isinstance(text, str) or not text.strip():
         raise ExpressionError(f"empty {what}: pass SQL text such as \"x > 0 AND y = 'a'\"")
+    _refuse_leading_point_38(text, what)
     simple = simplesql.parse(text)
     if simple is not None:
         return simple
@@ -63,6 +64,22 @@ def parse(text: str, what: str = "expression"):
         raise token_error(text, what, *_unterminated_at(text)) from None
     check_complete(tree, text, what)
     return tree
+
+
+# a string, a quoted name, or a number of exactly 38 digits after a leading point
+_POINT_38 = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|(?<![\w.])(\.\d{38})(?![\w.])""")
+
+
+def _refuse_leading_point_38(text: str, what: str) -> None:
+    """DuckDB types ``.ddd`` with 38 digits DECIMAL(38, 38) and ``0.ddd`` (39 digits) DOUBLE,
+    but both parsers store ``.ddd`` as ``0.ddd``: the SQL regenerated for DuckDB, and the
+    check of what may be pushed, would read a DOUBLE where the text meant a DECIMAL."""
+    for m in _POINT_38.finditer(text):
+        if m.group(1):
+            raise ExpressionError(
+                f"the number {m.group(1)} in {what} {text!r} is a DECIMAL(38,38) in DuckDB, which "
+                f"arrowload cannot keep apart from 0{m.group(1)} (a DOUBLE); write 0{m.group(1)} for "
+                f"a DOUBLE or CAST('0{m.group(1)}' AS DECIMAL(38,38)) for the decimal")
 
 
 # Tokens sqlglot's default dialect reads as its DuckDB dialect does, into the same trees
