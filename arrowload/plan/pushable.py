@@ -145,7 +145,7 @@ def float_value(node, t: pa.DataType) -> float | None:
       so only an exact one qualifies.
     """
     v = _number(node)
-    if v is None:
+    if v is None or _kind(t) != "float":  # float16: no rounding rule here
         return None
     if _exact_float(v, t):
         return float(v)

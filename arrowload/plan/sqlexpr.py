@@ -599,16 +599,15 @@ class Compiler:
         if node.args.get("query") is not None or node.args.get("unnest") is not None:
             raise ExpressionError(f"IN (subquery) is not supported in a filter: {self.text!r}; "
                                   "use al.sql() for subqueries")
-        items = [self.visit(e) for e in node.expressions]
         floating = x.type is not None and pat.is_floating(x.type)
-        if floating and not pat.is_float16(x.type) and not x.is_literal \
-                and pushable.float_group_fits(node.expressions, x.type):
+        if floating and not x.is_literal and pushable.float_group_fits(node.expressions, x.type):
             # each literal is exactly the value DuckDB compares with, in the column's type:
             # one value set, with -0.0 beside 0.0 (pyarrow's is_in hashes them apart, SQL's
             # = finds them equal)
             values = [pushable.float_value(n, x.type) for n in node.expressions]
             values += [-v for v in values if v == 0]
             return Typed(_in_set(x.expr, pa.array(values, x.type), has_null=False), pa.bool_())
+        items = [self.visit(e) for e in node.expressions]
         if x.is_literal or any(not i.is_literal for i in items) or floating:
             # general case: ORs of =, SQL semantics for free; a balanced tree, never a chain
             # as deep as the list is long
