@@ -9,6 +9,10 @@ deliberate, announced decision (update the literals in the same commit).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tempfile
 from collections import Counter
 from math import factorial
 
@@ -17,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from arrowload import _polars
 from arrowload.order import (KINDS, ORDER_SINCE, ORDER_VERSION, EpochOrder, derive_key, num_batches, permute,
                              rank_range, shuffled_range)
 from arrowload.order.permutation import _splitmix64, shuffled_ranges
@@ -190,6 +195,34 @@ def test_shuffled_range_is_the_hash_order(n, key):
 def test_shuffled_range_is_the_hash_order_on_long_ranges(n):
     """A window-sized range (one packed sort of hashes and positions): the spec's order."""
     assert shuffled_range(n, 77).tolist() == _shuffled_truth(n, 77)
+
+
+@pytest.mark.parametrize("n", [_polars.SORT_MIN - 1, _polars.SORT_MIN, 100_003])
+def test_sort_distinct_by_polars_equals_numpys_sort(n):
+    """Where polars is imported, distinct uint64 keys are sorted by polars
+    (``_polars.sort_distinct``): the same array as numpy's sort, keys past 2**63 included
+    (an unsigned order, not a signed one)."""
+    pytest.importorskip("polars")
+    rng = np.random.default_rng(n)
+    values = np.unique(rng.integers(0, 2**64 - 1, n + 64, dtype=np.uint64, endpoint=True))[:n]
+    values = values[rng.permutation(values.size)]
+    assert (values >= np.uint64(1 << 63)).any() and (values < np.uint64(1 << 63)).any()
+    want = np.sort(values)
+    got = _polars.sort_distinct(values.copy())
+    assert got.dtype == np.uint64 and got.tolist() == want.tolist()
+
+
+def test_shuffled_range_is_the_same_without_polars():
+    """A window's permutation sorted by polars (imported here) and by numpy (a process that
+    never imports polars) is one order."""
+    pytest.importorskip("polars")
+    n, key = 300_007, 12345
+    code = ("import sys, numpy as np; from arrowload.order.permutation import shuffled_range; "
+            f"np.save(sys.argv[1], shuffled_range({n}, {key})); assert 'polars' not in sys.modules")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "perm.npy")
+        subprocess.run([sys.executable, "-c", code, out], check=True)
+        assert np.load(out).tolist() == shuffled_range(n, key).tolist()
 
 
 @settings(max_examples=30, deadline=None)

@@ -596,8 +596,8 @@ def test_block_windows_read_per_unit_in_a_forked_child_of_a_polars_process(lake,
     """Where the process is such a fork (``forked_with_polars``), block windows and a
     mixture's shared units are read without polars: no window counted, the same batches."""
     import polars  # noqa: F401
+    from arrowload import _polars
     from arrowload.mixture import shared
-    from arrowload.scan import stream
     ds = al.dataset(lake).select("id", "x", "k")
     if mixture:
         ds = al.mix({"a": ds.filter("k < 5"), "b": ds.filter("k >= 5")}, weights=[1, 1], seed=2,
@@ -618,7 +618,7 @@ def test_block_windows_read_per_unit_in_a_forked_child_of_a_polars_process(lake,
     want, dec = epoch()
     assert (any(calls) if mixture else WINDOW_DECODER in dec)
     calls.clear()
-    monkeypatch.setattr(stream, "_forked_with_polars", True)
+    monkeypatch.setattr(_polars, "_forked_with_polars", True)
     got, dec = epoch()
     assert got == want
     assert not any(calls) and WINDOW_DECODER not in dec

@@ -32,6 +32,8 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
+from .. import _polars
+from .._polars import polars_imported
 from ..options import Options, usable_cores
 from ..plan.expr import Expr
 from ..plan.nodes import Plan, Scan
@@ -59,38 +61,18 @@ def env_decoders() -> list[str]:
 
 _importer: threading.Thread | None = None
 _importer_lock = threading.Lock()
-#: this process is a fork of one that had imported polars (a DataLoader worker forked from
-#: a process that read with polars): polars' thread pool did not survive the fork, and a
-#: query there could wait forever for it
-_forked_with_polars = False
-
-
-def _after_fork_in_child() -> None:
-    global _forked_with_polars
-    if "polars" in sys.modules:
-        _forked_with_polars = True
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def forked_with_polars() -> bool:
-    """Whether this process was forked from one that had imported polars (see above): the
+    """Whether this process was forked from one that had imported polars (``_polars``): the
     paths that may read another way (block windows) do not use polars here."""
-    return _forked_with_polars
+    return _polars.forked_with_polars()
 
 
 def polars_threads() -> int:
     """Threads of polars' pool (the usable cores where polars is not imported yet)."""
     pl = sys.modules.get("polars")
     return pl.thread_pool_size() if pl is not None and hasattr(pl, "thread_pool_size") else usable_cores()
-
-
-def polars_imported() -> bool:
-    """Whether polars is imported (and not still being imported by another thread)."""
-    mod = sys.modules.get("polars")
-    return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False)
 
 
 def _import_polars() -> None:

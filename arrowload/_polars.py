@@ -1,0 +1,62 @@
+"""What any layer may ask of polars without importing it: whether this process has it
+imported, whether it was forked from one that had (polars' thread pool does not survive
+a fork, and a query there could wait forever for it), and polars' sort where it is usable.
+
+Kept apart from ``scan/stream.py`` so that the pure ``order`` package can use the sort
+without depending on the scan.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+#: this process is a fork of one that had imported polars (a DataLoader worker forked from
+#: a process that read with polars)
+_forked_with_polars = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_with_polars
+    if "polars" in sys.modules:
+        _forked_with_polars = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def forked_with_polars() -> bool:
+    """Whether this process was forked from one that had imported polars (see above)."""
+    return _forked_with_polars
+
+
+def polars_imported() -> bool:
+    """Whether polars is imported (and not still being imported by another thread)."""
+    mod = sys.modules.get("polars")
+    return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False)
+
+
+#: fewer values: numpy's sort costs about what handing them to polars does
+SORT_MIN = 1 << 14
+
+
+def sort_distinct(values: np.ndarray) -> np.ndarray:
+    """``np.sort(values)`` of a 1-D uint64 array of distinct values, where it is cheaper: by
+    polars (one thread, the GIL released) where polars is imported and usable here, else
+    numpy. Distinct values have one sorted order, so both give the same array. Measured on
+    the 2-core benchmark machine (numpy 2.4, polars 2.1; thread CPU ms, medians of 9):
+    65,536 values 2.3 by numpy against 0.8 by polars, 524,288 24.8 against 7.4, 4,194,304
+    249 against 67. The result may be ``values`` sorted in place."""
+    if values.size >= SORT_MIN and polars_imported() and not forked_with_polars():
+        pl = sys.modules["polars"]
+        try:
+            out = pl.Series(values, dtype=pl.UInt64).sort(multithreaded=False).to_numpy()
+        except Exception:  # noqa: BLE001 - numpy's sort answers the same
+            out = None
+        if out is not None and out.shape == values.shape and out.dtype == np.uint64:
+            return out
+    values.sort()
+    return values
