@@ -32,8 +32,7 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from .. import _polars
-from .._polars import polars_imported
+from .._polars import forked_with_polars, polars_imported
 from ..options import Options, usable_cores
 from ..plan.expr import Expr
 from ..plan.nodes import Plan, Scan
@@ -61,12 +60,6 @@ def env_decoders() -> list[str]:
 
 _importer: threading.Thread | None = None
 _importer_lock = threading.Lock()
-
-
-def forked_with_polars() -> bool:
-    """Whether this process was forked from one that had imported polars (``_polars``): the
-    paths that may read another way (block windows) do not use polars here."""
-    return _polars.forked_with_polars()
 
 
 def polars_threads() -> int:
