@@ -602,6 +602,62 @@ def test_global_tables_fall_back_to_units_when_the_union_stream_fails(parquet_la
 
 # -- an unshuffled mixture over one lake from one polars stream (mixture.stream) ------------
 
+@pytest.mark.parametrize("one_take", [True, False], ids=["one-take", "per-move"])
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_gather_puts_every_row_at_its_place(one_take, data):
+    """``mixture.stream.gather`` against the components' rows concatenated and taken by
+    numpy: parts picking rows by position from shared stream chunks and whole chunks, a
+    1-D column, a row-major ``[n, 3]`` column and one whose dtype differs between chunks,
+    through the one-take path (chunks laid end to end, one take a column) and the per-move
+    path (a take and a scatter per chunk)."""
+    from arrowload.mixture import stream as mixstream
+    from arrowload.pipeline.chunks import HostChunk
+    from arrowload.pipeline.collate import BufferPool
+
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    hosts = []
+    for h in range(data.draw(st.integers(1, 3))):
+        r = data.draw(st.integers(1, 40))
+        cols = {"a": rng.random(r, dtype=np.float32), "x": rng.random((r, 3)).astype(np.float32),
+                "y": rng.integers(-9, 9, r).astype(np.int64 if h == 0 else np.int32)}
+        hosts.append(HostChunk(cols, r, 16.0))
+    found, want, first = [], {k: [] for k in ("a", "x", "y")}, None
+    for _ in range(data.draw(st.integers(1, 3))):
+        parts = []
+        for _ in range(data.draw(st.integers(0, 3))):
+            host = hosts[data.draw(st.integers(0, len(hosts) - 1))]
+            if data.draw(st.booleans()):  # picked rows of a stream chunk, in order
+                keep = np.flatnonzero(rng.random(host.num_rows) < 0.6)
+                parts.append(mixstream.Rows(pa.record_batch({"i": np.arange(host.num_rows)}), host, keep))
+                taken = {k: v[keep] for k, v in host.columns.items()}
+            else:  # a whole chunk (a slice of one)
+                lo = data.draw(st.integers(0, host.num_rows - 1))
+                part = host.slice(lo)
+                parts.append(part)
+                taken = part.columns
+            for k in want:
+                want[k].append(taken[k])
+            first = first or host  # the output takes the first part's dtypes
+        found.append(parts)
+    sizes = [sum(p.num_rows for p in parts) for parts in found]
+    n = sum(sizes)
+    if n == 0:
+        return
+    base = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    idx = rng.permutation(n)
+    span = mixstream.ONE_TAKE_SPAN
+    mixstream.ONE_TAKE_SPAN = 10**9 if one_take else -1
+    try:
+        got = mixstream.gather(found, base, idx, BufferPool())
+    finally:
+        mixstream.ONE_TAKE_SPAN = span
+    for k, parts in want.items():
+        expect = np.concatenate([p.astype(np.int64) if k == "y" else p for p in parts])[idx]
+        assert got.columns[k].dtype == first.columns[k].dtype
+        np.testing.assert_array_equal(got.columns[k], expect)
+
+
 
 def _overlapping_first(lake, cache):
     ds = al.dataset(lake)

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..pipeline.chunks import HostChunk, _scatter_rows, _take_rows
+from ..pipeline.chunks import HostChunk, _row_items, _scatter_rows, _take_rows
 from ..pipeline.streamreads import merge_ranges
 from ..scan.decoders import recoverable
 from ..scan.stream import polars_ready
@@ -338,7 +338,11 @@ def gather(found: list[list], base: np.ndarray, idx: np.ndarray, pool) -> HostCh
 
     Parts that pick rows by position from one host chunk (the members of one stream batch,
     whatever their component) are moved together: one take and one scatter per chunk and
-    column, not one per part (a 2.4M-row epoch of three components made 5,151 calls of each)."""
+    column, not one per part (a 2.4M-row epoch of three components made 5,151 calls of each).
+    Where picked rows are most of the task and the chunks hold few rows besides, the chunks
+    are laid end to end and each column taken once, every output row by one index
+    (:func:`_one_take`): a sequential copy and one random read a row, where a take and a
+    scatter made two random accesses."""
     hosts = [[(p, None) if isinstance(p, HostChunk) else (getattr(p, "host", None), getattr(p, "idx", None))
               for p in parts] for parts in found]
     if any(h is None for parts in hosts for h, _ in parts):
@@ -364,11 +368,15 @@ def gather(found: list[list], base: np.ndarray, idx: np.ndarray, pool) -> HostCh
             at += k
     moves = whole + [(h, np.concatenate(pos) if len(pos) > 1 else pos[0],
                       np.concatenate(rows) if len(rows) > 1 else rows[0]) for h, pos, rows in picked.values()]
+    fused = _one_take(moves, n)
     columns = {}
     for name, sample in first.columns.items():
         if not isinstance(sample, np.ndarray):
             return None
         out = pool.take((n, *sample.shape[1:]), sample.dtype)
+        if fused is not None and _take_once(fused, name, out, pool):
+            columns[name] = out
+            continue
         for move in moves:
             src, pos = move[0].columns[name], move[1]
             rows = move[2] if len(move) > 2 else None
@@ -378,6 +386,50 @@ def gather(found: list[list], base: np.ndarray, idx: np.ndarray, pool) -> HostCh
                 out[pos] = src if rows is None else src[rows]
         columns[name] = out
     return HostChunk(columns, n, sum(p.nbytes for parts in found for p in parts) / max(1, n))
+
+
+#: Rows of the chunks laid end to end per picked row, at most, for :func:`_one_take` (a
+#: sequential copy of a row costs about a tenth of a random access to it; measured on one
+#: task of 64,600 rows, 17 float32 columns, from three stream batches: 1.4 against 2.2 ms)
+ONE_TAKE_SPAN = 4
+
+
+def _one_take(moves: list, n: int) -> tuple[list, int, np.ndarray] | None:
+    """The task's rows as one index into its host chunks laid end to end: ``(chunks, their
+    rows, index)`` (output position ``p`` holds row ``index[p]``), where picked rows (a take
+    and a scatter each) are worth it (:data:`ONE_TAKE_SPAN`); else None."""
+    picked = sum(len(m[1]) for m in moves if len(m) > 2)
+    hosts: dict[int, tuple] = {}
+    span = 0
+    for m in moves:
+        if id(m[0]) not in hosts:
+            hosts[id(m[0])] = (m[0], span)
+            span += m[0].num_rows
+    if not picked or span > ONE_TAKE_SPAN * picked:
+        return None
+    index = np.empty(n, dtype=np.int64)
+    for m in moves:
+        at = hosts[id(m[0])][1]
+        index[m[1]] = m[2] + at if len(m) > 2 else np.arange(at, at + m[0].num_rows, dtype=np.int64)
+    return [h for h, _ in hosts.values()], span, index
+
+
+def _take_once(fused: tuple[list, int, np.ndarray], name: str, out: np.ndarray, pool) -> bool:
+    """Column ``name`` of the task into ``out`` by :func:`_one_take`'s index: the chunks'
+    arrays laid end to end (a pooled temporary; none for one chunk), then one take along
+    rows. False (nothing written) where an array's dtype or row shape differs from ``out``'s
+    or it is not C-contiguous (the per-move path then)."""
+    hosts, span, index = fused
+    arrays = [h.columns[name] for h in hosts]
+    if any(not isinstance(a, np.ndarray) or a.dtype != out.dtype or a.shape[1:] != out.shape[1:]
+           or not a.flags.c_contiguous for a in arrays):
+        return False
+    src = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, out=pool.take((span, *out.shape[1:]), out.dtype))
+    items, into = (src, out) if out.ndim == 1 else (_row_items(src), _row_items(out))
+    if items is None or into is None:
+        return False
+    np.take(items, index, out=into, mode="clip")  # the index is in range by construction
+    return True
 
 
 class _Short(Exception):

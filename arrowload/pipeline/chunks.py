@@ -426,9 +426,9 @@ class WindowLayout:
 
 def _row_items(a: np.ndarray) -> np.ndarray | None:
     """``a`` (C-contiguous ``[n, k, ...]``) as a 1-D view of ``n`` opaque items, one a row;
-    None for a 1-D, strided or empty-row array."""
+    None for a 1-D, strided, rowless or empty-row array."""
     width = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
-    if a.ndim == 1 or not a.flags.c_contiguous or width == 0:
+    if a.ndim == 1 or not a.flags.c_contiguous or width == 0 or len(a) == 0:
         return None
     return a.reshape(len(a), -1).view(np.dtype((np.void, width))).reshape(-1)
 
