@@ -43,6 +43,11 @@ def polars_imported() -> bool:
 SORT_MIN = 1 << 14
 
 
+def polars_sorts(size: int) -> bool:
+    """Whether :func:`sort_distinct` sorts ``size`` values by polars (else numpy)."""
+    return size >= SORT_MIN and polars_imported() and not forked_with_polars()
+
+
 def sort_distinct(values: np.ndarray) -> np.ndarray:
     """``np.sort(values)`` of a 1-D uint64 array of distinct values, where it is cheaper: by
     polars (one thread, the GIL released) where polars is imported and usable here, else
@@ -50,7 +55,7 @@ def sort_distinct(values: np.ndarray) -> np.ndarray:
     the 2-core benchmark machine (numpy 2.4, polars 2.1; thread CPU ms, medians of 9):
     65,536 values 2.3 by numpy against 0.8 by polars, 524,288 24.8 against 7.4, 4,194,304
     249 against 67. The result may be ``values`` sorted in place."""
-    if values.size >= SORT_MIN and polars_imported() and not forked_with_polars():
+    if polars_sorts(values.size):
         pl = sys.modules["polars"]
         try:
             out = pl.Series(values, dtype=pl.UInt64).sort(multithreaded=False).to_numpy()

@@ -225,6 +225,18 @@ def test_shuffled_range_is_the_same_without_polars():
         assert np.load(out).tolist() == shuffled_range(n, key).tolist()
 
 
+@pytest.mark.parametrize("m, n", [(4, 1024), (3, 1500), (1, 5000)])
+def test_sorted_hashes_inverted_give_the_hash_order(monkeypatch, m, n):
+    """Ranges long enough for the hashes to be sorted alone (numpy; polars set aside) and
+    inverted back to their positions (``permutation._positions``): the spec's order, one
+    range or several at once, keys past 2**63 included."""
+    from arrowload.order import permutation
+    monkeypatch.setattr(permutation, "polars_sorts", lambda size: False)
+    ks = [3 * k + 1 for k in range(m - 1)] + [2**64 - 5]
+    assert [row.tolist() for row in shuffled_ranges(n, ks)] == [_shuffled_truth(n, k) for k in ks]
+    assert shuffled_range(n, ks[-1]).tolist() == _shuffled_truth(n, ks[-1])
+
+
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(0, 1500), ks=st.lists(keys, max_size=5))
 def test_shuffled_ranges_are_each_keys_hash_order(n, ks):
