@@ -148,6 +148,21 @@ def test_over_budget_is_none_before_reading_or_as_soon_as_it_crosses():
     assert reads == [0]  # the strings of the first unit cross it
 
 
+@pytest.mark.parametrize("size", [5 * 4096 + 17, 3 * 4096, 10 * 4096 + 4095, 4096 * 7 + 1])
+@pytest.mark.parametrize("cores", [1, 2, 3])
+def test_the_first_touch_writes_one_byte_a_page_on_every_thread_count(monkeypatch, size, cores):
+    """``rabuild._touch`` (a table's memory touched before any row is written): a zero at
+    every ``_TOUCH``-th byte from the first, nothing else written, whether one thread or
+    several (slices of whole pages) touch it."""
+    monkeypatch.setattr(rabuild, "_TOUCH_PARALLEL", 4096)
+    monkeypatch.setattr(rabuild, "usable_cores", lambda: cores)
+    raw = np.full(size, 7, dtype=np.uint8)
+    rabuild._touch(raw)
+    want = np.full(size, 7, dtype=np.uint8)
+    want[::rabuild._TOUCH] = 0
+    np.testing.assert_array_equal(raw, want)
+
+
 def test_an_error_on_a_building_thread_is_raised_to_the_caller():
     table = _mixed_table(3_000)
 
