@@ -424,7 +424,10 @@ def _take_once(fused: tuple[list, int, np.ndarray], name: str, out: np.ndarray, 
     if any(not isinstance(a, np.ndarray) or a.dtype != out.dtype or a.shape[1:] != out.shape[1:]
            or not a.flags.c_contiguous for a in arrays):
         return False
-    src = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, out=pool.take((span, *out.shape[1:]), out.dtype))
+    if len(arrays) == 1:
+        src = arrays[0]
+    else:
+        src = np.concatenate(arrays, out=pool.take((span, *out.shape[1:]), out.dtype))
     items, into = (src, out) if out.ndim == 1 else (_row_items(src), _row_items(out))
     if items is None or into is None:
         return False

@@ -207,14 +207,15 @@ def _allocate(count: int, dtype: np.dtype) -> np.ndarray:
     0.08 s of page faults and copies this way, 0.3-0.6 s from Arrow's pool.
 
     Its pages are touched here, once each (``_TOUCH``), before any row is written: the
-    kernel maps them in one sweep (one thread per core on large tables: ``_touch``). Left to the writes, the faults came while the build's
-    other threads (the decode, the split of a mixture's rows) allocated and freed memory,
-    and contended with them: a mixture's global build spent 0.11-0.23 s of system time in
-    its writes against 0.003-0.014 s for the single selection's, and builds of either
-    often took half again as long (the kernel's huge-page faults, contended). Touched
-    first, interleaved fresh processes (4M-row lake): a global epoch of W1's columns,
-    build included, 0.397-0.741 s (median 0.587) -> 0.392-0.417 s (median 0.397), 5 each;
-    run.py's W3 global 0.495 -> 0.446 s; a mixture's build 0.40-0.68 -> 0.39-0.40 s."""
+    kernel maps them in one sweep (one thread per core on large tables: ``_touch``). Left to
+    the writes, the faults came while the build's other threads (the decode, the split of a
+    mixture's rows) allocated and freed memory, and contended with them: a mixture's global
+    build spent 0.11-0.23 s of system time in its writes against 0.003-0.014 s for the
+    single selection's, and builds of either often took half again as long (the kernel's
+    huge-page faults, contended). Touched first, interleaved fresh processes (4M-row lake):
+    a global epoch of W1's columns, build included, 0.397-0.741 s (median 0.587) ->
+    0.392-0.417 s (median 0.397), 5 each; run.py's W3 global 0.495 -> 0.446 s; a mixture's
+    build 0.40-0.68 -> 0.39-0.40 s."""
     dtype = np.dtype(dtype)
     raw = np.empty(count * dtype.itemsize + 64, dtype=np.uint8)
     _touch(raw)
