@@ -658,7 +658,6 @@ def test_gather_puts_every_row_at_its_place(one_take, data):
         np.testing.assert_array_equal(got.columns[k], expect)
 
 
-
 def _overlapping_first(lake, cache):
     ds = al.dataset(lake)
     comps = {"us": ds.filter("country = 'US'").select("id", "label", comp="'us'"),
