@@ -181,6 +181,33 @@ def test_numpy_bool_is_one_aligned_copy():
     assert not out.flags.writeable
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), max_size=150), st.booleans(), st.data())
+def test_unpacked_bits_are_arrows_values_validity_and_true_positions(bits, nulls, data):
+    """The bitmap helpers (``np.unpackbits`` over the bytes that hold an array's bits) against
+    Arrow's own conversions, at any bit offset, with and without nulls (a null's value bit
+    set or not), over chunks."""
+    from arrowload.convert.host import bool_values, true_positions, valid_bits
+
+    def bitmap(flags: list[bool]) -> pa.Buffer:
+        return pa.py_buffer(np.packbits(np.array(flags, dtype=bool), bitorder="little").tobytes() + b"\0")
+
+    n = len(bits)
+    valid = bitmap([ok for _, ok in bits]) if nulls else None
+    whole = pa.Array.from_buffers(pa.bool_(), n, [valid, bitmap([v for v, _ in bits])])
+    lo = data.draw(st.integers(0, n))
+    arr = whole.slice(lo, data.draw(st.integers(0, n - lo)))
+    assert valid_bits(arr).tolist() == arr.is_valid().to_pylist()
+    got = bool_values(arr)
+    assert [bool(v) for v, ok in zip(got, valid_bits(arr)) if ok] == [v for v in arr.to_pylist() if v is not None]
+    truth = [i for i, v in enumerate(arr.to_pylist()) if v]
+    assert true_positions(arr).tolist() == truth and true_positions(arr).dtype == np.int64
+    chunked = pa.chunked_array([whole.slice(0, lo), arr, whole.slice(lo)], pa.bool_())
+    assert true_positions(chunked).tolist() == [i for i, v in enumerate(chunked.to_pylist()) if v]
+    with_nulls = convert_batch(batch(b=arr), ConvertOptions(fill_null={"b": True}))["b"]
+    assert with_nulls.tolist() == [True if v is None else v for v in arr.to_pylist()]
+
+
 @pytest.mark.parametrize("offset", [0, 1, 7])
 def test_numpy_fixed_size_list_is_a_2d_view(offset):
     k = 4

@@ -202,7 +202,51 @@ def _view(arr: pa.Array, dtype: np.dtype) -> np.ndarray:
 def _null_mask(arr: pa.Array) -> np.ndarray | None:
     if not arr.null_count:
         return None
-    return pc.is_null(arr).to_numpy(zero_copy_only=False)
+    return ~valid_bits(arr)
+
+
+def unpack_bits(buf: pa.Buffer | None, offset: int, n: int, missing: bool) -> np.ndarray:
+    """Bits ``offset .. offset + n`` of an Arrow bitmap (least significant bit first) as
+    numpy bools, a byte each; ``missing`` everywhere where there is no buffer (a validity
+    bitmap left out: no nulls). ``np.unpackbits`` over the bytes that hold them: 6 us for
+    65,536 bits, against 64 us for Arrow's ``to_numpy`` of a boolean array and 39 us for
+    its cast to uint8 (this machine)."""
+    if buf is None or n == 0:
+        return np.full(n, missing, dtype=np.bool_)
+    first = offset >> 3
+    data = np.frombuffer(buf, dtype=np.uint8, count=((offset + n + 7) >> 3) - first, offset=first)
+    skip = offset & 7
+    return np.unpackbits(data, bitorder="little")[skip:skip + n].view(np.bool_)
+
+
+def bool_values(arr: pa.Array) -> np.ndarray:
+    """A boolean array's values as numpy bools (a null's slot as stored: see ``valid_bits``)."""
+    return unpack_bits(arr.buffers()[1], arr.offset, len(arr), False)
+
+
+def valid_bits(arr: pa.Array) -> np.ndarray:
+    """Where ``arr`` is not null, as numpy bools."""
+    if arr.null_count == len(arr) and len(arr):
+        return np.zeros(len(arr), dtype=np.bool_)  # a null-typed array has no buffers at all
+    return unpack_bits(arr.buffers()[0], arr.offset, len(arr), True)
+
+
+def true_positions(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """The positions where a boolean ``mask`` is true (a null: not true), as int64."""
+    chunks = mask.chunks if isinstance(mask, pa.ChunkedArray) else [mask]
+    parts, at = [], 0
+    for a in chunks:
+        keep = bool_values(a)
+        if a.null_count:
+            keep = keep & valid_bits(a)
+        found = np.flatnonzero(keep)
+        if at:
+            found += at
+        parts.append(found)
+        at += len(a)
+    if len(parts) == 1:
+        return parts[0].astype(np.int64, copy=False)
+    return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
 
 
 # ---------------------------------------------------------------------------
@@ -218,9 +262,12 @@ def _host(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: boo
     if isinstance(t, pa.BaseExtensionType):
         return _extension(name, arr, opts, fill, nested, alloc)
     if pa.types.is_boolean(t):
-        # Arrow packs booleans into bits; numpy / torch / jax want a byte each: one copy.
-        as_bytes = pc.cast(arr, pa.uint8())
-        return Host(_view(as_bytes, np.dtype(np.bool_)), owned=True, nulls=_null_mask(arr))
+        # Arrow packs booleans into bits; numpy / torch / jax want a byte each: one copy
+        # (unpacked, then written into an aligned allocation: 9 against 39 us for 65,536
+        # values by Arrow's cast to uint8)
+        out = aligned_empty((len(arr),), np.dtype(np.bool_))
+        out[...] = bool_values(arr)
+        return Host(out, owned=True, nulls=_null_mask(arr))
     prim = _primitive_dtype(t)
     if prim is not None:
         dtype, widen = prim
@@ -265,7 +312,7 @@ def _fixed_size_list(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any) 
     data = child.data.reshape(shape)
     nulls = child.nulls.reshape(shape) if child.nulls is not None else None
     if arr.null_count:
-        rows = pc.is_null(arr).to_numpy(zero_copy_only=False)
+        rows = ~valid_bits(arr)
         nulls = np.zeros(shape, dtype=bool) if nulls is None else nulls.copy()
         nulls[rows] = True  # a null list is k nulls: filled with the fill value, or an error
     return Host(data, owned=child.owned, nulls=nulls)

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import progress as _progress
+from ..convert.host import valid_bits
 from ..errors import ArrowloadError
 from ..options import usable_cores
 from ..scan.decoders import recoverable
@@ -105,13 +106,13 @@ class _Fixed:
         if n == 0:
             return
         if arr.null_count:
-            valid = arr.is_valid().to_numpy(zero_copy_only=False)
+            valid = valid_bits(arr)
             self._mask("valid", self.rows)[at:at + n] = valid if rows is None else valid[rows]
         w = self.width
         if self.list:
             values = arr.values.slice(arr.offset * w, len(arr) * w)
             if values.null_count:
-                leaf = values.is_valid().to_numpy(zero_copy_only=False)
+                leaf = valid_bits(values)
                 self._mask("leaf_valid", self.rows * w)[at * w:(at + n) * w] = \
                     leaf if rows is None else leaf.reshape(-1, w)[rows].reshape(-1)
         else:
@@ -165,7 +166,7 @@ class _Group:
                     mask = self.valid.get(j)
                     if mask is None:  # allocated once per column, not per chunk with nulls
                         mask = self.valid[j] = np.ones(self.rows, dtype=bool)
-                mask[at:at + n] = arr.is_valid().to_numpy(zero_copy_only=False)
+                mask[at:at + n] = valid_bits(arr)
             raw = _raw_view(arr, self.dtype)
             if isinstance(raw, int):  # nulls without a data buffer
                 self.values[at:at + n, j] = raw
