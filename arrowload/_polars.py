@@ -33,6 +33,19 @@ def forked_with_polars() -> bool:
     return _forked_with_polars
 
 
+class PolarsAfterFork(RuntimeError):
+    """polars was asked to run in a process forked from one that had imported it: its
+    thread pool did not survive the fork, so a query would wait forever. Raised before
+    any query starts; every caller's fallback (another decoder) answers instead."""
+
+
+def refuse_after_fork() -> None:
+    """Raise :class:`PolarsAfterFork` in a process forked with polars imported."""
+    if _forked_with_polars:
+        raise PolarsAfterFork("polars' thread pool did not survive this process's fork (a DataLoader "
+                              "worker?): reading with another decoder")
+
+
 def polars_imported() -> bool:
     """Whether polars is imported (and not still being imported by another thread)."""
     mod = sys.modules.get("polars")

@@ -624,6 +624,64 @@ def test_block_windows_read_per_unit_in_a_forked_child_of_a_polars_process(lake,
     assert not any(calls) and WINDOW_DECODER not in dec
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("decoder", [None, "polars", "polars-stream"])
+def test_dataloader_workers_forked_after_a_polars_epoch_read_without_polars(lake, decoder):
+    """A real fork, as a user makes it: a fresh Python reads one epoch with polars (its pool
+    running), then ``DataLoader`` forks two workers over the loader's ``torch_dataset()``.
+    polars' pool does not survive the fork, so a query there waits forever: the workers
+    must read with another decoder, and give the loader's own batches. Unshuffled (the
+    stream, or the per-unit polars decoder where pinned) and block windows. Without the
+    fork checks the workers hang: the DataLoader's timeout fails the program."""
+    pin = "" if decoder is None else f"os.environ['ARROWLOAD_DECODER'] = {decoder!r}"
+    code = f"""
+import os, tempfile
+{pin}
+import polars, torch
+from torch.utils.data import DataLoader
+import arrowload as al
+ds = al.dataset({lake!r}).select("id", "x", "k")
+with tempfile.TemporaryDirectory() as cache:
+    for shuffle in (False, "block"):
+        with ds.loader(97, shuffle=shuffle, seed=3, output="torch", cache_dir=cache) as ld:
+            own = [b["id"].clone() for b in ld]
+            decoders = ld.stats().decoders
+        with ds.loader(97, shuffle=shuffle, seed=3, output="torch", cache_dir=cache) as ld:
+            got = [b["id"] for b in DataLoader(ld.torch_dataset(), batch_size=None, num_workers=2,
+                                               multiprocessing_context="fork", timeout=60)]
+        print(shuffle, sorted(decoders), len(own), len(got), all(torch.equal(a, b) for a, b in zip(own, got)))
+"""
+    lines = [line for line in fresh_python(code, timeout=300) if line]
+    assert len(lines) == 2
+    for line, shuffle in zip(lines, ("False", "block")):
+        got_shuffle, rest = line.split(" ", 1)
+        assert got_shuffle == shuffle
+        assert "polars" in rest, line  # the parent's epoch did read with polars (stream, window or unit)
+        assert rest.endswith("True"), line
+        n_own, n_got = rest.rsplit("]", 1)[1].split()[:2]
+        assert n_own == n_got and int(n_own) > 0, line
+
+
+@pytest.mark.parametrize("shuffle", [False, "block"])
+def test_a_forked_child_never_picks_polars_per_unit(lake, cache_dir, monkeypatch, shuffle):
+    """In a process forked with polars imported, the per-unit reader skips its polars
+    decoder even where it is pinned (pyarrow's reads answer, the same rows)."""
+    import polars  # noqa: F401
+    from arrowload import _polars
+    monkeypatch.setenv("ARROWLOAD_DECODER", "polars")
+    ds = al.dataset(lake).filter("k < 7").select("id", "x")
+
+    def epoch():
+        with ds.loader(64, shuffle=shuffle, seed=1, cache_dir=cache_dir) as loader:
+            return [np.asarray(b["id"]).tolist() for b in loader], loader.stats().decoders
+    want, dec = epoch()
+    assert "polars" in dec
+    monkeypatch.setattr(_polars, "_forked_with_polars", True)
+    got, dec = epoch()
+    assert got == want
+    assert not any(name.startswith("polars") for name in dec), dec
+
+
 def test_a_streamed_epoch_reads_on_one_thread_unless_told(lake, cache_dir, monkeypatch):
     """The stream's tasks take their rows one at a time while polars decodes on its own
     pool: by default one reader thread takes them; ``io_threads`` still sets the bound."""

@@ -658,8 +658,9 @@ class SharedSources:
         fails or gives a member other rows than counted, ``rabuild.UNITS`` (read per unit)."""
         from ..pipeline import rabuild
         from ..pipeline.loader import _stream_allowed
+        from ..scan.stream import forked_with_polars
         query = group.union_stream()
-        if query is None or not query.units:
+        if query is None or not query.units or forked_with_polars():
             return rabuild.UNITS
         unit = max(max((src.est_bytes(i) for i in range(len(src.counts))), default=0) for src in sources)
 

@@ -45,7 +45,7 @@ import pyarrow as pa
 from ..pipeline.chunks import HostChunk, _row_items, _scatter_rows, _take_rows
 from ..pipeline.streamreads import merge_ranges
 from ..scan.decoders import recoverable
-from ..scan.stream import polars_ready
+from ..scan.stream import forked_with_polars, polars_ready
 
 #: what the queues may hold, as a share of the prefetch budget (the decoded-unit cache's)
 QUEUE_SHARE = 4
@@ -161,6 +161,8 @@ class MixStream:
                 if self.failed is not None:
                     return None
                 if self._it is None:
+                    if forked_with_polars():
+                        return None  # polars' pool did not survive this process's fork: per unit
                     if not polars_ready(wait=self.wait_import):
                         return None  # its import runs on a thread of its own: per unit meanwhile
                     self._open(pieces)

@@ -39,7 +39,7 @@ from ..order.elastic import Ranges, take
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, scans, walk, with_sources
 from ..scan.execute import as_record_batch
-from ..scan.stream import import_polars_in_background, stream_setting
+from ..scan.stream import forked_with_polars, import_polars_in_background, stream_setting
 from ..source.footer import keep_checks, recall_checks
 from . import arguments as _arguments
 from . import preflight
@@ -447,8 +447,8 @@ class Loader:
         src = self._source
         if order.kind != ShuffleKind.NONE.value or not isinstance(src, ScanRowSource):
             return None
-        if stream_setting() is False:
-            return None  # forced off: not even compiled
+        if stream_setting() is False or forked_with_polars():
+            return None  # forced off (not even compiled), or polars' pool lost in a fork
         query = src.stream_query()
         if query is None:
             return None

@@ -29,6 +29,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.types as pat
 
+from .._polars import forked_with_polars, refuse_after_fork
 from ..options import Options
 from ..plan.nodes import Scan
 from ..source import FileSource
@@ -315,9 +316,10 @@ class PolarsDecoder(_Base):
         """Whether polars may read this scan at all: local Parquet files, no page checksums
         asked (polars does not verify them), threads allowed (polars decodes on its pool),
         no renamed columns or deleted rows (its prefilter would drop rows before the
-        deletion mask could apply)."""
+        deletion mask could apply), not in a process forked with polars imported (a
+        DataLoader worker: polars' pool did not survive the fork)."""
         src = scan.source
-        return (isinstance(src, FileSource) and src.kind == "parquet" and not src.in_memory_reads
+        return (not forked_with_polars() and isinstance(src, FileSource) and src.kind == "parquet" and not src.in_memory_reads
                 and not src.rewrites_rows
                 and isinstance(src.filesystem, pafs.LocalFileSystem) and not options.scan.page_checksums
                 and options.scan.use_threads)
@@ -337,9 +339,12 @@ class PolarsDecoder(_Base):
         return self._columns_ok(file)
 
     def usable(self, unit: Unit, columns: frozenset[str]) -> bool:
-        return unit.row_group is not None and unit.num_rows is not None and columns <= self._columns_ok(unit.file)
+        # not in a process forked with polars imported (a DataLoader worker): its pool is gone
+        return unit.row_group is not None and unit.num_rows is not None and not forked_with_polars() \
+            and columns <= self._columns_ok(unit.file)
 
     def read(self, unit: Unit, columns: Sequence[str], measure=None, polars_filter=None) -> pa.Table:
+        refuse_after_fork()
         if self._pl is None:
             import polars as pl
             self._pl = pl

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
-from .._polars import forked_with_polars, polars_imported
+from .._polars import forked_with_polars, polars_imported, refuse_after_fork
 from ..options import Options, usable_cores
 from ..plan.expr import Expr
 from ..plan.nodes import Plan, Scan
@@ -258,6 +258,7 @@ class StreamQuery:
         after unit ``last`` in its file are sliced off before the filter (polars skips their
         row groups unread), the ``skip`` rows of unit ``first`` after it; ``n=None``: every
         row to the end of unit ``last``."""
+        refuse_after_fork()  # the callers read per unit instead
         paths, files = [], []
         for u in self.units[first:last + 1]:
             if not paths or paths[-1] != u.path:
@@ -279,6 +280,7 @@ class StreamQuery:
         each, as the unit decoders give them: one polars query per unit, all run at once
         (``collect_all``: polars decodes them side by side on its pool). A block-shuffle
         window's read."""
+        refuse_after_fork()
         pl = self._polars()
         starts = self._file_rows()[0]
         select = self._select()
