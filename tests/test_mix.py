@@ -845,6 +845,46 @@ def test_unshuffled_mixture_from_the_union_stream_equals_the_per_unit_path(parqu
         assert set(ids) <= duck_ids(parquet_lake, truth[name]) and len(ids) == len(set(ids))
 
 
+def test_a_resumed_stream_starts_at_the_earliest_next_row_of_any_component(tmp_path, monkeypatch):
+    """The union stream opens at the unit of the earliest row any component draws from here
+    on, not only those drawing in the first task. Here a rare component (``r``, 1 row in
+    about 100,000) has its next rows in the lake's first unit, and the resumed first task
+    draws none of them: the query used to open where ``a``'s rows were, so ``r``'s next
+    draw found its rows behind the stream's head (here an ``IndexError`` on its empty
+    queue: the stream was dropped and the rest of the epoch read per unit; with ``r``'s
+    later rows queued it would have taken those instead). Now the stream serves the whole
+    resumed epoch, holding none of the rows before each component's next one, and its rows
+    are the per-unit path's. Fails without the change (``IndexError``)."""
+    n = 200_000
+    src = np.full(n, "a", dtype=object)
+    src[list(range(0, 20, 2)) + list(range(20_000, n, 97))] = "r"
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    pq.write_table(pa.table({"id": np.arange(n, dtype=np.int64), "src": src.tolist()}), lake / "part-0.parquet",
+                   row_group_size=1_000)
+    ds = al.dataset(str(lake))
+    mixture = al.mix({"a": ds.filter("src = 'a'"), "r": ds.filter("src = 'r'")}, weights={"a": 0.99999, "r": 0.00001},
+                     seed=0)
+    kw = dict(shuffle=False, prefetch=1 << 20, cache_dir=str(tmp_path / "cache"))
+    got = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("ARROWLOAD_STREAM", env)
+        first = mixture.loader(100, **kw)
+        batches = iter(first)
+        for _ in range(1_200):
+            next(batches)
+        state = first.state_dict()
+        assert state["drawn"][1] == 1  # r drew its first row; its next ones are in unit 0
+        loader = mixture.loader(100, **kw)
+        loader.load_state_dict(state)
+        got[env] = np.concatenate([np.asarray(b["id"]) for b in loader]).tolist()
+        if env == "1":
+            assert loader._stream is not None and loader._stream.queries == 1
+            assert loader._stream.failed is None, loader._stream.failed
+    assert got["1"] == got["0"]
+    assert [i for i in got["1"] if src[i] == "r"] == [2]  # r's second row, 324 batches after the resume
+
+
 def test_unshuffled_mixture_stream_resumes_mid_epoch(parquet_lake, tmp_path, monkeypatch):
     monkeypatch.setenv("ARROWLOAD_STREAM", "1")
     whole = _unshuffled(_overlapping_first, parquet_lake, str(tmp_path))

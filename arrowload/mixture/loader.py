@@ -409,7 +409,8 @@ class MixtureLoader:
         # batch rows are gathered from it at once, straight into their places
         joint = self._shared.joint_table([c._source for c in self._components]) if conv is not None else None
         found: list[list] = []
-        streamed = stream.take(task.first, task.stop, pieces) if stream is not None else None
+        streamed = stream.take(task.first, task.stop, pieces, tuple(int(s) for s in starts[0])) \
+            if stream is not None and len(starts) else None
         if joint is not None:
             sizes = [int(k) for k in counts.sum(axis=0)]
         elif streamed is not None:  # rows the stream's threads converted (mixture.stream.Rows)

@@ -136,6 +136,7 @@ class MixStream:
         m = len(self.stop)
         self._queues: list[deque] = [deque() for _ in range(m)]
         self._head = [0] * m  # each queue's first row: its component stream index
+        self._from = [0] * m  # each component's next row when the query opened: rows before it are not queued
         self._count = [0] * m
         self._bytes = [0] * m
         self._it = None
@@ -148,10 +149,13 @@ class MixStream:
         self.picked = 0  # stream batches served as positions (Group.pick_rows), not filtered copies
         self.peak = 0
 
-    def take(self, first: int, stop: int, pieces: list[list[tuple[int, int]]]) -> list[list[Rows]] | None:
+    def take(self, first: int, stop: int, pieces: list[list[tuple[int, int]]],
+             nexts: tuple[int, ...]) -> list[list[Rows]] | None:
         """The rows of the task of blocks ``[first, stop)``: per component the parts
         (:class:`Rows`) of its stream ranges ``pieces[c]`` in order; None: read it per unit
-        (see the module doc). Waits for the tasks before it."""
+        (see the module doc). ``nexts``: each component's stream index at the task's first
+        block (its next row, whether or not it draws in this task). Waits for the tasks
+        before it."""
         with self._cond:
             while not self._closed and self._next < first:
                 self._cond.wait(0.05)
@@ -165,7 +169,7 @@ class MixStream:
                         return None  # polars' pool did not survive this process's fork: per unit
                     if not polars_ready(wait=self.wait_import):
                         return None  # its import runs on a thread of its own: per unit meanwhile
-                    self._open(pieces)
+                    self._open(nexts)
                 try:
                     return [self._take(c, ranges) for c, ranges in enumerate(pieces)]
                 except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
@@ -177,14 +181,17 @@ class MixStream:
                 self._next = stop
                 self._cond.notify_all()
 
-    def _open(self, pieces: list[list[tuple[int, int]]]) -> None:
+    def _open(self, nexts: tuple[int, ...]) -> None:
         """Start the query at the union unit holding the first row any component takes
-        (lock held): the queues' heads are the components' rows before that unit."""
+        from here on (lock held): the queues' heads are the components' rows before that
+        unit. Every component that draws again counts, not only those drawing in the first
+        task: a later draw cannot go back before the unit the query starts at."""
         rows = self.rows
-        firsts = [int(np.searchsorted(rows[1:, c], ranges[0][0], side="right"))
-                  for c, ranges in enumerate(pieces) if ranges]
+        firsts = [int(np.searchsorted(rows[1:, c], nexts[c], side="right"))
+                  for c in range(len(self.stop)) if nexts[c] < self.stop[c]]
         j0 = min(firsts) if firsts else 0
         self._head = [int(x) for x in rows[j0]]
+        self._from = [int(x) for x in nexts]
         from .shared import _ordered_map
         members = list(self.group.members)
 
@@ -218,6 +225,8 @@ class MixStream:
     def _take(self, c: int, ranges: list[tuple[int, int]]) -> list:
         out: list = []
         for lo, hi in merge_ranges(ranges):  # a block's rows follow the block before it's
+            if lo < self._head[c]:  # before the query's start (a bug): per unit, whose rows are right
+                raise _Short(f"component {c}'s row {lo} comes before the stream's head {self._head[c]}")
             self._fill(c, hi)
             self._drop(c, lo)
             queue, got = self._queues[c], 0
@@ -262,6 +271,13 @@ class MixStream:
     def _put(self, m: int, part: Rows) -> None:
         """Queue component ``m``'s rows of a batch, keeping none past its last drawn row."""
         end = self._head[m] + self._count[m]
+        if not self._count[m] and end < self._from[m]:  # rows before its next one: dropped here, not held
+            skip = min(part.num_rows, self._from[m] - end)
+            self._head[m] += skip
+            end += skip
+            if skip == part.num_rows:
+                return
+            part = part.slice(skip)
         keep = min(part.num_rows, max(0, self.stop[m] - end))
         if not keep:
             return
