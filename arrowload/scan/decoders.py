@@ -319,8 +319,8 @@ class PolarsDecoder(_Base):
         deletion mask could apply), not in a process forked with polars imported (a
         DataLoader worker: polars' pool did not survive the fork)."""
         src = scan.source
-        return (not forked_with_polars() and isinstance(src, FileSource) and src.kind == "parquet" and not src.in_memory_reads
-                and not src.rewrites_rows
+        return (not forked_with_polars() and isinstance(src, FileSource) and src.kind == "parquet"
+                and not src.in_memory_reads and not src.rewrites_rows
                 and isinstance(src.filesystem, pafs.LocalFileSystem) and not options.scan.page_checksums
                 and options.scan.use_threads)
 
