@@ -88,6 +88,31 @@ def test_glob_subset_matches_duckdb(parquet_lake, duck, assert_tables_equal):
     _check(al.dataset(pattern), expected, assert_tables_equal)
 
 
+GLOB_FILES = {"a.parquet": 1, "b.parquet": 2, "sub/c.parquet": 3, "sub/deep/d.parquet": 4, "sub2/e.parquet": 5,
+              "x/y/z/f.parquet": 6}
+GLOB_HIDDEN = {"_temporary/0/g.parquet": 7, ".hidden/h.parquet": 8, "_x.parquet": 9, ".y.parquet": 10,
+               "sub/_i.parquet": 11}
+
+
+@pytest.mark.parametrize("pattern", ["*.parquet", "*/*.parquet", "**/*.parquet", "**", "sub/**", "*/*/*.parquet",
+                                     "sub*/*.parquet", "su?/*.parquet", "[ab].parquet", "**/d.parquet",
+                                     "x/**/f.parquet", "sub/*"])
+def test_a_globs_wildcards_stay_within_a_folder(tmp_path, duck, pattern):
+    """``*``, ``?`` and ``[...]`` match within one path component and ``**`` any number of
+    folders, as in DuckDB's ``read_parquet`` (a ``*`` used to cross ``/``: ``dir/*.parquet``
+    read the subfolders' files too). Hidden names (``.x``, ``_x``) match no wildcard, as a
+    folder's listing skips them; named in the pattern, they are read."""
+    for rel, i in {**GLOB_FILES, **GLOB_HIDDEN}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": [i]}), tmp_path / rel)
+    got = sorted(al.dataset(str(tmp_path / pattern)).to_arrow()["id"].to_pylist())
+    truth = sorted(duck(f"SELECT id FROM read_parquet('{tmp_path / pattern}')")["id"].to_pylist())
+    assert got == [i for i in truth if i in GLOB_FILES.values()] and got, (pattern, truth)
+    for named, ids in (("_temporary/*/*.parquet", [7]), (".hidden/*.parquet", [8]), ("_*.parquet", [9]),
+                       ("sub/_*.parquet", [11])):
+        assert al.dataset(str(tmp_path / named)).to_arrow()["id"].to_pylist() == ids, named
+
+
 def test_list_of_paths_matches_duckdb(parquet_lake, duck, assert_tables_equal):
     files = _files(parquet_lake, "parquet")
     chosen = [files[3], files[0]]  # the order given does not matter: files sort by path

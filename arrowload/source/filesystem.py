@@ -271,6 +271,28 @@ def _is_hidden(rel: str) -> bool:
     return any(part.startswith((".", "_")) and "=" not in part for part in rel.split("/"))
 
 
+def _glob_matches(names: list[str], pattern: list[str]) -> bool:
+    """Whether a path's components below the glob's base (``names``) match the glob's
+    (``pattern``), as DuckDB's and Python's globs match: ``*``, ``?`` and ``[...]`` within
+    one component (never across ``/``), ``**`` any number of folders. A hidden name (``.x``,
+    ``_x``: ``_temporary``, ``_SUCCESS``) matches a wildcard only where the pattern's
+    component starts with that character too, and never ``**``, as a folder's listing
+    skips them."""
+    if not pattern:
+        return not names
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        if _glob_matches(names, rest):
+            return True
+        return bool(names) and not _is_hidden(names[0]) and _glob_matches(names[1:], pattern)
+    if not names:
+        return False
+    name = names[0]
+    if _GLOB_CHARS & set(head) and _is_hidden(name) and head[:1] != name[:1]:
+        return False
+    return fnmatch.fnmatchcase(name, head) and _glob_matches(names[1:], rest)
+
+
 def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
                backoff: float = 0.05, url: str | None = None) -> tuple[str, list[FileEntry]]:
     """Expand one path (file, directory, or glob) into files, sorted by path.
@@ -292,7 +314,8 @@ def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
         first = next(i for i, p in enumerate(parts) if _GLOB_CHARS & set(p))
         base = "/".join(parts[:first]) or "/"
         infos = _list_dir(fs, base, retries, backoff, original=url)
-        matched = [i for i in infos if fnmatch.fnmatchcase(i.path, path)]
+        pattern = parts[first:]
+        matched = [i for i in infos if _glob_matches(i.path[len(base):].lstrip("/").split("/"), pattern)]
         if not matched:
             raise PathNotFoundError(f"no files match the glob {url!r}; check the pattern", path)
         return base, sorted((file_entry(i, fs) for i in matched), key=lambda e: e.path)
