@@ -162,6 +162,42 @@ def test_pushdown_reads_little_over_s3(lakes, s3_endpoint):
         <= sum(f.pre_buffer_bytes({"id", "f2"}, [rg]) for f, rg in kept)
 
 
+@pytest.mark.parametrize("how", ["storage_options", "s3fs"])
+def test_bytes_downloaded_are_the_kept_chunks(how, lakes, s3_endpoint, monkeypatch):
+    """What s3fs downloads from the server, counted where it fetches a file's bytes
+    (``S3File._fetch_range``, wrapped to count): a selective one-column query downloads
+    the kept row groups' chunks (at most what pyarrow's pre-buffering coalesces), not the
+    files. s3fs' default read cache ("readahead") fetched on past every ranged read: the
+    whole of every file opened. A filesystem whose user chose a cache keeps it."""
+    import s3fs
+    flat, _ = lakes
+    facts = {os.path.basename(p): f for p, f in lake_facts(flat).items()}
+    fetched: list[int] = []
+    fetch = s3fs.core.S3File._fetch_range
+
+    def counted(self, start, end):
+        fetched.append(end - start)
+        return fetch(self, start, end)
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counted)
+    ds = open_s3(how, f"s3://{BUCKET}/lake/", s3_endpoint)
+    assert ds.count() == 8000
+    fetched.clear()
+    got = ds.filter("id < 700").select("f2").to_arrow()
+    assert got.equals(pds.dataset(flat, format="parquet").to_table(filter=pc.field("id") < 700, columns=["f2"]))
+    kept = [(f, rg) for f in facts.values() for rg in range(f.num_row_groups) if f.stats("id", rg).min < 700]
+    files = {f.path for f, _ in kept}
+    assert sum(f.chunk_bytes({"id", "f2"}, [rg]) for f, rg in kept) <= sum(fetched) \
+        <= sum(f.pre_buffer_bytes({"id", "f2"}, [rg]) for f, rg in kept) < sum(os.path.getsize(p) for p in files)
+    cached = s3fs.S3FileSystem(endpoint_url=s3_endpoint, skip_instance_cache=True, default_cache_type="bytes",
+                               default_block_size=1 << 20, **KEYS)
+    ds = al.dataset(f"s3://{BUCKET}/lake/", filesystem=cached)
+    assert ds.count() == 8000
+    fetched.clear()
+    assert ds.filter("id < 700").select("f2").to_arrow().equals(got)
+    # its cache's 1 MiB blocks, the user's choice: about the whole file
+    assert sum(fetched) > 0.9 * sum(os.path.getsize(p) for p in files)
+
+
 # ---------------------------------------------------------------------------
 # transient and permanent errors
 

@@ -9,6 +9,7 @@ pyarrow's native local filesystem (fast, releases the GIL).
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import os
 import re
 from dataclasses import dataclass
@@ -48,8 +49,52 @@ def protocol_of(path: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
-def to_pyarrow_fs(filesystem: Any) -> pafs.FileSystem:
-    """Accept a pyarrow FileSystem or any fsspec AbstractFileSystem."""
+class _Handler(pafs.FSSpecHandler):
+    """pyarrow's handler for an fsspec filesystem, its files opened without fsspec's read
+    cache (``cache_type``; None: the filesystem's own, which its user chose). pyarrow asks
+    for exactly the ranges it needs (footers, the kept column chunks, coalesced by
+    ``pre_buffer``); s3fs' default ``readahead`` cache fetched up to 50 MiB past each of
+    them: a one-column query of one row group out of ten downloaded the whole 8.8 MB file,
+    against 195 KB without it (moto's S3 server, bytes s3fs fetched)."""
+
+    def __init__(self, fs, cache_type: str | None = "none") -> None:
+        super().__init__(fs)
+        self.cache_type = cache_type
+
+    def _open(self, path):
+        from pyarrow import PythonFile
+        if not self.fs.isfile(path):
+            raise FileNotFoundError(path)
+        if self.cache_type is not None:
+            try:
+                return PythonFile(self.fs.open(path, mode="rb", cache_type=self.cache_type), mode="r")
+            except TypeError:  # a filesystem whose files take no cache_type
+                pass
+        return PythonFile(self.fs.open(path, mode="rb"), mode="r")
+
+    def open_input_file(self, path):
+        return self._open(path)
+
+    def open_input_stream(self, path):
+        return self._open(path)
+
+
+def _chosen_cache(filesystem) -> bool:
+    """Whether an fsspec filesystem's user chose its read cache: a ``default_cache_type``
+    other than its class's default."""
+    chosen = getattr(filesystem, "default_cache_type", None)
+    if chosen is None:
+        return False
+    try:
+        default = inspect.signature(type(filesystem).__init__).parameters["default_cache_type"].default
+    except (KeyError, TypeError, ValueError):
+        return False
+    return chosen != default
+
+
+def to_pyarrow_fs(filesystem: Any, *, keep_cache: bool | None = None) -> pafs.FileSystem:
+    """Accept a pyarrow FileSystem or any fsspec AbstractFileSystem (its files read
+    without fsspec's cache unless its user chose one, ``keep_cache``: see ``_Handler``)."""
     if isinstance(filesystem, pafs.FileSystem):
         return filesystem
     try:
@@ -58,7 +103,8 @@ def to_pyarrow_fs(filesystem: Any) -> pafs.FileSystem:
         raise MissingDependencyError("fsspec is required for fsspec filesystems: "
                                      "pip install fsspec") from exc
     if isinstance(filesystem, fsspec.AbstractFileSystem):
-        return pafs.PyFileSystem(pafs.FSSpecHandler(filesystem))
+        keep = _chosen_cache(filesystem) if keep_cache is None else keep_cache
+        return pafs.PyFileSystem(_Handler(filesystem, None if keep else "none"))
     raise ArgumentTypeError(f"filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, "
                             f"got {type(filesystem).__name__}; pass e.g. s3fs.S3FileSystem(...) or "
                             "pyarrow.fs.S3FileSystem(...), or leave it out and pass storage_options=")
@@ -144,7 +190,7 @@ def filesystem_for(path: str, storage_options: dict | None, *,
     except TypeError as exc:  # an option the filesystem does not take
         raise InvalidArgumentError(f"storage_options for {proto}:// are not accepted: {exc}; see the "
                                    f"options of {_type_name(proto)}") from exc
-    return to_pyarrow_fs(fs), fs._strip_protocol(path)
+    return to_pyarrow_fs(fs, keep_cache="default_cache_type" in options), fs._strip_protocol(path)
 
 
 def _type_name(proto: str) -> str:
