@@ -677,3 +677,44 @@ def test_hive_partitioned_ipc_streams(tmp_path, assert_tables_equal):
     got = d.filter("country = 'US' AND label = 1").to_arrow()
     assert_tables_equal(got, truth.filter(pc.and_(pc.equal(truth["country"], "US"), pc.equal(truth["label"], 1))))
     assert d.filter("country = 'DE'").count() == 100
+
+
+@pytest.mark.parametrize("decoder", [None, "pyarrow", "polars", "dataset", "polars-stream"])
+def test_int96_timestamps_read_in_microseconds_as_duckdb_reads_them(tmp_path, monkeypatch, decoder):
+    """Legacy INT96 timestamps (Spark, Hive, Impala) with the sentinels those write
+    (9999-12-31, 0001-01-01): read in microseconds, as DuckDB reads them, by every decoder
+    and loader path. pyarrow's default, nanoseconds, wrapped them (9999-12-31 read as
+    1816-03-30) and a filter past 2262 found nothing."""
+    import datetime as dt
+
+    import duckdb
+    import numpy as np
+
+    if decoder is not None:
+        monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    n = 4_000
+    rng = np.random.default_rng(3)
+    base = [dt.datetime(9999, 12, 31, 23, 59, 59, 999_999), dt.datetime(1, 1, 1), dt.datetime(2020, 5, 1, 12),
+            dt.datetime(1677, 9, 21), dt.datetime(2262, 4, 12), None]
+    values = [base[i] for i in rng.integers(0, len(base), n)]
+    path = tmp_path / "int96.parquet"
+    pq.write_table(pa.table({"id": np.arange(n), "t": pa.array(values, pa.timestamp("us")),
+                             "x": rng.random(n).astype(np.float32)}),
+                   path, use_deprecated_int96_timestamps=True, row_group_size=500)
+    ds = al.dataset(str(path))
+    assert ds.schema.field("t").type == pa.timestamp("us")
+    con = duckdb.connect()
+
+    def truth(where: str) -> list:
+        return con.sql(f"SELECT id, t FROM read_parquet('{path}') WHERE {where} ORDER BY id").fetchall()
+    for where in ("true", "t > TIMESTAMP '2100-01-01'", "t < TIMESTAMP '1600-01-01'", "t IS NULL",
+                  "t = TIMESTAMP '2020-05-01 12:00:00'"):
+        got = ds.filter(where).select("id", "t").to_arrow().sort_by("id")
+        assert list(zip(got["id"].to_pylist(), got["t"].to_pylist())) == truth(where), where
+        assert ds.filter(where).count() == len(truth(where))
+    want = dict(truth("t IS NOT NULL"))
+    for shuffle in (False, "block", "global"):
+        with ds.filter("t IS NOT NULL").select("id", "t").loader(
+                333, shuffle=shuffle, seed=1, output="numpy", cache_dir=str(tmp_path / "cache")) as loader:
+            seen = {i: t for b in loader for i, t in zip(b["id"].tolist(), b["t"].tolist())}
+        assert seen == want, shuffle

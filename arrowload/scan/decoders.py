@@ -34,6 +34,7 @@ from ..options import Options
 from ..plan.nodes import Scan
 from ..source import FileSource
 from ..source.base import Unit
+from ..source.files import INT96_UNIT
 from .choose import PolarsCall
 
 _MAX_BATCH_ROWS = 1 << 20
@@ -76,11 +77,18 @@ class _FileFacts:
         self.names = schema.names
         self.types: dict[str, pa.DataType] = {}
         self.leaves: dict[str, list[int]] = {}
+        self.int96: set[str] = set()  # columns with legacy INT96 timestamps: polars reads them in ns
         at = 0
         for f in schema:
             k = _leaves(f.type)
             self.leaves[f.name] = list(range(at, at + k))
-            self.types[f.name] = f.type
+            t = f.type
+            if at + k <= meta.num_columns and any(meta.schema.column(i).physical_type == "INT96"
+                                                  for i in range(at, at + k)):
+                self.int96.add(f.name)
+                if pat.is_timestamp(t):  # read in INT96_UNIT (source/files.py), as pyarrow's readers are told
+                    t = pa.timestamp(INT96_UNIT, t.tz)
+            self.types[f.name] = t
             at += k
         self.consistent = at == meta.num_columns and len(set(self.names)) == len(self.names)
 
@@ -195,7 +203,8 @@ class _OpenFiles:
         try:
             return pq.ParquetFile(handle, metadata=src.file_metadata(file),
                                   pre_buffer=scan.pre_buffer and not self.local,
-                                  page_checksum_verification=scan.page_checksums)
+                                  page_checksum_verification=scan.page_checksums,
+                                  coerce_int96_timestamp_unit=INT96_UNIT)
         except BaseException:
             handle.close()
             raise
@@ -330,7 +339,8 @@ class PolarsDecoder(_Base):
             facts = self.facts(file)
             got = frozenset() if facts is None else frozenset(
                 c for c, t in facts.types.items()
-                if c in self._types and t.equals(self._types[c]) and polars_reads(t)) | self.partitions
+                if c in self._types and t.equals(self._types[c]) and polars_reads(t)
+                and c not in facts.int96) | self.partitions
             self._readable[file] = got
         return got
 

@@ -93,13 +93,20 @@ def _is_side_json(path: str) -> bool:
     return path.lower().endswith(".json")
 
 
+#: the unit Parquet's legacy INT96 timestamps are read in: microseconds, as DuckDB and Spark
+#: read them. pyarrow's default, nanoseconds, wraps the dates Spark and Hive write as
+#: sentinels (9999-12-31 read as 1816-03-30, 0001-01-01 as 1754-08-30) without a word
+INT96_UNIT = "us"
+
+
 def _file_format(fmt: str, scan: ScanOptions | None = None) -> ds.FileFormat:
     if fmt == "parquet":
         # the default for every scan of this source's datasets (DuckDB's too); arrowload's
         # own scanner passes the same setting with its other fragment options
         verify = scan.page_checksums if scan is not None else ScanOptions().page_checksums
-        return ds.ParquetFileFormat(default_fragment_scan_options=ds.ParquetFragmentScanOptions(
-            page_checksum_verification=verify))
+        return ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit=INT96_UNIT),
+                                    default_fragment_scan_options=ds.ParquetFragmentScanOptions(
+                                        page_checksum_verification=verify))
     if fmt == "ipc":
         return ds.IpcFileFormat()
     if fmt == "csv":

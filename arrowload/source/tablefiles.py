@@ -33,7 +33,7 @@ from ..errors import CorruptFileError
 from ..options import ScanOptions
 from .base import file_to_source_names
 from .filesystem import FileEntry
-from .files import FileSource, _ColumnSizes
+from .files import INT96_UNIT, FileSource, _ColumnSizes
 
 
 class TableFile(NamedTuple):
@@ -195,7 +195,8 @@ class TableFileSource(FileSource):
         n = unit.num_rows + unit.deleted
         with self.filesystem.open_input_file(unit.path) as handle:
             pf = pq.ParquetFile(handle, metadata=self.file_metadata(unit.file),
-                                page_checksum_verification=self._scan.page_checksums)
+                                page_checksum_verification=self._scan.page_checksums,
+                                coerce_int96_timestamp_unit=INT96_UNIT)
             got = pf.read_row_group(unit.row_group, columns=read, use_threads=False) if read else None
         arrays = []
         for f in self._logical:
