@@ -833,3 +833,22 @@ def test_evaluation_connections_are_per_thread_and_closed_with_it():
     for con in seen:
         with pytest.raises(duckdb.Error):
             con.sql("SELECT 1").fetchall()
+
+
+@pytest.mark.parametrize("sql", ["st.a > 10", "ST.A > 10", "st.inner.b = 'x3'", "st.a IS NULL", "st.a + 1 = 16",
+                                 "st.inner.b LIKE 'x%' AND st.a < 15", "t.id = 2"])
+def test_struct_fields_by_dots_as_duckdb_reads_them(tmp_path, sql):
+    """``st.a`` where ``st`` is a struct column (no table of that name) is its field, as in
+    DuckDB: ``st['a']``, names matched as columns are (unquoted: any case); nested
+    (``st.inner.b``). A first part that names no column stays a qualifier (``t.id``).
+    It raised ``ColumnNotFoundError`` (the field's name looked up as a column)."""
+    import duckdb
+
+    rows = [{"a": i * 5 if i % 4 else None, "inner": {"b": f"x{i}"}} if i % 7 else None for i in range(30)]
+    path = tmp_path / "st.parquet"
+    pq.write_table(pa.table({"id": list(range(30)), "st": rows}), path)
+    got = sorted(al.dataset(str(path)).filter(sql).to_arrow()["id"].to_pylist())
+    truth = sorted(r[0] for r in duckdb.sql(f"SELECT id FROM read_parquet('{path}') AS t WHERE {sql}").fetchall())
+    assert got == truth and got, sql
+    with pytest.raises(al.ColumnNotFoundError):
+        al.dataset(str(path)).filter("st.nope > 1")

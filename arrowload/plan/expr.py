@@ -147,6 +147,9 @@ class SqlExpr(Expr):
 
         def fix(node):
             if isinstance(node, exp.Column):
+                field = _struct_path(node, schema)
+                if field is not None:
+                    return field
                 quoted = bool(getattr(node.this, "quoted", False))
                 real = sqlexpr.resolve_column(node.name, schema, quoted)
                 return exp.column(real, quoted=True)
@@ -538,3 +541,34 @@ def make_expr(value: Any, schema: pa.Schema, what: str = "expression") -> Expr:
     raise ArgumentTypeError(f"{what} must be SQL text, a pyarrow.compute.Expression or a polars "
                             f"expression, got {value!r} ({type(value).__name__}); e.g. \"x > 1\" "
                             "or pc.field('x') > 1", what)
+
+
+def _struct_path(node, schema: pa.Schema):
+    """``st.a`` (``st.a.b`` ...) as DuckDB reads it where ``st`` is no table but a struct
+    column of ``schema``: its field ``a`` (``st['a']``, field names matched as columns are);
+    None where the first part names no struct column (a qualified column: ``t.x``)."""
+    from sqlglot import exp
+    parts = node.parts
+    if len(parts) < 2:
+        return None
+    first = parts[0]
+    try:
+        real = sqlexpr.resolve_column(first.name, schema, bool(first.args.get("quoted")))
+    except ColumnNotFoundError:
+        return None
+    t = schema.field(real).type
+    out = exp.column(real, quoted=True)
+    for part in parts[1:]:
+        if not pa.types.is_struct(t):
+            return None
+        names = [t.field(i).name for i in range(t.num_fields)]
+        try:
+            got = sqlexpr.resolve_column(part.name, pa.schema([pa.field(n, pa.null()) for n in names]),
+                                         bool(part.args.get("quoted")))
+        except ColumnNotFoundError:
+            path = ".".join(p.name for p in parts[:parts.index(part)])
+            raise ColumnNotFoundError(f"{path}.{part.name}", [f"{path}.{n}" for n in names],
+                                      hint=f"{path} is a struct; its fields are {', '.join(names)}") from None
+        out = exp.Bracket(this=out, expressions=[exp.Literal.string(got)])
+        t = t.field(names.index(got)).type
+    return out
