@@ -384,6 +384,23 @@ def test_local_rewrite_with_same_size_and_mtime_is_detected(tmp_path):
     assert al.dataset(str(tmp_path)).plan.source.changed_files() == []
 
 
+def test_a_dataset_read_after_its_file_was_rewritten_says_so(tmp_path):
+    """A file rewritten (another layout) after the dataset read its footers: the read fails
+    on footers that no longer describe it, and the error says the data changed (naming
+    the file), not that a healthy file is corrupt."""
+    import numpy as np
+
+    path = tmp_path / "part.parquet"
+    pq.write_table(pa.table({"id": np.arange(1_000)}), path, row_group_size=100)
+    ds = al.dataset(str(tmp_path))
+    assert ds.count() == 1_000
+    pq.write_table(pa.table({"id": np.arange(5_000)[::-1].copy(), "y": np.ones(5_000)}), path, row_group_size=700)
+    with pytest.raises(al.SnapshotChangedError) as got:
+        ds.filter("id >= 950").to_arrow()
+    assert got.value.path == str(path) and "open the dataset again" in str(got.value)
+    assert sorted(al.dataset(str(tmp_path)).filter("id >= 4990").to_arrow()["id"].to_pylist()) == list(range(4990, 5000))
+
+
 def test_s3_rewrite_with_same_size_is_detected_by_etag(tmp_path):
     import s3fs
     from _support import moto_s3_server

@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.types as pat
 
 from ..errors import (AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError, ScanError,
-                      StorageRetryError)
+                      SnapshotChangedError, StorageRetryError)
 from ..optimize.prune_row_groups import sound_columns
 from ..options import Options, ScanOptions
 from ..plan.expr import SqlExpr
@@ -121,9 +121,18 @@ _STRICT = Options(scan=ScanOptions(page_checksums=True))
 
 
 def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
-    """Name the shard that failed: re-read the kept files one by one to find it."""
+    """Name the shard that failed: re-read the kept files one by one to find it. Files
+    changed since they were listed come first: their footers, read then, no longer
+    describe them (a rewritten file is not a corrupt one)."""
     src = scan.source
     if isinstance(src, FileSource):
+        changed = _changed(src)
+        if changed:
+            return SnapshotChangedError(
+                f"the data changed under the dataset: {', '.join(changed[:3])} "
+                f"{'were' if len(changed) > 1 else 'was'} rewritten, added or removed after it was "
+                "opened; open the dataset again (al.dataset(...)) to read the files as they are now",
+                changed[0])
         for f in sorted({u.file for u in scan.selected_units()}):
             path = src.entries[f].path
             units = [u.index for u in scan.selected_units() if u.file == f]
@@ -451,3 +460,12 @@ def count_rows(plan: Plan, options: Options) -> int:
                 raise typed from exc
         return total if node.limit is None else min(total, node.limit)
     return sum(b.num_rows for b in iter_batches(node, options))
+
+
+def _changed(src) -> list[str]:
+    """``src.changed_files()``, or nothing where asking fails too (the read's own error
+    is then the answer)."""
+    try:
+        return src.changed_files()
+    except Exception:  # noqa: BLE001 - a storage failure: the caller names the file it can
+        return []
