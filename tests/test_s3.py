@@ -198,6 +198,33 @@ def test_bytes_downloaded_are_the_kept_chunks(how, lakes, s3_endpoint, monkeypat
     assert sum(fetched) > 0.9 * sum(os.path.getsize(p) for p in files)
 
 
+def test_a_file_rewritten_under_a_dataset_is_a_snapshot_change_not_corruption(lakes, s3_endpoint):
+    """An S3 file rewritten with another layout after the dataset read its footers (remote
+    files are not stat-checked before each read): the read fails on footers that no longer
+    describe it, and the error says the data changed, naming the file, not that a healthy
+    file is corrupt (it said "the file is truncated or corrupt; remove or rewrite it")."""
+    import io
+
+    import numpy as np
+
+    s3 = make_s3fs(s3_endpoint)
+    key = f"{BUCKET}/rewritten/part.parquet"
+
+    def write(table, row_group_size):
+        buf = io.BytesIO()
+        pq.write_table(table, buf, row_group_size=row_group_size)
+        s3.pipe(key, buf.getvalue())
+    write(pa.table({"id": np.arange(1_000)}), 100)
+    ds = open_s3("storage_options", f"s3://{BUCKET}/rewritten/", s3_endpoint)
+    assert ds.count() == 1_000
+    write(pa.table({"id": np.arange(5_000)[::-1].copy(), "y": np.ones(5_000)}), 700)
+    with pytest.raises(al.SnapshotChangedError) as got:
+        ds.filter("id >= 950").to_arrow()
+    assert got.value.path.endswith("rewritten/part.parquet") and "open the dataset again" in str(got.value)
+    again = open_s3("storage_options", f"s3://{BUCKET}/rewritten/", s3_endpoint).filter("id >= 4990").to_arrow()
+    assert sorted(again["id"].to_pylist()) == list(range(4990, 5000))
+
+
 # ---------------------------------------------------------------------------
 # transient and permanent errors
 
