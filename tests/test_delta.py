@@ -547,3 +547,37 @@ def test_statistics_prune_column_mapped_columns_under_their_physical_names(tmp_p
         assert sorted_rows(got) == sorted_rows(expected), predicate
         assert kept == groups and nbytes < full_bytes / 3, (predicate, kept, nbytes, full_bytes)
     assert kept_all == total
+
+
+@pytest.mark.parametrize("partitioned", [False, True])
+def test_filters_on_strings_after_deltalake_rewrote_files(tmp_path, partitioned):
+    """deltalake's delete / update / merge write files whose embedded Arrow schema types
+    strings string_view, so their row-group statistics are string_view where the table's
+    column is string: pruning by them raised ArrowNotImplementedError ('equal' has no
+    kernel for (string, string_view)) for every filter on a string column. Such files are
+    now kept whole by the pruning (and by count's statistics), and read and filtered as
+    any: rows, counts and loader epochs equal deltalake's own read, filtered by DuckDB."""
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(tmp_path / "t")
+    n = 600
+    data = pa.table({"id": pa.array(range(n), pa.int64()), "s": [["a", "b", "", "c", None][i % 5] for i in range(n)],
+                     "p": [f"p{i % 3}" for i in range(n)]})
+    write_deltalake(path, data, partition_by=["p"] if partitioned else None)
+    table = DeltaTable(path)
+    table.delete("id % 7 = 0")
+    table.update(predicate="id % 11 = 0", updates={"s": "'z'"})
+    files = [u.removeprefix("file://") for u in DeltaTable(path).file_uris()]
+    assert any(pa.types.is_string_view(pq.read_schema(f).field("s").type) for f in files)  # the case at hand
+    truth = DeltaTable(path).to_pyarrow_table()
+    con = duckdb.connect()
+    con.register("truth", truth)
+    for where in ("s = 'a'", "s <> 'a'", "s IN ('b', 'z')", "s IS NULL", "s LIKE 'a%'", "s = 'a' AND p = 'p1'",
+                  "p = 'p2' OR s = ''"):
+        want = sorted(r[0] for r in con.sql(f"SELECT id FROM truth WHERE {where}").fetchall())
+        sel = al.delta(path).filter(where).select("id")
+        assert sorted(sel.to_arrow()["id"].to_pylist()) == want and want, where
+        assert sel.count() == len(want), where
+        for shuffle in (False, "block", "global"):
+            got = sorted(i for b in sel.loader(64, shuffle=shuffle, seed=2, output="numpy") for i in b["id"].tolist())
+            assert got == want, (where, shuffle)

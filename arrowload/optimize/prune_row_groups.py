@@ -209,7 +209,15 @@ def _kept(scan: Scan, units) -> tuple[tuple[int, ...], dict[str, int]]:
         expr = usable[0]
         for e in usable[1:]:
             expr = pc.and_kleene(expr, e)
-        sub = frag.subset(filter=expr, schema=fschema)
+        try:
+            sub = frag.subset(filter=expr, schema=fschema)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
+            # statistics of another type than the column's: a file whose embedded Arrow
+            # schema says string_view (deltalake's rewrites) or large_string where the
+            # source has string. pyarrow cannot compare them to the literals: the file's
+            # row groups are all kept (the read casts its columns, and filters them)
+            keep.update((frag.path, rg.id) for rg in frag.row_groups)
+            continue
         keep.update((frag.path, rg.id) for rg in sub.row_groups)
     return tuple(u.index for u in units if (u.path, u.row_group) in keep), distrusted
 

@@ -394,7 +394,10 @@ def _decided_by_statistics(scan: Scan, dataset: ds.FileSystemDataset, expr) -> t
     all_true: set[tuple[str, int]] = set()
     for frag in fragments:
         ids = [g.id for g in frag.row_groups]
-        open_ids = {g.id for g in frag.subset(filter=maybe_not, schema=schema).row_groups}
+        try:
+            open_ids = {g.id for g in frag.subset(filter=maybe_not, schema=schema).row_groups}
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
+            return None  # statistics of another type than the column's (string_view): rows counted
         all_true.update((frag.path, i) for i in ids if i not in open_ids)
     rows, rest = 0, []
     for u in scan.selected_units():
