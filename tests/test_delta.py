@@ -581,3 +581,29 @@ def test_filters_on_strings_after_deltalake_rewrote_files(tmp_path, partitioned)
         for shuffle in (False, "block", "global"):
             got = sorted(i for b in sel.loader(64, shuffle=shuffle, seed=2, output="numpy") for i in b["id"].tolist())
             assert got == want, (where, shuffle)
+
+
+def test_resuming_on_a_vacuumed_version_is_a_snapshot_change(tmp_path):
+    """A loader state taken on version 0, the table then overwritten and vacuumed: version
+    0's log is still there, so the table reopens at it, but its data files are gone. The
+    README promises SnapshotChangedError for a snapshot cleaned up; it raised
+    PathNotFoundError ("disappeared after listing") on the first read."""
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": pa.array(range(100), pa.int64())}))
+    loader = al.delta(path).loader(10, shuffle=False, output="numpy")
+    batches = iter(loader)
+    for _ in range(2):
+        next(batches)
+    state = loader.state_dict()
+    loader.close()
+    write_deltalake(path, pa.table({"id": pa.array(range(100, 150), pa.int64())}), mode="overwrite")
+    DeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    resumed = al.delta(path).loader(10, shuffle=False, output="numpy")
+    with pytest.raises(al.SnapshotChangedError) as got:
+        resumed.load_state_dict(state)
+        list(resumed)
+    assert "version 0" in str(got.value) and got.value.path.endswith(".parquet")
+    assert sorted(i for b in al.delta(path).loader(10, output="numpy") for i in b["id"].tolist()) == \
+        list(range(100, 150))

@@ -304,7 +304,7 @@ class FileSource(PicklableLock, Source):
         try:
             schema, meta = retry(load, retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
         except FileNotFoundError as exc:
-            raise PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path) from exc
+            raise self._gone(path, exc) from exc
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise _encrypted(path, exc) or CorruptFileError(
                 f"cannot read the {self.kind} footer/header of {path!r}: {exc}. The file is truncated, "
@@ -556,7 +556,7 @@ class FileSource(PicklableLock, Source):
                 table = retry(lambda: read_ipc(self.filesystem, path, f in self._streams, self.is_local),
                               retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
             except FileNotFoundError as exc:
-                raise PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path) from exc
+                raise self._gone(path, exc) from exc
             except (pa.ArrowInvalid, OSError) as exc:
                 raise CorruptFileError(f"cannot read the Arrow IPC {'stream' if f in self._streams else 'file'} "
                                        f"{path!r}: {exc}; the file is truncated or corrupt; remove or "
@@ -726,6 +726,10 @@ class FileSource(PicklableLock, Source):
                 changes.append((e.path, what))
         if changes:
             raise changed_error(changes, self._fix())
+
+    def _gone(self, path: str, exc: BaseException) -> Exception:
+        """The error for a listed file no longer there (a table source says which snapshot)."""
+        return PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path)
 
     def _verify_listed(self) -> None:
         """An unpinned local source: its files still the ones listed, in size and

@@ -276,6 +276,16 @@ class TableFileSource(FileSource):
                                        f"loader state was taken on ({exc}); resume from a newer state, or start "
                                        "the epoch again", uri) from exc
 
+    def _gone(self, path: str, exc: BaseException) -> Exception:
+        """A data file of this snapshot no longer there: the snapshot's files were cleaned
+        up (a Delta ``vacuum``, Iceberg's snapshot expiry) while its log / metadata stayed."""
+        from ..errors import SnapshotChangedError
+        fmt, uri = self.table["format"], self.table["uri"]
+        return SnapshotChangedError(
+            f"{fmt} table {uri} at {self.snapshot_field} {self.table.get(self.snapshot_field)} lists {path!r}, "
+            f"which is gone ({exc}): the snapshot's data files were cleaned up (vacuum, snapshot expiry); "
+            "read a newer snapshot, or resume from a newer state", path)
+
     def __getstate__(self):
         state = super().__getstate__()
         # how to reopen the table (a pyiceberg Table, storage options with credentials) stays
