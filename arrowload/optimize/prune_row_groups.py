@@ -49,6 +49,17 @@ def _plausible(stats) -> bool:
         return False
 
 
+def matching_row_groups(frag, expr, schema: pa.Schema) -> set[int] | None:
+    """Ids of ``frag``'s row groups whose statistics allow ``expr`` (``frag.subset``, the
+    file read as ``schema``); None where pyarrow cannot compare them with its literals:
+    statistics of another type than the column's, as in a file whose embedded Arrow schema
+    says string_view (deltalake's rewrites) where the source has string."""
+    try:
+        return {rg.id for rg in frag.subset(filter=expr, schema=schema).row_groups}
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
+        return None
+
+
 def sound_columns(fragment, schema: pa.Schema, columns, implausible: set[str] | None = None, *,
                   renamed=()) -> set[str]:
     """The columns among ``columns`` whose statistics in ``fragment`` (a Parquet file or a
@@ -209,16 +220,10 @@ def _kept(scan: Scan, units) -> tuple[tuple[int, ...], dict[str, int]]:
         expr = usable[0]
         for e in usable[1:]:
             expr = pc.and_kleene(expr, e)
-        try:
-            sub = frag.subset(filter=expr, schema=fschema)
-        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
-            # statistics of another type than the column's: a file whose embedded Arrow
-            # schema says string_view (deltalake's rewrites) or large_string where the
-            # source has string. pyarrow cannot compare them to the literals: the file's
-            # row groups are all kept (the read casts its columns, and filters them)
-            keep.update((frag.path, rg.id) for rg in frag.row_groups)
-            continue
-        keep.update((frag.path, rg.id) for rg in sub.row_groups)
+        ids = matching_row_groups(frag, expr, fschema)
+        if ids is None:  # statistics pyarrow cannot compare: every row group kept (the read
+            ids = {rg.id for rg in frag.row_groups}  # casts the file's columns, and filters them)
+        keep.update((frag.path, i) for i in ids)
     return tuple(u.index for u in units if (u.path, u.row_group) in keep), distrusted
 
 

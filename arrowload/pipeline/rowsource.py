@@ -46,6 +46,7 @@ from ..scan import execute
 from ..scan.decoders import recoverable
 from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, polars_threads
 from ..scan.units import UnitReader
+from ..source.snapshot import files_changed_error
 from . import rabuild
 from .budget import cache_chunk_rows
 from .documents import (FORMAT_VERSION, RA_FORMAT, SELECTION_FORMAT, load_json, read_ra_manifest,
@@ -197,10 +198,8 @@ class ScanRowSource:
         except (ArrowloadError, OSError) as exc:
             changed = self.source.changed_files() if hasattr(self.source, "changed_files") else []
             if changed:
-                raise SnapshotChangedError(
-                    f"the data changed under the loader: {', '.join(changed[:3])} "
-                    f"{'were' if len(changed) > 1 else 'was'} rewritten, added or removed after the "
-                    "loader was built; build a new loader (its counts and order follow the new data)") from exc
+                raise files_changed_error(changed, "the loader", "the loader was built",
+                                          "build a new loader (its counts and order follow the new data)") from exc
             raise
         if table.num_rows != self.counts[i]:
             raise SnapshotChangedError(

@@ -20,8 +20,8 @@ import pyarrow.dataset as ds
 import pyarrow.types as pat
 
 from ..errors import (AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError, ScanError,
-                      SnapshotChangedError, StorageRetryError)
-from ..optimize.prune_row_groups import sound_columns
+                      StorageRetryError)
+from ..optimize.prune_row_groups import matching_row_groups, sound_columns
 from ..options import Options, ScanOptions
 from ..plan.expr import SqlExpr
 from ..plan.rowselect import filter_rows
@@ -29,6 +29,7 @@ from ..plan.mapfn import apply_map, as_record_batch  # noqa: F401 - as_record_ba
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.filesystem import storage_error
+from ..source.snapshot import files_changed_error
 from ..source.retry import is_transient, retry
 from .duck import PlanReader
 from .duck import count as sql_count
@@ -128,11 +129,8 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
     if isinstance(src, FileSource):
         changed = _changed(src)
         if changed:
-            return SnapshotChangedError(
-                f"the data changed under the dataset: {', '.join(changed[:3])} "
-                f"{'were' if len(changed) > 1 else 'was'} rewritten, added or removed after it was "
-                "opened; open the dataset again (al.dataset(...)) to read the files as they are now",
-                changed[0])
+            return files_changed_error(changed, "the dataset", "it was opened",
+                                       "open the dataset again (al.dataset(...)) to read the files as they are now")
         for f in sorted({u.file for u in scan.selected_units()}):
             path = src.entries[f].path
             units = [u.index for u in scan.selected_units() if u.file == f]
@@ -394,10 +392,9 @@ def _decided_by_statistics(scan: Scan, dataset: ds.FileSystemDataset, expr) -> t
     all_true: set[tuple[str, int]] = set()
     for frag in fragments:
         ids = [g.id for g in frag.row_groups]
-        try:
-            open_ids = {g.id for g in frag.subset(filter=maybe_not, schema=schema).row_groups}
-        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
-            return None  # statistics of another type than the column's (string_view): rows counted
+        open_ids = matching_row_groups(frag, maybe_not, schema)
+        if open_ids is None:
+            return None  # statistics pyarrow cannot compare: the rows are counted by reading
         all_true.update((frag.path, i) for i in ids if i not in open_ids)
     rows, rest = 0, []
     for u in scan.selected_units():

@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from .._pickle import PicklableLock
-from ..errors import CorruptFileError, InvalidArgumentError, PathNotFoundError, SnapshotChangedError, StorageRetryError
+from ..errors import CorruptFileError, InvalidArgumentError, PathNotFoundError, StorageRetryError
 from ..options import ScanOptions, default_cache_dir
 from .base import Source, Unit
 from .filesystem import FileEntry, storage_error
@@ -27,8 +27,8 @@ from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .retry import is_transient, retry
 from .schema import unify_schemas
 from .snapshot import (MANIFEST_FORMAT, MANIFEST_VERSION, PinnedFile, absolute, changed_error, compact,
-                       differs, files_of_compact, json_value, partitioning_doc, relative, schema_digest,
-                       snapshot_id)
+                       differs, files_changed_error, files_of_compact, json_value, partitioning_doc, relative,
+                       schema_digest, snapshot_id)
 
 FORMAT_ALIASES = {
     "parquet": "parquet", "pq": "parquet",
@@ -434,10 +434,11 @@ class FileSource(PicklableLock, Source):
     def num_files(self) -> int:
         return len(self.entries)
 
-    def changed_files(self) -> list[str]:
+    def changed_files(self, identity: bool = True) -> list[str]:
         """Files that are gone or differ from when they were listed: in size, modification
         time (to the nanosecond, as the same filesystem reports it), or identity (S3 ETag /
-        VersionId, GCS generation, local inode; see identity.py), asked afresh."""
+        VersionId, GCS generation, local inode; see identity.py), asked afresh
+        (``identity=False``: not asked, one batched stat in all)."""
         infos = self.filesystem.get_file_info([e.path for e in self.entries])
         out = []
         for e, info in zip(self.entries, infos):
@@ -445,7 +446,8 @@ class FileSource(PicklableLock, Source):
             if info.type != pafs.FileType.File or info.size != e.size or \
                     (mtime is not None and e.mtime_ns is not None and mtime != e.mtime_ns):
                 out.append(e.path)
-            elif e.identity is not None and identity_of(self.filesystem, e.path, fresh=True) != e.identity:
+            elif identity and e.identity is not None and \
+                    identity_of(self.filesystem, e.path, fresh=True) != e.identity:
                 out.append(e.path)
         return out
 
@@ -741,23 +743,13 @@ class FileSource(PicklableLock, Source):
         if not self.is_local or not self.entries:
             return
         try:
-            infos = self.filesystem.get_file_info([e.path for e in self.entries])
+            changed = self.changed_files(identity=False)
         except OSError:
             return  # the read's own error says more
-        changes = []
-        for e, info in zip(self.entries, infos):
-            if info.type != pafs.FileType.File:
-                changes.append((e.path, "is gone"))
-            elif (e.size is not None and info.size != e.size) or \
-                    (e.mtime_ns is not None and info.mtime is not None and info.mtime_ns != e.mtime_ns):
-                changes.append((e.path, "was rewritten"))
-        if changes:
-            shown = "; ".join(f"{p!r} {what}" for p, what in changes[:3])
-            more = f" (and {len(changes) - 3} more)" if len(changes) > 3 else ""
-            raise SnapshotChangedError(
-                f"the data changed since the dataset was opened: {shown}{more}. Open it again "
-                f"(al.dataset({self.root!r})) to read the files as they are now; Dataset.pin() keeps "
-                "a dataset on the files as they were", changes[0][0])
+        if changed:
+            raise files_changed_error(changed, "the dataset", "it was opened",
+                                      f"open the dataset again (al.dataset({self.root!r})) to read the files as "
+                                      "they are now; Dataset.pin() keeps a dataset on the files as they were")
 
     def _fix(self) -> str:
         return ("This dataset is pinned to the files as they were (Dataset.pin(), a manifest or a loader "

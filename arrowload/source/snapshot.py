@@ -130,6 +130,15 @@ def differs(pinned: PinnedFile, now: FileEntry | None) -> str | None:
     return None
 
 
+def files_changed_error(changed: Sequence[str], under: str, since: str, fix: str) -> SnapshotChangedError:
+    """The error for listed files (``changed``: their paths, as ``FileSource.changed_files``
+    gives them) that changed under ``under`` (the loader, the dataset) after ``since``, and
+    what to do (``fix``); it names the first."""
+    return SnapshotChangedError(f"the data changed under {under}: {', '.join(changed[:3])} "
+                                f"{'were' if len(changed) > 1 else 'was'} rewritten, added or removed "
+                                f"after {since}; {fix}", changed[0])
+
+
 def changed_error(changes: Sequence[tuple[str, str]], fix: str) -> SnapshotChangedError:
     """The error naming the first changed files (``(path, what)`` pairs) and ``fix``."""
     shown = "; ".join(f"{p!r} {what}" for p, what in changes[:3])
