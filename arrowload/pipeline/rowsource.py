@@ -508,7 +508,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     tmp_path = None
     schema = plan.schema
     try:
-        for batch in _progress.track(execute.iter_batches(plan, options), _progress.expected_rows(plan),
+        for batch in _progress.track(execute.iter_batches(plan, options, ordered=True), _progress.expected_rows(plan),
                                      "building the random-access table", "rows", size=len):
             if writer is None:
                 held.append(batch)

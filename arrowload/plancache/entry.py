@@ -210,7 +210,7 @@ class Entry:
             else f"{self.folder}/{attempt}"
         try:
             self.store.make_folder(attempt_folder)
-            batches = execute.iter_batches(optimize(self.plan, self.options.optimizer), self.options)
+            batches = execute.iter_batches(optimize(self.plan, self.options.optimizer), self.options, ordered=True)
             files = write_files(batches, self.schema, self.store, attempt_folder, attempt, self.data_format)
             commit = Commit(self.key, self.plan_key, self.snapshot, self.name, self.summary, self.data_format,
                             self.schema.to_string(), sum(f.rows for f in files), sum(f.bytes for f in files),

@@ -184,10 +184,25 @@ def _errors():
     return _duckdb().Error
 
 
+def ordered(node: SqlQuery) -> str:
+    """``node``'s query with one order of its rows, whatever DuckDB's threads do: its own
+    ``ORDER BY`` keys, then every output column by position. DuckDB returns aggregates,
+    joins, DISTINCT and set operations in an order that changes from run to run (and keeps
+    an arbitrary subset under a ``LIMIT`` without ``ORDER BY``); a loader's positions, the
+    ranks' shards and a resume in another process need the same rows in the same places.
+    Rows equal in every column are interchangeable. (``al.sql`` took the query as one
+    sqlglot ``Query``.)"""
+    from sqlglot import exp, parse_one
+
+    from ..plan.sqlexpr import DIALECT
+    keys = [exp.Literal.number(i) for i in range(1, len(node.result_schema) + 1)]
+    return parse_one(node.query, read=DIALECT).order_by(*keys, append=True, copy=False).sql(DIALECT)
+
+
 def stream(node: SqlQuery, options: Options, reader: PlanReader,
            query: str | None = None) -> Iterator[pa.RecordBatch]:
-    """Stream the query's result; the connection closes when the generator finishes or is
-    closed early."""
+    """Stream the query's result (``query``: the node's, rewritten, with the same output
+    columns); the connection closes when the generator finishes or is closed early."""
     con = _connect(node, options, reader)
     try:
         try:

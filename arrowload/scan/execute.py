@@ -33,6 +33,7 @@ from ..source.snapshot import files_changed_error
 from ..source.retry import is_transient, retry
 from .duck import PlanReader
 from .duck import count as sql_count
+from .duck import ordered as ordered_query
 from .duck import stream as sql_stream
 
 _MAX_BATCH_ROWS = 1 << 20
@@ -301,39 +302,43 @@ def _filter_group(pred: SqlExpr, group: list[pa.RecordBatch], schema: pa.Schema)
             yield b
 
 
-def iter_batches(plan: Plan, options: Options, *, _under_limit: bool = False) -> Iterator[pa.RecordBatch]:
-    """Stream the plan's output batches, in order."""
+def iter_batches(plan: Plan, options: Options, *, ordered: bool = False,
+                 _under_limit: bool = False) -> Iterator[pa.RecordBatch]:
+    """Stream the plan's output batches, in order. ``ordered``: the same rows in the same
+    order in every run and process, where a SQL query's result has no order of its own
+    (``duck.ordered``): what a loader's table and a written cache need; without it a query
+    streams in DuckDB's order, as DuckDB gives it."""
     if isinstance(plan, Scan):
         yield from scan_batches(plan, options, under_limit=_under_limit)
     elif isinstance(plan, Filter):
         pred = plan.predicate
         if _under_limit or not (isinstance(pred, SqlExpr) and pred.runs_in(plan.child.schema) == "duckdb"):
-            for b in iter_batches(plan.child, options, _under_limit=_under_limit):
+            for b in iter_batches(plan.child, options, _under_limit=_under_limit, ordered=ordered):
                 out = pred.filter_batch(b)
                 if out.num_rows:
                     yield out
             return
-        for group in _runs(iter_batches(plan.child, options)):
+        for group in _runs(iter_batches(plan.child, options, ordered=ordered)):
             yield from _filter_group(pred, group, plan.child.schema)
     elif isinstance(plan, Project):
         schema = plan.schema
         duck = _duck_items(plan, plan.child.schema)
         if _under_limit or not duck:
-            for b in iter_batches(plan.child, options, _under_limit=_under_limit):
+            for b in iter_batches(plan.child, options, _under_limit=_under_limit, ordered=ordered):
                 yield _project(plan, b, schema)
             return
-        for group in _runs(iter_batches(plan.child, options)):
+        for group in _runs(iter_batches(plan.child, options, ordered=ordered)):
             yield from _project_group(plan, group, schema, duck)
     elif isinstance(plan, Map):
-        for b in iter_batches(plan.child, options, _under_limit=_under_limit):
+        for b in iter_batches(plan.child, options, _under_limit=_under_limit, ordered=ordered):
             yield apply_map(plan, b)
     elif isinstance(plan, SqlQuery):
-        yield from sql_stream(plan, options, PLAN_READER)
+        yield from sql_stream(plan, options, PLAN_READER, ordered_query(plan) if ordered else None)
     elif isinstance(plan, Limit):
         remaining = plan.n
         if remaining == 0:
             return
-        for b in iter_batches(plan.child, options, _under_limit=True):
+        for b in iter_batches(plan.child, options, _under_limit=True, ordered=ordered):
             if b.num_rows >= remaining:
                 yield b.slice(0, remaining)
                 return
