@@ -746,12 +746,13 @@ def test_torch_output_dtypes_and_values(lakes, shared_cache):
         assert np.array_equal(t["ts"].numpy(), n["ts"].astype("datetime64[us]").astype(np.int64))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_torch_dataloader_gives_the_loaders_batches(lakes, shared_cache, workers):
+@pytest.mark.parametrize("workers, kind", [(0, "block"), (2, "global"), (2, "none"), (2, "block")])
+def test_torch_dataloader_gives_the_loaders_batches(lakes, shared_cache, workers, kind):
+    """Spawned workers unpickle the loader: a streaming scan's source too (its compiled
+    reader, with locks and open files, is compiled again in the worker)."""
     import torch
     from torch.utils.data import DataLoader
 
-    kind = "global" if workers else "block"
     loader = selection(lakes["small_rg"], FILTERS["some"]).loader(
         100, shuffle=kind, seed=6, output="torch", cache_dir=shared_cache)
     loader.set_epoch(1)
@@ -763,6 +764,40 @@ def test_torch_dataloader_gives_the_loaders_batches(lakes, shared_cache, workers
     assert all(torch.equal(a, b) for a, b in zip(own, via))
     ids = torch.cat(via)
     assert len(torch.unique(ids)) == len(ids) == loader.num_rows
+
+
+def test_persistent_dataloader_workers_follow_set_epoch(lakes, shared_cache):
+    """Workers kept across epochs (persistent_workers=True) hold the loader they started
+    with: they follow set_epoch (on the dataset or the loader) through shared memory, and a
+    state loaded after they started is refused there, in the training process, rather than
+    ignored. Without that every epoch repeated epoch 0's order."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    def build():
+        return selection(lakes["small_rg"], FILTERS["some"]).loader(
+            100, shuffle="global", seed=6, output="torch", cache_dir=shared_cache)
+    loader = build()
+    own = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        own.append([b["id"].clone() for b in loader])
+    assert not torch.equal(torch.cat(own[0]), torch.cat(own[1]))
+    batches = loader.torch_dataset()
+    workers = DataLoader(batches, batch_size=None, num_workers=2, persistent_workers=True,
+                         multiprocessing_context="spawn")
+    for epoch in range(3):
+        (batches if epoch % 2 else loader).set_epoch(epoch)
+        via = [b["id"] for b in workers]
+        assert len(via) == len(own[epoch]) and all(torch.equal(a, b) for a, b in zip(own[epoch], via))
+    other = build()
+    it = iter(other)
+    next(it)
+    state = other.state_dict()
+    it.close()
+    loader.load_state_dict(state)
+    with pytest.raises(al.UnsupportedError, match="persistent_workers"):
+        list(workers)
 
 
 # ---------------------------------------------------------------------------

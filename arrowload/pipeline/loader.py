@@ -47,6 +47,7 @@ from .chunks import ChunkConverter
 from .collate import BufferPool
 from .device import TorchDeviceStage, jax_place, pin_tables_setting, wants_cuda
 from .options import LoaderOptions, reader_bound
+from .board import Board, shared
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize, window_step
 from .stages import EpochIterator, Settings, Stages
 from .streamreads import StreamReads
@@ -229,6 +230,9 @@ class Loader:
         self._next_segments: tuple = ()
         self._closed = False
         self._active: weakref.WeakSet = weakref.WeakSet()
+        #: the epoch DataLoader workers follow (``torch_dataset``), and the states loaded here
+        self._board: Board | None = None
+        self._loads = 0
         self._stats = LoaderStats()
         self._profiling = None  # a profile.Profiling recording the next iteration
         self._last_profile = None  # the last Profile taken of this loader (its rate: the epoch estimate)
@@ -378,6 +382,8 @@ class Loader:
             self._position = 0
             self._batches_done = 0
             self._segments = self._next_segments = ()
+        if self._board is not None:
+            self._board.post(self.epoch, self._loads)
 
     # -- wiring the stages -------------------------------------------------------------
     def _source_shape(self) -> SourceShape:
@@ -617,6 +623,9 @@ class Loader:
         self._position = at.position
         self._batches_done = at.batches
         self._segments = self._next_segments = at.segments
+        self._loads += 1
+        if self._board is not None:
+            self._board.post(self.epoch, self._loads)
 
     def _go_to_snapshot(self, state: Mapping[str, Any], version: int) -> None:
         """Rebind this loader to the snapshot of ``state`` (checked first: the plan and
@@ -755,6 +764,7 @@ class Loader:
         state["_active"] = None
         state["_profiling"] = None
         state["_sources"] = None
+        state["_board"] = shared(self._board)
         return state
 
     def __setstate__(self, state):
@@ -766,6 +776,10 @@ class Loader:
         """This loader as a ``torch.utils.data.IterableDataset`` yielding whole batches, for
         code that insists on ``DataLoader(ds, batch_size=None, num_workers=n)``. Each worker
         produces batches ``w, w+n, ...`` of the epoch, so rows are never duplicated and the
-        DataLoader's round-robin gives back the loader's own order."""
+        DataLoader's round-robin gives back the loader's own order. Workers kept from one
+        epoch to the next (``persistent_workers=True``) follow ``set_epoch``; a state loaded
+        after they started is refused there (build the DataLoader after it)."""
         from .torch_compat import TorchBatches
+        if self._board is None:
+            self._board = Board(self.epoch, self._loads)
         return TorchBatches(self)

@@ -113,6 +113,22 @@ class ScanRowSource:
         self._stream: Any = False  # not compiled yet (stream_query)
         self.counts = self._counts()
 
+    def __getstate__(self):
+        """What a spawned process gets (a ``DataLoader`` worker over ``torch_dataset()``):
+        the plan, its units, counts and settings. The compiled reader (locks, open files,
+        decoders) and the polars query are compiled afresh there, once."""
+        state = self.__dict__.copy()
+        for name in ("reader", "_read", "_stream", "_warm"):
+            del state[name]
+        return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        self.reader = UnitReader(self.plan, self.options, cache_dir=self.cache_dir)
+        self._read = self._remote.unit_reads(self.plan, self.options) if self._remote is not None \
+            else self.reader.read
+        self._stream, self._warm = False, None
+
     # -- exact counts --------------------------------------------------------
     def _needs_counting(self) -> bool:
         if self.scan.predicate is not None:

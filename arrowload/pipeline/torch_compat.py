@@ -12,6 +12,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("Loader.torch_dataset() needs torch: pip install 'arrowload[torch]'") from exc
 
+from .board import follow
+
 
 class TorchBatches(tud.IterableDataset):
     """Whole batches of an arrowload Loader. Use with ``batch_size=None``. With
@@ -31,6 +33,12 @@ class TorchBatches(tud.IterableDataset):
 
     def __iter__(self):
         info = tud.get_worker_info()
-        if info is None or info.num_workers <= 1:
+        if info is None:
             return iter(self.loader)
-        return self.loader._worker_iter(info.id, info.num_workers)
+        return self._in_worker(info.id, info.num_workers)
+
+    def _in_worker(self, worker: int, workers: int):
+        # at the first batch, not in iter(): the DataLoader re-raises a batch's error in
+        # the training process (an error in iter() only kills the worker)
+        follow(self.loader)  # the epoch the training process set last
+        yield from iter(self.loader) if workers <= 1 else self.loader._worker_iter(worker, workers)
