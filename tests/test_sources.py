@@ -27,6 +27,8 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.local import LocalFileSystem
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import arrowload as al
 
@@ -306,6 +308,40 @@ def test_hive_partition_types_match_duckdb(tmp_path, duck, assert_tables_equal):
                                 pc.is_in(expected["id"], duck(
                                     f"SELECT id FROM read_parquet('{tmp_path}/**/*.parquet', "
                                     f"hive_partitioning=true) WHERE {pred}")["id"])))
+
+
+# folder values DuckDB types differently: by its own casts (hex, spaces, "epoch"), strictly
+# (no fraction for BIGINT, no time for DATE), 19 digits, timestamps, "" and "NULL"
+_HIVE_VALUES = ["1", "-7", "+7", "007", "0", "-0", "-07", "00", "1234567890123456789", "9223372036854775807",
+                "9223372036854775808", "-9223372036854775808", "0x10", "0b1", " 1", "1.5", "1e3", "1_000", "2024-01-01",
+                "2024-1-1", "2024-02-30", "2024-01-01 10:00:00", "2024-01-01T10:00:00", "2024-01-01 10:00:00.123",
+                "2024-01-01 10:00", "NULL", "null", "", "%31", "a%20b", "true", "__HIVE_DEFAULT_PARTITION__",
+                "20240101", "epoch", "x", "2024-01-01 10%3A00%3A00", "-1", "42"]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.sampled_from(_HIVE_VALUES), min_size=1, max_size=4))
+def test_hive_partition_typing_matches_duckdb(tmp_path_factory, values):
+    """Generated folder values: the key's type and every value as DuckDB's hive_partitioning
+    gives them. Before, 19-digit integers and timestamps were strings, "" was NULL, and
+    " 1", "0x10", "2024-1-1" were strings where DuckDB has numbers and dates."""
+    root = tmp_path_factory.mktemp("hive-typing")
+    for i, v in enumerate(values):
+        os.makedirs(root / f"k={v}", exist_ok=True)
+        pq.write_table(pa.table({"i": [i]}), str(root / f"k={v}" / f"a{i}.parquet"))
+    with duckdb.connect() as con:
+        truth = con.sql(f"SELECT i, k FROM read_parquet('{root}/**/*.parquet', hive_partitioning=true) "
+                        "ORDER BY i").to_arrow_table()
+    ds = al.dataset(str(root))
+    got = ds.to_arrow().select(["i", "k"]).sort_by("i")
+    want_type = truth.schema.field("k").type
+    assert ds.schema.field("k").type == (pa.string() if pa.types.is_large_string(want_type) else want_type)
+    assert got.column("k").to_pylist() == truth.column("k").to_pylist()
+    if pa.types.is_integer(want_type):
+        with duckdb.connect() as con:
+            ids = con.sql(f"SELECT i FROM read_parquet('{root}/**/*.parquet', hive_partitioning=true) "
+                          "WHERE k > 100 ORDER BY i").fetchnumpy()["i"].tolist()
+        assert ds.filter("k > 100").to_arrow().sort_by("i").column("i").to_pylist() == ids
 
 
 def test_hive_partition_schema_given(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -13,46 +12,63 @@ import pyarrow.compute as pc
 from ..errors import SchemaMismatchError
 
 NULL_VALUE = "__HIVE_DEFAULT_PARTITION__"
-# DuckDB's hive typing: "-7" is BIGINT, but "+7" and "007" (a zip code) stay VARCHAR.
-_INT = re.compile(r"^(-?[1-9]\d{0,17}|-?0|-\d{1,18})$")
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# DuckDB's hive typing: each folder value is the first of DATE, TIMESTAMP, BIGINT its text
+# casts to (DuckDB's own casts: "2024-1-1", "epoch", "0x1F", " 1"), else VARCHAR; a key
+# whose values do not all agree is VARCHAR. A BIGINT written with a plus sign or leading
+# zeros ("+7", "007": a zip code) stays VARCHAR. The text is typed as it stands in the path
+# ("%31" is VARCHAR "1"); "NULL" (any case) is typed as a missing value.
+_CANDIDATES = (("DATE", pa.date32()), ("TIMESTAMP", pa.timestamp("us")), ("BIGINT", pa.int64()))
+# DuckDB types a folder's BIGINT by a strict cast: digits (decimal, 0x hex, 0b binary) with
+# an optional minus, no fraction, exponent or "_"
+_BIGINT = re.compile(r"^\s*(-\d+|0|[1-9]\d*|-?0[xX][0-9a-fA-F]+|-?0[bB][01]+)\s*$")
+# and a DATE by a strict one: no time of day
+_TIME = re.compile(r"[T ]\d|:")
 
 
 def parse_partition(base: str, path: str) -> list[tuple[str, str | None]]:
-    """``key=value`` folders between ``base`` and the file, outermost first."""
+    """``key=value`` folders between ``base`` and the file, outermost first; values as
+    they stand in the path (still URL-encoded), the default partition None."""
     rel = path[len(base):].lstrip("/") if path.startswith(base) else path
     out = []
     for part in rel.split("/")[:-1]:
         if "=" in part:
             key, value = part.split("=", 1)
-            value = urllib.parse.unquote(value)
-            out.append((urllib.parse.unquote(key), None if value in (NULL_VALUE, "") else value))
+            out.append((urllib.parse.unquote(key), None if value == NULL_VALUE else value))
     return out
 
 
-def _infer(values: Sequence[str]) -> pa.DataType:
-    if values and all(_INT.match(v) for v in values):
-        return pa.int64()
-    if values and all(_DATE.match(v) for v in values):
-        try:
-            for v in values:
-                dt.date.fromisoformat(v)
-            return pa.date32()
-        except ValueError:
-            pass
-    return pa.string()  # DuckDB keeps "1.5" VARCHAR too
-
-
-def _convert(value: str | None, typ: pa.DataType):
-    if value is None:
-        return None
-    if pa.types.is_integer(typ):
-        return int(value)
-    if pa.types.is_floating(typ):
-        return float(value)
-    if pa.types.is_date(typ):
-        return dt.date.fromisoformat(value)
-    return pa.scalar(value).cast(typ).as_py()
+def _typed(raw: Sequence[str | None], given: pa.DataType | None) -> tuple[pa.DataType, list]:
+    """One key's type (``given``, or DuckDB's hive typing of its folder values) and its
+    values as that type."""
+    import duckdb
+    present = sorted({v for v in raw if v is not None})
+    if given is None:
+        kinds = set()
+        casts: dict[str, list] = {}
+        with duckdb.connect() as con:
+            texts = pa.table({"v": pa.array(present, pa.string())})  # noqa: F841 - DuckDB finds it by name
+            for sql, _ in _CANDIDATES:
+                column = con.sql(f"SELECT TRY_CAST(v AS {sql}) AS c FROM texts").to_arrow_table().column("c")
+                try:
+                    casts[sql] = column.to_pylist()
+                except (OverflowError, ValueError):  # "infinity" as a DATE: no Python date holds it
+                    casts[sql] = [None] * len(present)
+        for i, v in enumerate(present):
+            if v.upper() == "NULL":
+                continue
+            kind = next((sql for sql, _ in _CANDIDATES if casts[sql][i] is not None and
+                         (sql != "BIGINT" or _BIGINT.match(v)) and (sql != "DATE" or not _TIME.search(v.strip()))),
+                        "VARCHAR")
+            kinds.add(kind)
+        kind = kinds.pop() if len(kinds) == 1 else "VARCHAR"
+        if kind != "VARCHAR":
+            value = dict(zip(present, casts[kind]))
+            return dict(_CANDIDATES)[kind], [None if v is None else value[v] for v in raw]
+        given = pa.string()
+    if pa.types.is_string(given) or pa.types.is_large_string(given):
+        return given, [None if v is None else urllib.parse.unquote(v) for v in raw]
+    values = pa.array([None if v is None else urllib.parse.unquote(v) for v in raw], pa.string())
+    return given, values.cast(given).to_pylist()
 
 
 def discover_partitions(base: str, paths: Sequence[str],
@@ -72,15 +88,14 @@ def discover_partitions(base: str, paths: Sequence[str],
                 f"hive partition folders differ: {paths[0]!r} has keys {keys} but {path!r} has "
                 f"{[k for k, _ in parts]}; point arrowload at one partitioned table or pass "
                 "partitioning=False")
-    fields = []
+    fields, columns = [], []
     for i, key in enumerate(keys):
-        if types is not None and key in types.names:
-            typ = types.field(key).type
-        else:
-            typ = _infer([parts[i][1] for parts in parsed if parts[i][1] is not None])
+        given = types.field(key).type if types is not None and key in types.names else None
+        typ, values = _typed([parts[i][1] for parts in parsed], given)
         fields.append(pa.field(key, typ))
+        columns.append(values)
     schema = pa.schema(fields)
-    values = [{k: _convert(v, schema.field(k).type) for k, v in parts} for parts in parsed]
+    values = [{k: columns[j][i] for j, k in enumerate(keys)} for i in range(len(parsed))]
     return schema, values
 
 
