@@ -743,3 +743,34 @@ def test_int96_timestamps_read_in_microseconds_as_duckdb_reads_them(tmp_path, mo
                 333, shuffle=shuffle, seed=1, output="numpy", cache_dir=str(tmp_path / "cache")) as loader:
             seen = {i: t for b in loader for i, t in zip(b["id"].tolist(), b["t"].tolist())}
         assert seen == want, shuffle
+
+
+@pytest.mark.parametrize("decoder", [None, "pyarrow", "polars", "dataset", "polars-stream"])
+def test_integers_past_2_53_unified_with_floats_round_as_in_duckdb(tmp_path, monkeypatch, decoder):
+    """A column that is int64 in one file and double in another reads as double, as in
+    DuckDB's union_by_name: integers past 2**53 round to the nearest double. pyarrow's
+    checked cast refused them, and the read said the healthy file was "truncated or
+    corrupt"."""
+    import duckdb
+    import numpy as np
+
+    if decoder is not None:
+        monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    big = np.array([1, 2**53 + 1, 2**62 + 12_345, -2**63, 7] * 400, np.int64)
+    pq.write_table(pa.table({"x": big, "k": np.arange(2_000)}), str(tmp_path / "a.parquet"), row_group_size=300)
+    pq.write_table(pa.table({"x": np.linspace(0, 1e18, 1_000), "k": np.arange(2_000, 3_000)}),
+                   str(tmp_path / "b.parquet"), row_group_size=300)
+    scan = f"read_parquet('{tmp_path}/*.parquet', union_by_name=true)"
+    con = duckdb.connect()
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("x").type == pa.float64()
+    for where in ("true", "x > 1e17", "x < 0", "x = 9007199254740992", "k > 2500"):
+        want = con.sql(f"SELECT k, x FROM {scan} WHERE {where} ORDER BY k").fetchall()
+        got = ds.filter(where).select("k", "x").to_arrow().sort_by("k")
+        assert list(zip(got["k"].to_pylist(), got["x"].to_pylist())) == want, where
+        assert ds.filter(where).count() == len(want), where
+    want = dict(con.sql(f"SELECT k, x FROM {scan}").fetchall())
+    for shuffle in (False, "block", "global"):
+        with ds.loader(256, shuffle=shuffle, seed=1, cache_dir=str(tmp_path / "cache")) as loader:
+            seen = {k: x for b in loader for k, x in zip(b["k"].tolist(), b["x"].tolist())}
+        assert seen == want, shuffle

@@ -37,6 +37,7 @@ from ..options import Options, usable_cores
 from ..plan.expr import Expr
 from ..plan.nodes import Plan, Scan
 from ..source import FileSource
+from ..source.schema import widen
 from .decoders import PolarsDecoder
 
 #: The name a stream's reads go by in ``LoaderStats.decoders`` and ``profile()``.
@@ -322,8 +323,7 @@ class StreamQuery:
             table = df.to_arrow(compat_level=self._pl.CompatLevel.oldest())
         schema = self.schema
         if not table.schema.equals(schema):
-            table = pa.Table.from_arrays([c if c.type.equals(f.type, check_metadata=True) else c.cast(f.type)
-                                          for c, f in zip(table.columns, schema)], schema=schema)
+            table = pa.Table.from_arrays([widen(c, f.type) for c, f in zip(table.columns, schema)], schema=schema)
         return table
 
     def _arrow(self, frames) -> Iterator[pa.RecordBatch]:

@@ -25,7 +25,7 @@ from .hive import discover_partitions, partition_expression
 from .identity import identity_of
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .retry import is_transient, retry
-from .schema import unify_schemas
+from .schema import rounds, unify_schemas
 from .snapshot import (MANIFEST_FORMAT, MANIFEST_VERSION, PinnedFile, absolute, changed_error, compact,
                        differs, files_changed_error, files_of_compact, json_value, partitioning_doc, relative,
                        schema_digest, snapshot_id)
@@ -246,6 +246,7 @@ class FileSource(PicklableLock, Source):
         self._footers: dict[int, bytes | None] = {}
         self._fetched: dict[int, tuple] = {}  # file -> (fragment, schema, footer facts)
         self._streams: set[int] = set()  # IPC stream files (read whole, see ipc.py)
+        self._rounding_of: tuple | None = None  # (the facts it was found for, _rounding())
         self._leaf_names: dict[str, str] | None = None  # a file column's name -> the source's
         paths = [e.path for e in self.entries]
         if partitioning is False:
@@ -515,6 +516,19 @@ class FileSource(PicklableLock, Source):
             files = list(range(len(fragments))) if units is None else \
                 list(dict.fromkeys(all_units[u].file for u in units))
             return self._read_whole(files, schema)
+        if self._rounding():
+            return self._read_rounded(range(len(all_units)) if units is None else units, columns)
+        return self._file_dataset(units, statistics=statistics)
+
+    def statistics_dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.Dataset:
+        if self._rounding():  # the fragments carry the footers; dataset() reads the rows
+            return self._file_dataset(units, statistics=statistics)
+        return self.dataset(units, statistics=statistics)
+
+    def _file_dataset(self, units: Sequence[int] | None, *, statistics: bool) -> ds.FileSystemDataset:
+        """The files' fragments (row groups subset to ``units``): what ``dataset`` reads
+        unless it reads the units here."""
+        fragments, schema, all_units = self._ensure()
         if units is None:
             chosen = list(fragments)
             if statistics:
@@ -539,6 +553,47 @@ class FileSource(PicklableLock, Source):
                     frag = frag.subset(row_group_ids=rgs)
                 chosen.append(frag)
         return ds.FileSystemDataset(chosen, schema, self.format, self.filesystem)
+
+    def _rounding(self) -> frozenset[int]:
+        """Files holding an integer column this source reads as a float (one unified with
+        a float column of another file). DuckDB rounds such integers to the nearest
+        double; pyarrow's dataset scan refuses any past 2**53, and polars reads each file
+        as it is. Their units are read and cast here (``dataset``; ``schema.widen``)."""
+        facts = self._ensure()
+        found = self._rounding_of
+        if found is None or found[0] is not facts:
+            schema = facts[1]
+            floats = {f.name for f in schema if pa.types.is_floating(f.type)}
+            found = self._rounding_of = (facts, frozenset(
+                i for i in range(len(facts[0]))
+                if any(f.name in floats and rounds(f.type, schema.field(f.name).type) for f in self._fetched[i][1])))
+        return found[1]
+
+    @property
+    def rewrites_rows(self) -> bool:
+        """Units are read and cast here, one at a time, never by a pyarrow dataset scan of
+        the files or by polars: where a file's integers are read as floats (``_rounding``)."""
+        return bool(self._rounding())
+
+    def _read_rounded(self, units: Sequence[int], columns: Sequence[str] | None) -> ds.InMemoryDataset:
+        """``units`` read (``columns`` of them, nulls for the others) and cast to the
+        unified schema, integers rounded into floats (``schema.widen``), as a dataset."""
+        fragments, schema, all_units = self._ensure()
+        wanted = None if columns is None else set(columns)
+        tables = []
+        for u in units:
+            unit = all_units[u]
+            frag = fragments[unit.file]
+            if unit.row_group is not None:
+                frag = frag.subset(row_group_ids=[unit.row_group])
+            names = [f.name for f in frag.physical_schema
+                     if (wanted is None or f.name in wanted) and f.name not in unit.partition]
+            try:
+                read = frag.to_table(schema=frag.physical_schema, columns=names)
+            except FileNotFoundError as exc:
+                raise self._gone(unit.path, exc) from exc
+            tables.append(conform(read, schema, self._partition_values[unit.file]))
+        return ds.InMemoryDataset(tables or [schema.empty_table()], schema=schema)
 
     @property
     def in_memory_reads(self) -> bool:

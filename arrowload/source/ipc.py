@@ -15,6 +15,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from .schema import widen
+
 
 def not_an_ipc_file(exc: BaseException) -> bool:
     """Whether pyarrow's IPC *file* reader refused the file for lacking the file magic."""
@@ -61,8 +63,7 @@ def conform(table: pa.Table, schema: pa.Schema, partition: dict) -> pa.Table:
         if f.name in partition:
             arrays.append(pa.array([partition[f.name]] * n, f.type))
         elif f.name in table.schema.names:
-            col = table.column(f.name)
-            arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
+            arrays.append(widen(table.column(f.name), f.type))
         else:
             arrays.append(pa.nulls(n, f.type))
     return pa.Table.from_arrays(arrays, schema=schema)

@@ -9,6 +9,20 @@ import pyarrow.types as pat
 
 from ..errors import SchemaMismatchError
 
+def rounds(have: pa.DataType, unified: pa.DataType) -> bool:
+    """Whether ``have`` (a file's type) reaches ``unified`` (``merge_types``) by rounding:
+    integers read as float64, as DuckDB reads them, past 2**53 to the nearest double."""
+    return pat.is_integer(have) and pat.is_floating(unified)
+
+
+def widen(col, unified: pa.DataType):
+    """A file's column (an Array or ChunkedArray) as its source's unified type
+    (``merge_types``): every widening exact, but integers into float64, which round as in
+    DuckDB (pyarrow's checked cast refuses them past 2**53)."""
+    return col if col.type.equals(unified, check_metadata=True) else \
+        col.cast(unified, safe=not rounds(col.type, unified))
+
+
 _SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
 _UNSIGNED = [pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
 

@@ -34,6 +34,7 @@ from ..options import ScanOptions
 from .base import file_to_source_names
 from .filesystem import FileEntry
 from .files import INT96_UNIT, FileSource, _ColumnSizes
+from .schema import widen
 
 
 class TableFile(NamedTuple):
@@ -103,6 +104,9 @@ class TableFileSource(FileSource):
     def file_columns(self, file: int) -> Mapping[str, str | None]:
         self._ensure()
         return self._maps.get(file, self.column_renames)
+
+    def _rounding(self) -> frozenset[int]:
+        return frozenset()  # the table's schema types the columns: read_unit casts them
 
     @property
     def rewrites_rows(self) -> bool:
@@ -205,8 +209,7 @@ class TableFileSource(FileSource):
                 v = unit.partition.get(f.name)
                 arrays.append(pa.nulls(n, f.type) if v is None else pa.repeat(pa.scalar(v, f.type), n))
             elif got is not None and p in read:
-                col = got.column(p)
-                arrays.append(col if col.type.equals(f.type) else col.cast(f.type))
+                arrays.append(widen(got.column(p), f.type))
             else:
                 arrays.append(pa.nulls(n, f.type))
         table = pa.Table.from_arrays(arrays, schema=self._logical)
