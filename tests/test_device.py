@@ -147,6 +147,39 @@ def test_jax_sharding_places_batches(ds, tmp_path):
                                   np.arange(1000) % 2)
 
 
+def test_jax_sharding_that_cannot_split_a_batch_is_refused_when_built(tmp_path):
+    """A mesh of 2 devices and a batch of 255 rows, or 2,999 rows whose last batch has 183:
+    jax raised its own IndivisibleError at that batch, the last one after an epoch of
+    training. The loader now refuses them when built (InvalidArgumentError naming
+    sharding=), and a batch size that divides, with drop_last for the short batch, runs."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent(f"""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        import arrowload as al
+        pq.write_table(pa.table({{"id": np.arange(2999, dtype=np.int32), "e": pa.array([[1.0, 2.0]] * 2999,
+                       pa.list_(pa.float32(), 2))}}), {str(tmp_path / "a.parquet")!r})
+        ds = al.dataset({str(tmp_path / "a.parquet")!r})
+        sh = NamedSharding(Mesh(np.array(jax.devices()), ("batch",)), P("batch"))
+        for kw in (dict(batch_size=255), dict(batch_size=256), dict(batch_size=256, drop_last=True)):
+            try:
+                loader = ds.loader(output="jax", sharding=sh, cache_dir={str(tmp_path / "c")!r}, **kw)
+            except al.InvalidArgumentError as exc:
+                print("refused", kw["batch_size"], "last batch" in str(exc))
+                continue
+            ids = np.concatenate([np.asarray(b["id"]) for b in loader])
+            print("ran", len(ids), len(set(ids.tolist())), loader.options.drop_last)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:3] == ["refused 255 False", "refused 256 True", "ran 2816 2816 True"], out.stdout
+
+
 # ---------------------------------------------------------------------------
 # with CUDA
 

@@ -56,14 +56,14 @@ import os
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceUnavailableError
+from ..errors import DeviceUnavailableError, InvalidArgumentError
 from ..options import usable_cores
 from .chunks import ColumnRows, HostChunk
 from .collate import _bucket
@@ -565,6 +565,28 @@ def jax_place(host_converted: dict, placement: Any) -> dict:
         put = functools.partial(_device_put, jax, placement)
     return {k: (put(v) if hasattr(v, "shape") and not isinstance(v, list) else v)
             for k, v in host_converted.items()}
+
+
+def check_sharding(placement: Any, sizes: Iterable[int]) -> None:
+    """Refuse a jax ``Sharding`` that cannot lay out a batch of each of ``sizes`` rows along
+    its first axis (the batch size, and an epoch's short last batch): jax would raise at
+    that batch, the last one only after an epoch of training. A device places anything."""
+    shard_shape = getattr(placement, "shard_shape", None)
+    if shard_shape is None:
+        return
+    from ..convert.jax_out import import_jax
+    jax = import_jax()
+    processes = 1 if getattr(placement, "is_fully_addressable", True) else jax.process_count()
+    # the other axes as wide as the devices: any mesh axis divides them
+    rest = (len(placement.device_set),) * (len(getattr(placement, "spec", ())) - 1)
+    for rows in sorted(set(sizes)):
+        try:
+            shard_shape((rows * processes, *rest))
+        except ValueError as exc:
+            last = "" if rows == max(sizes) else (
+                " (the epoch's last batch: pass drop_last=True, or a batch_size that divides this rank's rows)")
+            raise InvalidArgumentError(f"sharding= cannot split a batch of {rows} rows{last}: {exc}", "sharding") \
+                from None
 
 
 def _device_put(jax, placement: Any, value: Any) -> Any:

@@ -45,7 +45,7 @@ from . import arguments as _arguments
 from . import preflight
 from .chunks import ChunkConverter
 from .collate import BufferPool
-from .device import TorchDeviceStage, jax_place, pin_tables_setting, wants_cuda
+from .device import TorchDeviceStage, check_sharding, jax_place, pin_tables_setting, wants_cuda
 from .options import LoaderOptions, reader_bound
 from .board import Board, shared
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize, window_step
@@ -220,6 +220,10 @@ class Loader:
         dataset._verify()  # a pinned dataset's files, as they were
         self._origin = dataset  # the dataset built on; a loaded state may bind another snapshot of it
         self._adopt(self._bind(dataset))
+        if options.sharding is not None:
+            start, stop = self._rank_rows()
+            check_sharding(options.sharding, [options.batch_size] + [(stop - start) % options.batch_size or
+                                                                      options.batch_size])
         self.epoch = 0
         self._start = 0
         self._position = 0
