@@ -340,6 +340,26 @@ def test_column_mapped_table_reads_by_logical_names(mapped_table):
     assert ds.filter('"x y" IS NULL').count() == 30
 
 
+def test_column_mapping_configured_but_not_in_the_protocol_reads_logical_names(tmp_path):
+    """deltalake writes a table asked for name mapping beside a timestamp-without-zone
+    column with reader version 3 and only ``timestampNtz`` among its reader features: the
+    mapping is not in force and the files hold the logical names. Read through the
+    configuration's mapping, every value was null and filters found nothing."""
+    from deltalake import DeltaTable, QueryBuilder, write_deltalake
+    path = str(tmp_path / "t")
+    written = pa.table({"id": pa.array(range(40), pa.int64()),
+                        "ts": pa.array([dt.datetime(2024, 1, 1 + i % 20) for i in range(40)], pa.timestamp("us"))})
+    write_deltalake(path, written, configuration={"delta.columnMapping.mode": "name"})
+    proto = DeltaTable(path).protocol()
+    assert "columnMapping" not in (proto.reader_features or ()) and proto.min_reader_version == 3
+    truth = pa.table(QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t").read_all())
+    ds = al.delta(path)
+    assert not ds.plan.source.column_renames
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(truth) == sorted_rows(written)
+    assert ds.filter("id >= 30").count() == 10
+    assert ds.filter("ts > TIMESTAMP '2024-01-15'").count() == 10
+
+
 def test_column_mapped_table_through_the_loader(mapped_table):
     path, written = mapped_table
     ds = al.delta(path).select("id", "part")
@@ -475,6 +495,21 @@ def test_missing_table_and_missing_version(versions, tmp_path):
         al.delta(str(tmp_path / "nothing"))
     with pytest.raises(al.InvalidArgumentError):
         al.delta(path, version=1, timestamp=dt.datetime.now())
+
+
+def test_a_version_whose_log_was_cleaned_up_is_named_not_the_table(tmp_path):
+    """After ``cleanup_metadata`` an old version is gone from the log: that version is
+    named, not "no delta table at" the table whose latest version opens."""
+    from deltalake import DeltaTable, write_deltalake
+    path = str(tmp_path / "t")
+    for i in range(6):
+        write_deltalake(path, pa.table({"id": [i]}), mode="append")
+    DeltaTable(path).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    DeltaTable(path).create_checkpoint()
+    DeltaTable(path).cleanup_metadata()
+    with pytest.raises(al.InvalidArgumentError, match="no version 2 any more"):
+        al.delta(path, version=2)
+    assert al.delta(path).count() == 6
 
 
 def test_path_inside_a_table_is_refused_naming_the_root(versions):

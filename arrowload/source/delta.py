@@ -110,7 +110,7 @@ def _check_protocol(table, uri: str) -> None:
 def _logical_schema(table, uri: str) -> tuple[pa.Schema, dict[str, str]]:
     """The table schema (no field metadata) and ``{logical: physical}`` where they differ."""
     schema = pa.schema(table.schema().to_arrow())
-    mode = (table.metadata().configuration or {}).get(_MODE, "none")
+    mode = _mapping_mode(table)
     renames: dict[str, str] = {}
     fields = []
     for f in schema:
@@ -126,6 +126,19 @@ def _logical_schema(table, uri: str) -> tuple[pa.Schema, dict[str, str]]:
                 "rewrite the table without column mapping", feature="columnMapping")
         fields.append(f.remove_metadata())
     return pa.schema(fields), renames
+
+
+def _mapping_mode(table) -> str:
+    """The column mapping mode in force: the table's ``delta.columnMapping.mode`` where its
+    protocol enables the feature (reader version 2, or 3 naming ``columnMapping``), else
+    ``"none"``: the files then hold the logical names whatever the configuration says (as
+    deltalake writes a table asking for name mapping beside a ``timestampNtz`` column)."""
+    mode = (table.metadata().configuration or {}).get(_MODE, "none")
+    proto = table.protocol()
+    if proto.min_reader_version < 2 or (proto.min_reader_version >= 3 and
+                                        "columnMapping" not in (proto.reader_features or ())):
+        return "none"
+    return mode
 
 
 def _nested_renames(t: pa.DataType) -> bool:
@@ -174,6 +187,16 @@ def _partition_value(value: Any, t: pa.DataType) -> Any:
         return pa.scalar(str(value)).cast(t).as_py()
 
 
+def _opens(deltalake, table_uri: str, delta_opts) -> bool:
+    """Whether the table's latest version opens (a version not found is then gone from
+    its log, not a table missing)."""
+    try:
+        deltalake.DeltaTable(table_uri, storage_options=delta_opts)
+    except Exception:  # noqa: BLE001 - any failure: say what the first error said
+        return False
+    return True
+
+
 def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
                storage_options: dict | None = None, scan_options: ScanOptions | None = None) -> "DeltaSource":
     """The Delta table at ``uri`` at ``version`` / ``timestamp`` (latest when both are None)
@@ -194,6 +217,10 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
         raise
     except Exception as exc:  # noqa: BLE001 - deltalake's errors are not OSErrors
         name = type(exc).__name__
+        if name == "TableNotFoundError" and version is not None and _opens(deltalake, table_uri, delta_opts):
+            raise InvalidArgumentError(f"delta table {uri!r} has no version {version} any more: its log entries "
+                                       f"were cleaned up ({exc}); see deltalake.DeltaTable(uri).history() for "
+                                       "the versions kept") from exc
         if name == "TableNotFoundError":
             raise PathNotFoundError(f"no delta table at {uri!r} ({exc}); check the path, or pass "
                                     "storage_options for a remote store", uri) from exc
