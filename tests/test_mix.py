@@ -170,6 +170,11 @@ def test_weights_from_a_sql_query_and_from_temperature(lake_ds):
     roots = {n: math.sqrt(truth[n]) for n in t.names}
     assert t.weights == pytest.approx(tuple(roots[n] / sum(roots.values()) for n in t.names))
     assert t.sizes() == tuple(truth[n] for n in t.names)
+    cold = al.mix(components(ds), temperature=0.01)  # size ** 100 overflowed a float
+    logs = {n: math.log(truth[n]) / 0.01 for n in cold.names}
+    top = max(logs.values())
+    scaled = {n: math.exp(v - top) for n, v in logs.items()}
+    assert cold.weights == pytest.approx(tuple(scaled[n] / sum(scaled.values()) for n in cold.names), rel=1e-9)
 
 
 def test_component_sizes_read_only_the_filter_columns(parquet_lake):
@@ -279,6 +284,45 @@ def test_reweighting_on_resume_repeats_no_row_of_the_pass():
     # the state taken after reweighting resumes too
     s2 = again.state_dict()
     assert len(s2["phases"]) == 2 and s2["phases"][1]["start"] == 8
+
+
+def test_reweighting_where_a_component_just_finished_its_pass_goes_on_without_it():
+    """A state taken right after component ``a`` drew its last row, reloaded with other
+    weights (even ones that still give ``a`` a little): the epoch goes on while ``a`` draws
+    nothing and ends before its first row of a second pass, as first_exhausted says. It
+    ended at once, dropping the rest of ``b``'s pass."""
+    t = pa.table({"id": np.arange(3000), "c": np.where(np.arange(3000) < 40, "a", "b")})
+    d = al.dataset(t)
+    comps = {"a": d.filter("c = 'a'"), "b": d.filter("c = 'b'")}
+    m = al.mix(comps, weights={"a": 0.03, "b": 0.97}, seed=0)
+    full = [list(b["c"]) for b in m.loader(10)]
+    k = int(np.argmax(np.cumsum([b.count("a") for b in full]) == 40)) + 1  # a's pass done after k
+    ld = m.loader(10)
+    it = iter(ld)
+    for _ in range(k):
+        next(it)
+    state = ld.state_dict()
+    assert state["drawn"][0] == 40
+    new = {"a": 0.002, "b": 0.998}
+    again = m.loader(10)
+    again.load_state_dict(state, weights=new)
+    rest = [list(b["c"]) for b in again]
+    # truth: the same phase in an endless (cycle) mixture, cut where a draws its 41st row
+    endless = al.mix(comps, weights={"a": 0.03, "b": 0.97}, seed=0, stopping="cycle")
+    c = endless.loader(10, steps=10_000)
+    cit = iter(c)
+    for _ in range(k):
+        next(cit)
+    cycled = endless.loader(10, steps=10_000)
+    cycled.load_state_dict(c.state_dict(), weights=new)
+    want = []
+    for b in cycled:
+        b = list(b["c"])
+        if "a" in b:
+            break
+        want.append(b)
+    assert len(want) > 0 and rest == want
+    assert len(again) == k + len(rest)  # the reweighted epoch: its batches before and after
 
 
 def test_cycle_runs_steps_and_counts_passes():

@@ -69,10 +69,11 @@ def resolve(names: Sequence[str], weights: Any, temperature: Any, sizes) -> tupl
             raise InvalidArgumentError(f"temperature must be > 0, got {temperature!r} (1: proportional to "
                                        "size; larger: flatter)", "temperature")
         n = sizes()
-        out = tuple(float(s) ** (1.0 / t) if s else 0.0 for s in n)
-        if sum(out) <= 0:
+        if not any(n):
             raise InvalidArgumentError("temperature=: every component selects no rows", "temperature")
-        return out
+        # size ** (1 / T), scaled by the largest's (in logs: a small T overflows a float)
+        top = max(math.log(s) for s in n if s) / t
+        return tuple(math.exp(math.log(s) / t - top) if s else 0.0 for s in n)
     if weights is None:
         return tuple(1.0 for _ in names)
     if isinstance(weights, Dataset):

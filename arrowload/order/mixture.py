@@ -270,13 +270,11 @@ def epoch_blocks(s: Schedule) -> int | None:
     live = [c for c in range(len(s.sizes)) if p.weights[c] > 0 and ap.q[c] > 0]
     if s.stopping == "first_exhausted":
         limits = {}
-        for c in live:
+        for c in live:  # the end of each component's current pass (one just completed: no more)
             n, o = s.sizes[c], p.offsets[c]
             limits[c] = o if (o and o % n == 0) else (o // n + 1) * n
-        if any(limits[c] <= p.offsets[c] for c in live):
-            return p.start
 
-        def ok(k: int) -> bool:
+        def ok(k: int) -> bool:  # a component at its limit may go on drawing nothing
             cum = ap.cumulative(k)
             return all(p.offsets[c] + cum[c] <= limits[c] for c in live)
         if not live:
