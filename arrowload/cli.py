@@ -253,6 +253,9 @@ def _parse_tables(specs: list[str] | None) -> dict:
         if not name.strip().isidentifier():
             raise _UsageError(f"--table name {name.strip()!r} is not a valid SQL identifier "
                               "(letters, digits and _; not starting with a digit)")
+        if name.strip() in tables:
+            raise _UsageError(f"--table {name.strip()} is given twice ({tables[name.strip()]!r} and "
+                              f"{path.strip()!r}); give each table its own name")
         tables[name.strip()] = path.strip()
     return tables
 

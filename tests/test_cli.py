@@ -150,6 +150,8 @@ def test_arrowload_errors_exit_2_with_one_line(run, parquet_lake):
     (["sql", "SELECT * FROM nowhere", "--table", "events=LAKE"], "'nowhere' is not bound"),
     (["sql", "SELECT 1", "--table", "events"], "NAME=PATH"),
     (["sql", "SELECT 1", "--table", "1x=LAKE"], "not a valid SQL identifier"),
+    # the second binding silently replaced the first
+    (["sql", "SELECT count(*) FROM ev", "--table", "ev=LAKE", "--table", "ev=LAKE/other"], "given twice"),
     (["inspect", "LAKE/nothing-here"], "nothing-here"),
 ])
 def test_more_arrowload_errors(capsys, parquet_lake, argv, says):
