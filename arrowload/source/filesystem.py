@@ -252,8 +252,7 @@ def storage_error(exc: BaseException, url: str, path: str | None = None, *, loca
         where = f"the endpoint {endpoint}" if endpoint else "the object store's endpoint"
         return StorageEndpointError(
             f"cannot reach {where} for {url!r}: the connection was refused or the host is unknown "
-            f"({detail}). Check the endpoint: storage_options={{'endpoint_url': 'http://host:port'}} "
-            "or the AWS_ENDPOINT_URL environment variable (for a filesystem you built: its "
+            f"({detail}). Check the endpoint: {_endpoint_hint(url)} (for a filesystem you built: its "
             "endpoint, e.g. pyarrow S3FileSystem(endpoint_override=...))", path)
     if kind != PERMANENT:
         return None
@@ -263,13 +262,33 @@ def storage_error(exc: BaseException, url: str, path: str | None = None, *, loca
             "unable to locate credentials" in text or "no credentials" in text:
         return StorageAccessError(f"no credentials found for {url!r} ({detail}). Set them: "
                                   f"{_credentials_hint(url)}", path)
-    if isinstance(exc, PermissionError) or "ClientError" in names or isinstance(exc, OSError):
+    if isinstance(exc, PermissionError) or "ClientError" in names or isinstance(exc, OSError) or \
+            type(exc).__module__.startswith("azure.core"):
         if isinstance(exc, PermissionError) or DENIED.search(detail):
             return StorageAccessError(
                 f"access denied to {url!r}: the object store rejected the credentials in use or "
                 f"they lack permission ({detail}). Check {_credentials_hint(url, public=False)}, "
-                "and that the bucket policy grants list and read (s3:ListBucket, s3:GetObject)", path)
+                f"and that they may list and read: {_grants(url)}", path)
     return None
+
+
+def _endpoint_hint(url: str) -> str:
+    proto = protocol_of(url) or ""
+    if proto in ("gs", "gcs"):
+        return "storage_options={'endpoint_url': 'http://host:port'} or STORAGE_EMULATOR_HOST"
+    if proto in ("az", "abfs", "abfss", "adl"):
+        return ("the account_name, or the BlobEndpoint of storage_options={'connection_string': ...} "
+                "(AZURE_STORAGE_CONNECTION_STRING)")
+    return "storage_options={'endpoint_url': 'http://host:port'} or the AWS_ENDPOINT_URL environment variable"
+
+
+def _grants(url: str) -> str:
+    proto = protocol_of(url) or ""
+    if proto in ("gs", "gcs"):
+        return "storage.objects.list and storage.objects.get on the bucket"
+    if proto in ("az", "abfs", "abfss", "adl"):
+        return "the Storage Blob Data Reader role on the container, or a SAS token with read and list"
+    return "the bucket policy grants s3:ListBucket and s3:GetObject"
 
 
 def _credentials_hint(url: str, public: bool = True) -> str:

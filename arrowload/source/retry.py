@@ -35,12 +35,16 @@ DENIED = re.compile(
     r"expiredtoken|invalidtoken|unable to locate credentials|no credentials|"
     r"partial credentials|credentials? (?:were|was) not found|unrecognizedclient|"
     r"invalid_access_key_id|signature_does_not_match|unauthorized|authorizationpermissionmismatch|"
-    r"authenticationfailed|\b401\b", re.IGNORECASE)
+    r"authenticationfailed|authorizationfailure|failed to authenticate|\b401\b", re.IGNORECASE)
 # The endpoint itself cannot be reached (AWS SDK curl codes 6 / 7: unknown host / refused).
 _UNREACHABLE = re.compile(
     r"could not connect to the endpoint|curlcode: (?:6|7)\b|could not resolve host|"
     r"connection refused|name or service not known|nodename nor servname|"
-    r"temporary failure in name resolution|failed to connect to", re.IGNORECASE)
+    r"temporary failure in name resolution|failed to connect to|cannot connect to host|"
+    r"connect call failed", re.IGNORECASE)
+# Clients whose errors are not OSErrors: their words say what happened (gcsfs speaks
+# aiohttp; adlfs azure.core, whose ServiceRequestError is "cannot connect to host")
+_CLIENTS = ("aiohttp", "urllib3", "requests", "azure.core")
 
 
 def _botocore_kind(exc: BaseException) -> str | None:
@@ -86,8 +90,7 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
         return ENDPOINT
     text = str(exc)
-    if isinstance(exc, (ConnectionError, TimeoutError, OSError)) or \
-            type(exc).__module__.startswith(("aiohttp", "urllib3", "requests")):
+    if isinstance(exc, (ConnectionError, TimeoutError, OSError)) or type(exc).__module__.startswith(_CLIENTS):
         if _UNREACHABLE.search(text):
             return ENDPOINT
         if DENIED.search(text):
