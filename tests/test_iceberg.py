@@ -548,6 +548,40 @@ def test_folder_inside_a_table_is_refused_naming_the_root(history):
         al.dataset(root, format="csv")
 
 
+def test_current_table_reads_with_the_schema_changed_since_its_last_snapshot(tmp_path):
+    """A column renamed, one added and one widened after the last append (no snapshot
+    since): the current table reads as pyiceberg reads it, with the current schema; the
+    snapshot by id reads with its own (time travel); a state taken on the current table
+    resumes on it after the table moved on."""
+    from pyiceberg.types import LongType
+    catalog = _catalog(tmp_path)
+    table = catalog.create_table("ns.evolved", schema=pa.schema([("id", pa.int64()), ("x", pa.int32())]))
+    table.append(pa.table({"id": pa.array(range(100), pa.int64()), "x": pa.array(range(0, 1000, 10), pa.int32())}))
+    first = table.current_snapshot().snapshot_id
+    with table.update_schema() as update:
+        update.rename_column("x", "y")
+        update.add_column("z", LongType())
+    with table.update_schema() as update:
+        update.update_column("y", LongType())
+    table = catalog.load_table("ns.evolved")
+    ds = al.iceberg(table)
+    truth = table.scan().to_arrow()
+    assert ds.schema == truth.schema and ds.schema.names == ["id", "y", "z"]
+    assert ds.to_arrow().sort_by("id").equals(truth.sort_by("id"))
+    assert ds.filter("y > 500").count() == 49 and ds.filter("z IS NULL").count() == 100
+    old = al.iceberg(table, snapshot_id=first)
+    assert old.schema.names == ["id", "x"] and old.to_arrow().sort_by("id").equals(
+        table.scan(snapshot_id=first).to_arrow().sort_by("id"))
+    assert ds.snapshot_id == old.snapshot_id and ds.plan.source.fingerprint() != old.plan.source.fingerprint()
+    whole = flat_ids(ds.select("id", "y").loader(16, shuffle="global", seed=1))
+    state = state_after(ds.select("id", "y").loader(16, shuffle="global", seed=1), 2)
+    table.append(pa.table({"id": pa.array(range(100, 110), pa.int64()), "y": pa.array([1] * 10, pa.int64()),
+                           "z": pa.array([2] * 10, pa.int64())}))
+    later = al.iceberg(catalog.load_table("ns.evolved")).select("id", "y").loader(16, shuffle="global", seed=1)
+    later.load_state_dict(state)
+    assert flat_ids(later) == whole[2 * 16:]
+
+
 def test_empty_table_has_no_rows(tmp_path):
     catalog = _catalog(tmp_path)
     table = catalog.create_table("ns.empty", schema=pa.schema([("id", pa.int64()), ("s", pa.string())]))

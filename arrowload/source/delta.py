@@ -305,7 +305,7 @@ class DeltaSource(TableFileSource):
     def _version_key(value) -> str:
         return f"v{value}"
 
-    def _open_at(self, value: int) -> "DeltaSource":
+    def _open_at(self, value: int, doc: dict | None = None) -> "DeltaSource":
         uri, storage_options, scan_options = getattr(self, "_reopen", (self.table["uri"], None, None))
         return open_delta(uri, version=value, storage_options=storage_options, scan_options=scan_options)
 

@@ -3,13 +3,17 @@
 ``open_iceberg(table, snapshot_id=)`` asks ``pyiceberg`` (imported here, lazily) for what
 the snapshot holds: ``table.scan(snapshot_id=...).plan_files()`` gives the live data
 files with their sizes, partitions and the delete files that apply to each, and
-``scan.projection()`` the snapshot's schema. The rows are read by arrowload's scans
+``scan.projection()`` the snapshot's schema (the current table reads with the table's
+current schema, as pyiceberg does). The rows are read by arrowload's scans
 (pruning on footers, fast decoders, loader), never by pyiceberg's ``to_arrow()``.
 
 The result is an :class:`IcebergSource`, a
 :class:`~arrowload.source.tablefiles.TableFileSource` whose
 
-- ``schema`` is the snapshot's schema (the schema the snapshot was written with);
+- ``schema`` is the table's current schema for the current snapshot (a column renamed or
+  added since the last snapshot is there, as pyiceberg and Spark read it), else the
+  snapshot's own (time travel); ``table["schema_id"]`` names the schema where it is not
+  the snapshot's, so a loader state reopens its snapshot as it was read;
 - columns are found in each file by **field id** (``PARQUET:field_id`` in the file's
   schema), as the Iceberg spec says: a column renamed after a file was written reads
   from that file under its old name; a column the file lacks (added later, or dropped
@@ -304,10 +308,15 @@ def _position_deletes(fs: pafs.FileSystem, paths: _Paths, delete_file, where: st
 
 
 def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options: dict | None = None,
-                 scan_options: ScanOptions | None = None) -> "IcebergSource":
+                 scan_options: ScanOptions | None = None, schema_id: int | None = None) -> "IcebergSource":
     """The Iceberg ``table`` (a pyiceberg Table, or a metadata JSON path / URI) at
     ``snapshot_id`` (the current snapshot when None) as an :class:`IcebergSource` (plans
-    the snapshot's files and reads its delete files now, footers on first need)."""
+    the snapshot's files and reads its delete files now, footers on first need).
+
+    The current table reads with the table's current schema, as pyiceberg and Spark read
+    it (a column renamed or added since the last snapshot is there); an older snapshot
+    with its own schema (time travel); ``schema_id``: with that schema (a loader state's
+    snapshot reopened as it was read)."""
     table = _load_table(table, storage_options)
     location = table.location()
     fs_opts = storage_options if storage_options is not None else \
@@ -317,6 +326,7 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
     snap = _snapshot(table, snapshot_id, where)
     files: list[TableFile] = []
     record_counts: dict[str, int] = {}
+    read_with = None
     if snap is None:  # a table without snapshots: no rows, its current schema
         schema = table.schema()
         sid = None
@@ -324,6 +334,10 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
         sid = snap.snapshot_id
         scan = table.scan(snapshot_id=sid)
         schema = scan.projection()
+        want = table.metadata.current_schema_id if snapshot_id is None else schema_id
+        if want is not None and want != schema.schema_id:
+            schema = table.schemas()[want]
+            read_with = want  # a schema other than the snapshot's: part of what names the read
         tasks = _plan(scan, table, where)
         specs = table.metadata.specs()
         arrow = _logical_schema(schema)[0]
@@ -346,6 +360,8 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
             record_counts[path] = df.record_count
     arrow, ids = _logical_schema(schema)
     table_id = {"format": "iceberg", "uri": where, "snapshot_id": sid}
+    if read_with is not None:
+        table_id["schema_id"] = read_with
     mapping = _name_mapping(getattr(table.metadata, "properties", None), where)
     src = IcebergSource(paths.fs, paths.root, files, schema=arrow, field_ids=ids, table=table_id,
                         record_counts=record_counts, scan_options=scan_options, name_mapping=mapping)
@@ -408,13 +424,14 @@ class IcebergSource(TableFileSource):
     def _version_key(value) -> str:
         return "empty" if value is None else f"s{value}"
 
-    def _open_at(self, value: int) -> "IcebergSource":
+    def _open_at(self, value: int, doc: dict | None = None) -> "IcebergSource":
         reopen = getattr(self, "_reopen", None)
         if reopen is None:  # a copy unpickled elsewhere: the metadata file of the table's location
             raise LookupError(f"{self.display} cannot reopen another snapshot in this process; open the "
                               "table here with al.iceberg(table) and load the state into that loader")
         table, storage_options, scan_options = reopen
-        return open_iceberg(table, snapshot_id=value, storage_options=storage_options, scan_options=scan_options)
+        return open_iceberg(table, snapshot_id=value, storage_options=storage_options, scan_options=scan_options,
+                            schema_id=(doc or {}).get("schema_id"))
 
     def reopen_hint(self) -> str:
         return f"al.iceberg(<table>, snapshot_id={self.table['snapshot_id']})"

@@ -273,7 +273,7 @@ class TableFileSource(FileSource):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise LookupError(f"the state's {fmt} {self.snapshot_field} is {value!r}, not one")
         try:
-            return self._open_at(value)
+            return self._open_at(value, t)
         except ArrowloadError as exc:  # the snapshot is gone (log / metadata cleaned up, expired)
             raise SnapshotChangedError(f"{fmt} table {uri} no longer has {self.snapshot_field} {value}, which the "
                                        f"loader state was taken on ({exc}); resume from a newer state, or start "
@@ -296,8 +296,9 @@ class TableFileSource(FileSource):
         state.pop("_reopen", None)
         return state
 
-    def _open_at(self, value: int) -> "TableFileSource":  # pragma: no cover - abstract
-        """This table at another version / snapshot."""
+    def _open_at(self, value: int, doc: dict | None = None) -> "TableFileSource":  # pragma: no cover - abstract
+        """This table at another version / snapshot (``doc``: the state's ``table``, which
+        may say more of how it was read)."""
         raise NotImplementedError
 
     def pin(self) -> "TableFileSource":
