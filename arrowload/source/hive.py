@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import urllib.parse
 from collections.abc import Sequence
@@ -37,33 +38,64 @@ def parse_partition(base: str, path: str) -> list[tuple[str, str | None]]:
     return out
 
 
+# the words DuckDB casts to a DATE / TIMESTAMP without a digit
+_SPECIAL = {"epoch", "infinity", "-infinity", "inf", "-inf"}
+_PLAIN_INT = re.compile(r"^-?\d+$")
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _plain(v: str) -> tuple[str, object] | None:
+    """The kind and value DuckDB gives the folder text ``v`` where Python can tell alone
+    (decimal integers, ISO dates, text without a digit: nearly every lake), else None (a
+    DuckDB connection costs about 0.4 s on first use)."""
+    if _PLAIN_INT.match(v):
+        n = int(v)
+        ok = _BIGINT.match(v) is not None and -(1 << 63) <= n < (1 << 63)
+        return ("BIGINT", n) if ok else ("VARCHAR", None)
+    if _ISO_DATE.match(v):
+        try:
+            return "DATE", dt.date.fromisoformat(v)
+        except ValueError:
+            return "VARCHAR", None  # "2024-02-30": no DATE, TIMESTAMP or BIGINT either
+    if not any(c.isdigit() for c in v) and v.strip().lower() not in _SPECIAL:
+        return "VARCHAR", None
+    return None
+
+
+def _duckdb_kinds(present: Sequence[str]) -> dict[str, tuple[str, object]]:
+    """DuckDB's kind and value for each folder text (its TRY_CAST to DATE, TIMESTAMP and
+    BIGINT, made strict as its hive typing is)."""
+    import duckdb
+    casts: dict[str, list] = {}
+    with duckdb.connect() as con:
+        texts = pa.table({"v": pa.array(present, pa.string())})  # noqa: F841 - DuckDB finds it by name
+        for sql, _ in _CANDIDATES:
+            column = con.sql(f"SELECT TRY_CAST(v AS {sql}) AS c FROM texts").to_arrow_table().column("c")
+            try:
+                casts[sql] = column.to_pylist()
+            except (OverflowError, ValueError):  # "infinity" as a DATE: no Python date holds it
+                casts[sql] = [None] * len(present)
+    out = {}
+    for i, v in enumerate(present):
+        kind = next((sql for sql, _ in _CANDIDATES if casts[sql][i] is not None and
+                     (sql != "BIGINT" or _BIGINT.match(v)) and (sql != "DATE" or not _TIME.search(v.strip()))),
+                    "VARCHAR")
+        out[v] = (kind, casts[kind][i] if kind != "VARCHAR" else None)
+    return out
+
+
 def _typed(raw: Sequence[str | None], given: pa.DataType | None) -> tuple[pa.DataType, list]:
     """One key's type (``given``, or DuckDB's hive typing of its folder values) and its
     values as that type."""
-    import duckdb
-    present = sorted({v for v in raw if v is not None})
+    present = sorted({v for v in raw if v is not None and v.upper() != "NULL"})
     if given is None:
-        kinds = set()
-        casts: dict[str, list] = {}
-        with duckdb.connect() as con:
-            texts = pa.table({"v": pa.array(present, pa.string())})  # noqa: F841 - DuckDB finds it by name
-            for sql, _ in _CANDIDATES:
-                column = con.sql(f"SELECT TRY_CAST(v AS {sql}) AS c FROM texts").to_arrow_table().column("c")
-                try:
-                    casts[sql] = column.to_pylist()
-                except (OverflowError, ValueError):  # "infinity" as a DATE: no Python date holds it
-                    casts[sql] = [None] * len(present)
-        for i, v in enumerate(present):
-            if v.upper() == "NULL":
-                continue
-            kind = next((sql for sql, _ in _CANDIDATES if casts[sql][i] is not None and
-                         (sql != "BIGINT" or _BIGINT.match(v)) and (sql != "DATE" or not _TIME.search(v.strip()))),
-                        "VARCHAR")
-            kinds.add(kind)
+        known = {v: _plain(v) for v in present}
+        if any(k is None for k in known.values()):
+            known = _duckdb_kinds(present)
+        kinds = {kind for kind, _ in known.values()}
         kind = kinds.pop() if len(kinds) == 1 else "VARCHAR"
-        if kind != "VARCHAR":
-            value = dict(zip(present, casts[kind]))
-            return dict(_CANDIDATES)[kind], [None if v is None else value[v] for v in raw]
+        if kind != "VARCHAR":  # "NULL" (any case) is a missing value here
+            return dict(_CANDIDATES)[kind], [None if v is None or v not in known else known[v][1] for v in raw]
         given = pa.string()
     if pa.types.is_string(given) or pa.types.is_large_string(given):
         return given, [None if v is None else urllib.parse.unquote(v) for v in raw]
