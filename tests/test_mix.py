@@ -325,6 +325,48 @@ def test_reweighting_where_a_component_just_finished_its_pass_goes_on_without_it
     assert len(again) == k + len(rest)  # the reweighted epoch: its batches before and after
 
 
+@pytest.mark.parametrize("shuffle", ["none", "block", "global"])
+def test_torch_dataloader_workers_give_the_mixture_loaders_batches(tmp_path, shuffle):
+    """``DataLoader(mixture_loader.torch_dataset(), num_workers=2)`` with spawned workers,
+    kept across epochs: the loader's own batches in its order (each worker builds the
+    loader again and makes every second batch), epoch after epoch as set_epoch says, and a
+    resumed loader's rest. Mixture loaders had no torch_dataset."""
+    import torch
+    from torch.utils.data import DataLoader
+    ids = np.arange(6000)
+    pq.write_table(pa.table({"id": ids, "src": np.array(["a", "b", "c"])[(ids * 7) % 3]}),
+                   str(tmp_path / "lake.parquet"), row_group_size=500)
+    ds = al.dataset(str(tmp_path / "lake.parquet"))
+    m = al.mix({s: ds.filter(f"src = '{s}'").select("id") for s in "abc"}, weights={"a": 0.5, "b": 0.3, "c": 0.2},
+               seed=3)
+
+    def build():
+        return m.loader(100, shuffle=shuffle, output="torch", cache_dir=str(tmp_path / "cache"))
+    own = {}
+    for epoch in (0, 1):
+        ref = build()
+        ref.set_epoch(epoch)
+        own[epoch] = [b["id"].clone() for b in ref]
+    loader = build()
+    workers = DataLoader(loader.torch_dataset(), batch_size=None, num_workers=2, persistent_workers=True,
+                         multiprocessing_context="spawn")
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        via = [b["id"] for b in workers]
+        assert len(via) == len(own[epoch]) and all(torch.equal(a, b) for a, b in zip(own[epoch], via)), epoch
+    first = build()
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.state_dict()
+    it.close()
+    resumed = build()
+    resumed.load_state_dict(state)
+    rest = [b["id"] for b in DataLoader(resumed.torch_dataset(), batch_size=None, num_workers=2,
+                                        multiprocessing_context="spawn")]
+    assert all(torch.equal(a, b) for a, b in zip(own[0][5:], rest)) and len(rest) == len(own[0]) - 5
+
+
 def test_cycle_runs_steps_and_counts_passes():
     m = _memory_mix("cycle", weights=(0.8, 0.1, 0.1), n=300)
     with pytest.raises(al.UnsupportedError):

@@ -42,6 +42,7 @@ from ..order.mixture import (MIXTURE_ORDER_SINCE, MIXTURE_ORDER_VERSION, Compone
 from ..order.tasks import READ_SHARE, read_rows
 from ..pipeline import arguments as _arguments
 from ..convert.host import array_valued
+from ..pipeline.board import Board, post, shared, torch_batches
 from ..pipeline.chunks import HostChunk, _varlist
 from ..pipeline.loader import STREAM_READERS, Loader, rank_and_world
 from ..pipeline.rowsource import _parts, slice_parts
@@ -128,6 +129,9 @@ class MixtureLoader:
         self._active: weakref.WeakSet = weakref.WeakSet()
         self._orders: dict = {}
         self._stream: MixStream | None = None  # the current iteration's (mixture.stream)
+        #: the epoch DataLoader workers follow (``torch_dataset``), and the states loaded here
+        self._board: Board | None = None
+        self._loads = 0
         #: reads convert to host arrays on the reader threads where every column has them
         #: (decided from the schema: finding out from a read would read its task twice)
         self._host_ok = self._chunks is not None and all(
@@ -167,6 +171,7 @@ class MixtureLoader:
             self._blocks = self._epoch_blocks(self._schedule())
             self._start = self._position = self._batches_done = 0
             self._loaded = False
+        post(self)
 
     def _order(self, c: int, p: int) -> EpochOrder:
         key = (c, self.epoch, p)
@@ -199,8 +204,33 @@ class MixtureLoader:
         position, self._start = self._start, 0
         self._position = position
         self._batches_done = 0
+        return self._iterate(rank_blocks(position, self._blocks, self.world_size, self.rank), self._advance)
+
+    def _worker_iter(self, worker: int, workers: int):
+        """Batches ``worker, worker + workers, ...`` of this rank's rest of the epoch (torch
+        DataLoader workers, ``torch_dataset``); the loader's position stays."""
+        if not self._loaded:
+            self._phases = self._fresh_phases()
+            self._blocks = self._epoch_blocks(self._schedule())
+        blocks = rank_blocks(self._start, self._blocks, self.world_size, self.rank)
+        return self._iterate(blocks[worker::workers], lambda rows: None)
+
+    def torch_dataset(self):
+        """This loader as a ``torch.utils.data.IterableDataset`` of whole batches, as
+        ``Loader.torch_dataset``: ``DataLoader(ds, batch_size=None, num_workers=n)`` gives
+        the loader's batches in its order, each worker making every n-th; spawned workers
+        build the loader again from the mixture (component sizes from the selection cache)."""
+        return torch_batches(self)
+
+    def __reduce__(self):
+        """A copy for another process (a spawned DataLoader worker): the loader built again
+        from the mixture and options, at this loader's epoch, phases and position."""
+        at = {"epoch": self.epoch, "phases": self._phases, "blocks": self._blocks, "start": self._start,
+              "loaded": self._loaded, "weights": self.weights, "loads": self._loads, "board": shared(self._board)}
+        return _rebuilt, (self.mixture, self.options, self.steps, at)
+
+    def _iterate(self, blocks: range, on_batch) -> EpochIterator:
         sched = self._schedule()
-        blocks = rank_blocks(position, self._blocks, self.world_size, self.rank)
         o = self.options
         caches = [SharedCache(_KEPT_READS) for _ in self.sizes]
         self._shared.restart()
@@ -219,7 +249,7 @@ class MixtureLoader:
         # budget (stats() counts them)
         settings = Settings(batch_size=o.batch_size, prefetch=max(1, o.prefetch - self._shared.cache_bytes),
                             max_readers=self.max_readers)
-        it = EpochIterator(stages, settings, on_batch=self._advance)
+        it = EpochIterator(stages, settings, on_batch=on_batch)
         self._stats = it.stats
         self._active.add(it)
         return it
@@ -565,6 +595,8 @@ class MixtureLoader:
         self._start = self._position = position
         self._batches_done = 0
         self._loaded = True
+        self._loads += 1
+        post(self)
 
     # -- introspection -------------------------------------------------------------------
     def stats(self):
@@ -706,3 +738,14 @@ def read_state(state: Mapping[str, Any]) -> dict:
 
 
 __all__ = ["MixTask", "MixtureLoader", "STATE_FORMAT", "STATE_VERSION", "read_state"]
+
+
+def _rebuilt(mixture, options, steps, at: dict) -> MixtureLoader:
+    """``MixtureLoader.__reduce__``: the loader built again, at the epoch, phases and
+    position it was pickled at."""
+    loader = MixtureLoader(mixture, options, steps)
+    loader.epoch, loader._phases, loader._blocks = at["epoch"], at["phases"], at["blocks"]
+    loader._start = loader._position = at["start"]
+    loader._loaded, loader.weights, loader._loads, loader._board = at["loaded"], at["weights"], at["loads"], at["board"]
+    return loader
+

@@ -30,6 +30,22 @@ class Board:
         return int(self._values[0]), int(self._values[1])
 
 
+def post(loader) -> None:
+    """After ``set_epoch`` / ``load_state_dict`` in the training process: the workers' board
+    says so (where ``torch_dataset()`` made one)."""
+    if loader._board is not None:
+        loader._board.post(loader.epoch, loader._loads)
+
+
+def torch_batches(loader):
+    """``loader.torch_dataset()``: the loader as a torch ``IterableDataset`` of whole
+    batches, with the board its DataLoader workers follow."""
+    from .torch_compat import TorchBatches
+    if loader._board is None:
+        loader._board = Board(loader.epoch, loader._loads)
+    return TorchBatches(loader)
+
+
 def shared(board: Board | None) -> Board | None:
     """``board`` where it can travel with a pickled loader (a worker process starting), else
     None."""

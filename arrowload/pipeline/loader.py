@@ -47,7 +47,7 @@ from .chunks import ChunkConverter
 from .collate import BufferPool
 from .device import TorchDeviceStage, check_sharding, jax_place, pin_tables_setting, wants_cuda
 from .options import LoaderOptions, reader_bound
-from .board import Board, shared
+from .board import Board, post, shared, torch_batches
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize, window_step
 from .stages import EpochIterator, Settings, Stages
 from .streamreads import StreamReads
@@ -386,8 +386,7 @@ class Loader:
             self._position = 0
             self._batches_done = 0
             self._segments = self._next_segments = ()
-        if self._board is not None:
-            self._board.post(self.epoch, self._loads)
+        post(self)
 
     # -- wiring the stages -------------------------------------------------------------
     def _source_shape(self) -> SourceShape:
@@ -628,8 +627,7 @@ class Loader:
         self._batches_done = at.batches
         self._segments = self._next_segments = at.segments
         self._loads += 1
-        if self._board is not None:
-            self._board.post(self.epoch, self._loads)
+        post(self)
 
     def _go_to_snapshot(self, state: Mapping[str, Any], version: int) -> None:
         """Rebind this loader to the snapshot of ``state`` (checked first: the plan and
@@ -783,7 +781,4 @@ class Loader:
         DataLoader's round-robin gives back the loader's own order. Workers kept from one
         epoch to the next (``persistent_workers=True``) follow ``set_epoch``; a state loaded
         after they started is refused there (build the DataLoader after it)."""
-        from .torch_compat import TorchBatches
-        if self._board is None:
-            self._board = Board(self.epoch, self._loads)
-        return TorchBatches(self)
+        return torch_batches(self)
