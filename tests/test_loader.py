@@ -790,12 +790,7 @@ def test_persistent_dataloader_workers_follow_set_epoch(lakes, shared_cache):
         (batches if epoch % 2 else loader).set_epoch(epoch)
         via = [b["id"] for b in workers]
         assert len(via) == len(own[epoch]) and all(torch.equal(a, b) for a, b in zip(own[epoch], via))
-    other = build()
-    it = iter(other)
-    next(it)
-    state = other.state_dict()
-    it.close()
-    loader.load_state_dict(state)
+    loader.load_state_dict(state_after(build(), 1))
     with pytest.raises(al.UnsupportedError, match="persistent_workers"):
         list(workers)
 

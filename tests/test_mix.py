@@ -23,7 +23,7 @@ import arrowload as al
 from arrowload.order.mixture import Apportion, Phase, Schedule, floor_sum, quantize, rank_blocks
 from arrowload.pipeline.loader import STREAM_READERS
 
-from _support import CountingLocalFileSystem, fresh_python, lake_facts
+from _support import CountingLocalFileSystem, fresh_python, lake_facts, state_after
 from conftest import duck, parquet_scan
 
 COUNTRIES = ("US", "DE", "IN", "BR")
@@ -354,14 +354,8 @@ def test_torch_dataloader_workers_give_the_mixture_loaders_batches(tmp_path, shu
         loader.set_epoch(epoch)
         via = [b["id"] for b in workers]
         assert len(via) == len(own[epoch]) and all(torch.equal(a, b) for a, b in zip(own[epoch], via)), epoch
-    first = build()
-    it = iter(first)
-    for _ in range(5):
-        next(it)
-    state = first.state_dict()
-    it.close()
     resumed = build()
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(state_after(build(), 5))
     rest = [b["id"] for b in DataLoader(resumed.torch_dataset(), batch_size=None, num_workers=2,
                                         multiprocessing_context="spawn")]
     assert all(torch.equal(a, b) for a, b in zip(own[0][5:], rest)) and len(rest) == len(own[0]) - 5
