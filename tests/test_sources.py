@@ -83,6 +83,26 @@ def test_single_file_matches_duckdb(parquet_lake, duck, assert_tables_equal):
     assert al.dataset(path).to_arrow().column("id")[0].as_py() == 10_000  # shard 2 of 4
 
 
+def test_a_folder_whose_name_holds_a_wildcard_is_read_as_itself(tmp_path):
+    """``q[1]dir/`` matches nothing as a glob (its files lie deeper than the pattern): the
+    folder of that name is read, and a Delta table there through its log (read as plain
+    files it would show the rows a delete removed). It said "no files match the glob"."""
+    from deltalake import DeltaTable, write_deltalake
+    plain = tmp_path / "q[1]dir"
+    plain.mkdir()
+    pq.write_table(pa.table({"id": [1, 2, 3]}), str(plain / "a.parquet"))
+    assert sorted(al.dataset(str(plain)).to_arrow()["id"].to_pylist()) == [1, 2, 3]
+    assert sorted(al.dataset(str(plain) + "/").to_arrow()["id"].to_pylist()) == [1, 2, 3]
+    table = str(tmp_path / "t?dir" / "tbl")
+    write_deltalake(table, pa.table({"id": list(range(10))}))
+    DeltaTable(table).delete("id < 4")
+    ds = al.dataset(table)
+    assert ds.snapshot_id.startswith("delta:")
+    assert sorted(ds.to_arrow()["id"].to_pylist()) == sorted(DeltaTable(table).to_pyarrow_table()["id"].to_pylist())
+    with pytest.raises(al.PathNotFoundError, match="no files match the glob"):
+        al.dataset(str(tmp_path / "z?dir"))
+
+
 def test_glob_subset_matches_duckdb(parquet_lake, duck, assert_tables_equal):
     pattern = os.path.join(parquet_lake, "part-0000[13].parquet")
     expected = duck(f"SELECT * FROM read_parquet({_sql_list([pattern])})")

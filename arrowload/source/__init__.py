@@ -92,8 +92,11 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
     for p, url in zip(stripped, paths):
         base, found = list_files(list_fs, p, retries=scan_options.retries,
                                  backoff=scan_options.retry_backoff_s, url=url)
-        if _GLOB_CHARS & set(p) or not (len(found) == 1 and found[0].path == p):
-            kind = _lake_root(list_fs, base) if len(paths) == 1 and not (_GLOB_CHARS & set(p)) else None
+        named = len(found) == 1 and found[0].path == p  # the file the caller named
+        # a glob, unless nothing matched it and it named a folder itself (list_files)
+        globbed = bool(_GLOB_CHARS & set(p)) and not named and base != (p.rstrip("/") or "/")
+        if globbed or not named:
+            kind = _lake_root(list_fs, base) if len(paths) == 1 and not globbed else None
             if kind is not None:
                 # a table's own folder: read through its log / metadata, latest version
                 name, opener = {"delta": ("a Delta Lake", "al.delta"),

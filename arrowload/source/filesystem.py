@@ -381,9 +381,11 @@ def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
         infos = _list_dir(fs, base, retries, backoff, original=url)
         pattern = parts[first:]
         matched = [i for i in infos if _glob_matches(i.path[len(base):].lstrip("/").split("/"), pattern)]
-        if not matched:
+        if matched:
+            return base, sorted((file_entry(i, fs) for i in matched), key=lambda e: e.path)
+        # no match: a file or folder whose own name holds the wildcard ("q?dir/") is itself
+        if _info(fs, path, retries, backoff, url).type == pafs.FileType.NotFound:
             raise PathNotFoundError(f"no files match the glob {url!r}; check the pattern", path)
-        return base, sorted((file_entry(i, fs) for i in matched), key=lambda e: e.path)
     info = _info(fs, path, retries, backoff, url)
     if info.type == pafs.FileType.NotFound:
         raise PathNotFoundError(f"no such file or directory: {url!r}; check the path "
