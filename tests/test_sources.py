@@ -364,6 +364,22 @@ def test_hive_partition_typing_matches_duckdb(tmp_path_factory, values):
         assert ds.filter("k > 100").to_arrow().sort_by("i").column("i").to_pylist() == ids
 
 
+def test_hive_keys_in_another_order_in_some_folders_match_duckdb(tmp_path, duck):
+    """``a=1/b=x`` beside ``b=y/a=2``: the same keys, so one table, as DuckDB reads it (it
+    was refused); other keys are still refused."""
+    for i, rel in enumerate(["a=1/b=x", "b=y/a=2", "a=3/b=z", "b=w/a=2"]):
+        os.makedirs(tmp_path / rel)
+        pq.write_table(pa.table({"i": [i]}), str(tmp_path / rel / "f.parquet"))
+    ds = al.dataset(str(tmp_path))
+    want = duck(f"SELECT i, a, b FROM read_parquet('{tmp_path}/**/*.parquet', hive_partitioning=true) ORDER BY i")
+    assert ds.to_arrow().select(["i", "a", "b"]).sort_by("i").to_pylist() == want.to_pylist()
+    assert ds.filter("a = 2").count() == 2 and ds.filter("b = 'y'").count() == 1
+    os.makedirs(tmp_path / "a=4" / "c=1")
+    pq.write_table(pa.table({"i": [9]}), str(tmp_path / "a=4" / "c=1" / "f.parquet"))
+    with pytest.raises(al.SchemaMismatchError, match="hive partition folders differ"):
+        al.dataset(str(tmp_path))
+
+
 def test_hive_partition_schema_given(tmp_path):
     """``partitioning=<pyarrow.Schema>`` fixes the types; ``partitioning=False`` ignores folders."""
     _write_partitioned(tmp_path, ["k=1", "k=2"])

@@ -108,22 +108,24 @@ def discover_partitions(base: str, paths: Sequence[str],
     """Partition schema (types inferred like DuckDB: integers -> int64, ISO dates -> date32,
     else string; or given by ``types``) and each file's values.
 
-    Every file must carry the same keys in the same order, else the lake is ambiguous.
+    Every file must carry the same keys (in any order, as DuckDB allows; the columns come
+    in the first file's order), else the lake is ambiguous.
     """
     parsed = [parse_partition(base, p) for p in paths]
     if not any(parsed):
         return pa.schema([]), [{} for _ in paths]
     keys = [k for k, _ in parsed[0]]
     for path, parts in zip(paths, parsed):
-        if [k for k, _ in parts] != keys:
+        got = [k for k, _ in parts]
+        if got != keys and (sorted(got) != sorted(keys) or len(set(got)) != len(got)):
             raise SchemaMismatchError(
                 f"hive partition folders differ: {paths[0]!r} has keys {keys} but {path!r} has "
-                f"{[k for k, _ in parts]}; point arrowload at one partitioned table or pass "
-                "partitioning=False")
+                f"{got}; point arrowload at one partitioned table or pass partitioning=False")
+    by_key = [dict(parts) for parts in parsed]
     fields, columns = [], []
-    for i, key in enumerate(keys):
+    for key in keys:
         given = types.field(key).type if types is not None and key in types.names else None
-        typ, values = _typed([parts[i][1] for parts in parsed], given)
+        typ, values = _typed([found[key] for found in by_key], given)
         fields.append(pa.field(key, typ))
         columns.append(values)
     schema = pa.schema(fields)
