@@ -297,6 +297,10 @@ def test_single_ipc_stream_file_and_a_mix_with_ipc_files(tmp_path, assert_tables
     both = al.dataset(str(tmp_path))
     assert both.count() == 500
     assert_tables_equal(both.to_arrow(), pa.concat_tables([t, pa.ipc.open_file(file_path).read_all()]))
+    # ".arrows", the extension Arrow recommends for the stream format, is found by a folder
+    os.makedirs(tmp_path / "streams")
+    os.replace(stream_path, tmp_path / "streams" / "a.arrows")
+    assert_tables_equal(al.dataset(str(tmp_path / "streams")).to_arrow(), t)
 
 
 def test_ipc_stream_on_a_remote_filesystem(tmp_path, assert_tables_equal):

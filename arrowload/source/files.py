@@ -38,7 +38,7 @@ FORMAT_ALIASES = {
 }
 _EXTENSIONS = {
     ".parquet": "parquet", ".parq": "parquet", ".pq": "parquet",
-    ".arrow": "ipc", ".feather": "ipc", ".ipc": "ipc",
+    ".arrow": "ipc", ".arrows": "ipc", ".feather": "ipc", ".ipc": "ipc",
     ".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
 }
 _COMPRESSION = (".gz", ".bz2", ".zst", ".lz4")
