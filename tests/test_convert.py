@@ -427,6 +427,10 @@ def test_fill_null_checks_names_and_values():
         convert_batch(b, ConvertOptions(fill_null={"n": 1.5}))  # would truncate
     with pytest.raises(ConversionError, match="fill_null"):
         convert_batch(b, ConvertOptions(fill_null={"n": 1000}))  # does not fit int8
+    flags = batch(f=pa.array([True, None]))
+    with pytest.raises(ConversionError, match="fill_null"):
+        convert_batch(flags, ConvertOptions(fill_null={"f": 9}))  # Arrow's cast made it True
+    assert convert_batch(flags, ConvertOptions(fill_null={"f": 0}))["f"].tolist() == [True, False]
 
 
 def test_nulls_in_temporal_and_fixed_size_list_columns():

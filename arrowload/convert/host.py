@@ -479,7 +479,11 @@ def _fill(name: str, t: pa.DataType, host: Host, fill: Any, opts: ConvertOptions
 
 
 def arrow_scalar(name: str, value: Any, t: pa.DataType, what: str) -> pa.Scalar:
-    """``value`` as an Arrow scalar of type ``t``, refusing lossy casts (1.5 -> int, 300 -> int8)."""
+    """``value`` as an Arrow scalar of type ``t``, refusing lossy casts (1.5 -> int, 300 -> int8,
+    9 -> bool)."""
+    if pa.types.is_boolean(t) and not isinstance(value, (bool, np.bool_)) and value not in (0, 1):
+        raise ConversionError(f"{what} value {value!r} for column {name!r} does not fit its type bool: give "
+                              "True / False (or 1 / 0)", column=name)
     try:
         scalar = pa.scalar(value)
         if scalar.type != t:
