@@ -205,6 +205,23 @@ def test_csv_matches_duckdb(csv_lake, duck, assert_tables_equal):
         f"SELECT * FROM read_csv({_sql_list([os.path.join(csv_lake, '*.csv')])}) WHERE {pred}"))
 
 
+def test_csv_text_that_looks_like_a_null_marker_is_text(tmp_path, duck):
+    """Only the empty field is NULL: "NA" (Namibia), "N/A", "null", "NULL" stay text and
+    "nan" in a float column is a NaN, as DuckDB reads them. pyarrow's default null
+    markers made them NULL: country = 'NA' found nothing, and f > 1 dropped the NaN."""
+    path = tmp_path / "c.csv"
+    path.write_text("id,country,f\n1,NA,nan\n2,US,2.5\n3,N/A,\n4,null,0.5\n5,NULL,NaN\n6,,3\n")
+    ds = al.dataset(str(path))
+    want = duck(f"SELECT id, country, f FROM read_csv('{path}') ORDER BY id")
+    got = ds.to_arrow().sort_by("id")
+    assert got.column("country").to_pylist() == want.column("country").to_pylist()
+    assert [None if v is None else str(v) for v in got.column("f").to_pylist()] == \
+        [None if v is None else str(v) for v in want.column("f").to_pylist()]
+    for where in ("country = 'NA'", "country IS NULL", "f > 1", "f IS NULL", "isnan(f)"):
+        n = duck(f"SELECT count(*) AS n FROM read_csv('{path}') WHERE {where}").column("n")[0].as_py()
+        assert ds.filter(where).count() == n, where
+
+
 def test_csv_named_format(csv_lake, tmp_path, duck, assert_tables_equal):
     for f in _files(csv_lake, "csv"):
         shutil.copy(f, tmp_path / (pathlib.Path(f).stem + ".txt"))

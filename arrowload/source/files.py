@@ -110,10 +110,12 @@ def _file_format(fmt: str, scan: ScanOptions | None = None) -> ds.FileFormat:
     if fmt == "ipc":
         return ds.IpcFileFormat()
     if fmt == "csv":
-        # An empty field is NULL in a string column too, as DuckDB reads it (and as
-        # pyarrow.csv.write_csv writes a null); pyarrow's default would read "" there.
+        # An empty field is NULL, in a string column too, as DuckDB reads it (and as
+        # pyarrow.csv.write_csv writes a null); pyarrow's default would read "" there. Only
+        # the empty field: pyarrow's default null markers ("NA", "N/A", "null", "nan", ...)
+        # are text (Namibia's "NA") and numbers ("nan" a NaN), as in DuckDB.
         import pyarrow.csv as pacsv
-        return ds.CsvFileFormat(convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
+        return ds.CsvFileFormat(convert_options=pacsv.ConvertOptions(strings_can_be_null=True, null_values=[""]))
     if fmt == "json":
         return ds.JsonFileFormat()
     raise AssertionError(fmt)
