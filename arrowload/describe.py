@@ -166,6 +166,11 @@ def _stat_value(stats, which: str, type_: pa.DataType | None = None) -> Any:
         value = float(np.frombuffer(value, dtype="<f2")[0])
     if isinstance(value, float) and math.isnan(value):
         raise ValueError("NaN statistic")
+    if type_ is not None and pa.types.is_floating(type_) and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+        # a file's integers under a unified float column bound it as floats; a zero bound
+        # is +0.0 whatever its sign (writers store -0.0 as a min wherever a zero is)
+        value = float(value) + 0.0
     return value
 
 

@@ -182,6 +182,19 @@ def test_describe_stays_a_polars_frame_with_typed_bounds(parquet_lake):
     assert exact.bounds["label"] == (0, 1) and isinstance(exact.bounds["score"][0], float)
 
 
+def test_footer_bounds_are_typed_and_rendered_as_the_exact_scans(tmp_path):
+    """An int64 file under a column unified to double, and a zero in a double column
+    (writers store -0.0 as its min): footer bounds of the column's type, as the scan's
+    ("1.0", not "1"; "0.0", not "-0.0")."""
+    pq.write_table(pa.table({"x": pa.array([1, 5], pa.int64()), "f": [0.0, 1.0]}), str(tmp_path / "a.parquet"))
+    pq.write_table(pa.table({"x": [2.5, 3.5], "f": [2.0, 0.5]}), str(tmp_path / "b.parquet"))
+    ds = al.dataset(str(tmp_path))
+    footer, exact = ds.describe(), ds.describe(exact=True)
+    for c in ("x", "f"):
+        assert [repr(v) for v in footer.bounds[c]] == [repr(v) for v in exact.bounds[c]], c
+    assert footer["min"].to_list() == exact["min"].to_list() and footer["max"].to_list() == exact["max"].to_list()
+
+
 def test_describe_text_shows_every_column_whatever_polars_limits(parquet_lake, monkeypatch):
     import polars as pl
     monkeypatch.setenv("COLUMNS", "100")
