@@ -222,6 +222,19 @@ def test_csv_text_that_looks_like_a_null_marker_is_text(tmp_path, duck):
         assert ds.filter(where).count() == n, where
 
 
+@pytest.mark.parametrize("ext, body", [("csv", "id,s\n1,a\n2,b\n"), ("jsonl", '{"id": 1, "s": "a"}\n{"id": 2, "s": "b"}\n')])
+def test_a_zero_byte_text_shard_is_left_out(tmp_path, duck, ext, body):
+    """A zero-byte CSV / JSON lines shard beside good ones: the folder reads as DuckDB
+    reads it (the empty file has no rows). pyarrow's dataset refused the whole folder."""
+    (tmp_path / f"a.{ext}").write_text(body)
+    (tmp_path / f"b.{ext}").write_text("")
+    reader = "read_csv" if ext == "csv" else "read_json"
+    want = duck(f"SELECT id, s FROM {reader}('{tmp_path}/*.{ext}') ORDER BY id")
+    ds = al.dataset(str(tmp_path))
+    assert ds.to_arrow().sort_by("id").to_pylist() == want.to_pylist()
+    assert ds.filter("id > 1").count() == 1
+
+
 def test_csv_named_format(csv_lake, tmp_path, duck, assert_tables_equal):
     for f in _files(csv_lake, "csv"):
         shutil.copy(f, tmp_path / (pathlib.Path(f).stem + ".txt"))

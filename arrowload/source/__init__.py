@@ -123,6 +123,10 @@ def open_source(source: Any, *, format: str | None = None, partitioning: Any = N
         fmt, all_entries = infer_format(all_entries)
     else:
         fmt = normalize_format(format)
+    if fmt in ("csv", "json") and len(all_entries) > 1:
+        # a zero-byte text shard holds no rows (and no header to type): left out, as DuckDB
+        # reads such a folder; pyarrow's dataset refused the whole folder
+        all_entries = [e for e in all_entries if e.size != 0] or all_entries[:1]
     base = bases[0] if len(set(bases)) == 1 else os.path.commonpath(bases)
     display = paths[0] if len(paths) == 1 else f"{len(paths)} paths ({paths[0]}, ...)"
     return FileSource(pafs, all_entries, fmt, base, display, partitioning, scan_options,
