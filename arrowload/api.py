@@ -118,7 +118,9 @@ class Dataset:
             output_schema: pa.Schema | None = None, name: str = "") -> "Dataset":
         """Apply a vectorized function to each ``pyarrow.RecordBatch`` (it may return a
         RecordBatch, Table or polars DataFrame). ``columns`` declares the inputs it reads so
-        the scan decodes only those. Lazy; filters and limits are not moved across it."""
+        the scan decodes only those. Lazy; filters and limits are not moved across it. A
+        loader (and ``to_ray``) counts rows before maps: there a map must keep one row per
+        input row (``cache()`` a map that drops or adds rows first)."""
         if isinstance(columns, str):
             raise ArgumentTypeError(f"map(columns=...) takes a list of column names, got the string "
                                     f"{columns!r}; write columns=[{columns!r}]", "columns")

@@ -631,6 +631,25 @@ def test_map_error_reaches_the_consumer(lakes, shared_cache, kind):
     assert not arrowload_threads()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_map_that_drops_rows_is_named_and_cache_is_the_way(tmp_path, kind):
+    """A map() keeping even ids: a loader counts rows before maps, so the first read that
+    disagrees says the map changed the number of rows (an UnsupportedError), not that the
+    data changed under the loader (a SnapshotChangedError said so); over .cache() of the
+    mapped dataset the loader reads exactly its rows."""
+    pq.write_table(pa.table({"id": np.arange(100)}), str(tmp_path / "a.parquet"), row_group_size=25)
+
+    def evens(b):
+        return b.filter(pc.equal(pc.bit_wise_and(b.column("id"), 1), 0))
+    mapped = al.dataset(str(tmp_path)).map(evens, name="evens")
+    assert mapped.count() == 50
+    with pytest.raises(al.UnsupportedError, match=r"map\(\) changed the number of rows.*\.cache\(\)"):
+        list(mapped.loader(10, shuffle=kind, seed=1, cache_dir=str(tmp_path / "c")))
+    cached = mapped.cache(str(tmp_path / "entries"))
+    ids = np.concatenate([b["id"] for b in cached.loader(10, shuffle=kind, seed=1, cache_dir=str(tmp_path / "c"))])
+    np.testing.assert_array_equal(np.sort(ids), np.arange(0, 100, 2))
+
+
 # ---------------------------------------------------------------------------
 # 7. memory bounded in bytes; stats
 

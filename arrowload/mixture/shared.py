@@ -51,10 +51,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..convert.host import true_positions
-from ..errors import SnapshotChangedError
 from ..order import ShuffleKind
 from ..plan.nodes import Map, Scan, scans, walk
 from ..scan.units import UnitReader, _evaluate
+from ..source.snapshot import miscount_error
 
 #: share of the prefetch budget the decoded-unit cache of block / none shuffles may hold
 CACHE_SHARE = 4
@@ -623,10 +623,8 @@ class SharedSources:
                         continue
                     table = got[c]
                     if table.num_rows != src.counts[i]:
-                        raise SnapshotChangedError(
-                            f"unit {i} of component {c} gave {table.num_rows} rows where the selection index "
-                            f"counted {src.counts[i]}: the data changed under the loader, or a map() changed "
-                            "the number of rows (loader maps must keep one row per row)")
+                        raise miscount_error(f"unit {i} of component {c}", table.num_rows, src.counts[i],
+                                             src.source, src.plan, "the mixture loader")
                     out.append((t, first + i, table))
                 return out
 

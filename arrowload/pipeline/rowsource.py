@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import progress as _progress
-from ..errors import ArrowloadError, InternalError, MemoryBudgetError, SnapshotChangedError
+from ..errors import ArrowloadError, InternalError, MemoryBudgetError
 from ..jsondoc import write_atomic
 from ..options import Options, default_cache_dir, usable_cores  # noqa: F401 - re-exported
 from ..optimize import optimize
@@ -46,7 +46,7 @@ from ..scan import execute
 from ..scan.decoders import recoverable
 from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, polars_threads
 from ..scan.units import UnitReader
-from ..source.snapshot import files_changed_error
+from ..source.snapshot import files_changed_error, miscount_error
 from . import rabuild
 from .budget import cache_chunk_rows
 from .documents import (FORMAT_VERSION, RA_FORMAT, SELECTION_FORMAT, load_json, read_ra_manifest,
@@ -218,11 +218,9 @@ class ScanRowSource:
                                           "build a new loader (its counts and order follow the new data)") from exc
             raise
         if table.num_rows != self.counts[i]:
-            raise SnapshotChangedError(
-                f"unit {i} ({self._meta[self.units[i]].path}, row group "
-                f"{self._meta[self.units[i]].row_group}) gave {table.num_rows} rows where the "
-                f"selection index counted {self.counts[i]}: the data changed under the loader, "
-                "or a map() changed the number of rows (loader maps must keep one row per row)")
+            meta = self._meta[self.units[i]]
+            raise miscount_error(f"unit {i} ({meta.path}, row group {meta.row_group})", table.num_rows,
+                                 self.counts[i], self.source, self.plan, "the loader")
         if not picked and isinstance(table, rabuild.Picked):
             return table.table.take(pa.array(table.rows, pa.int64()))
         return table

@@ -35,7 +35,8 @@ import pyarrow as pa
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
-from ..errors import ArrowloadError, SnapshotChangedError
+from ..errors import ArrowloadError
+from ..source.snapshot import miscount_error
 from ..options import default_cache_dir, usable_cores
 from ..pipeline.rowsource import ScanRowSource, _one_scan
 from ..scan.units import UnitReader
@@ -118,10 +119,9 @@ def read_units(plan, options, positions: Sequence[int], counts: Sequence[int]) -
             table = reader.read(i)
             if table.num_rows != expected:
                 unit = reader.units[i]
-                raise SnapshotChangedError(
-                    f"unit {i} ({unit.path}, row group {unit.row_group}) gave {table.num_rows} rows where "
-                    f"to_ray() counted {expected}: the data changed after the Ray dataset was planned, or "
-                    "a map() changed the number of rows (maps must keep one row per row); call to_ray() again")
+                raise miscount_error(f"unit {i} ({unit.path}, row group {unit.row_group})", table.num_rows, expected,
+                                     reader.scan.source, plan,
+                                     "the Ray dataset (to_ray())")
             yield table
     finally:
         reader.close()
