@@ -12,6 +12,7 @@ import gc
 import subprocess
 import sys
 import warnings
+from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -427,6 +428,11 @@ def test_fill_null_checks_names_and_values():
         convert_batch(b, ConvertOptions(fill_null={"n": 1.5}))  # would truncate
     with pytest.raises(ConversionError, match="fill_null"):
         convert_batch(b, ConvertOptions(fill_null={"n": 1000}))  # does not fit int8
+    dec = batch(d=pa.array([Decimal("1.25"), None], pa.decimal128(10, 2)))
+    assert convert_batch(dec, ConvertOptions(output="arrow", fill_null={"d": 0}))["d"].to_pylist() == \
+        [Decimal("1.25"), Decimal("0.00")]  # an int64 cast needed 21 digits: it was refused
+    with pytest.raises(ConversionError, match="fill_null"):
+        convert_batch(dec, ConvertOptions(output="arrow", fill_null={"d": 10 ** 9}))
     flags = batch(f=pa.array([True, None]))
     with pytest.raises(ConversionError, match="fill_null"):
         convert_batch(flags, ConvertOptions(fill_null={"f": 9}))  # Arrow's cast made it True

@@ -485,6 +485,8 @@ def arrow_scalar(name: str, value: Any, t: pa.DataType, what: str) -> pa.Scalar:
         raise ConversionError(f"{what} value {value!r} for column {name!r} does not fit its type bool: give "
                               "True / False (or 1 / 0)", column=name)
     try:
+        if pa.types.is_decimal(t) and isinstance(value, int) and not isinstance(value, bool):
+            return pa.scalar(value, type=t)  # checked: 10**9 does not fit decimal(10, 2)
         scalar = pa.scalar(value)
         if scalar.type != t:
             try:
