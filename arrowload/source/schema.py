@@ -9,6 +9,7 @@ import pyarrow.types as pat
 
 from ..errors import SchemaMismatchError
 
+
 def rounds(have: pa.DataType, unified: pa.DataType) -> bool:
     """Whether ``have`` (a file's type) reaches ``unified`` (``merge_types``) by rounding:
     integers read as float64, as DuckDB reads them, past 2**53 to the nearest double."""
