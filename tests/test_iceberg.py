@@ -575,6 +575,9 @@ def test_current_table_reads_with_the_schema_changed_since_its_last_snapshot(tmp
     assert ds.snapshot_id == old.snapshot_id and ds.plan.source.fingerprint() != old.plan.source.fingerprint()
     whole = flat_ids(ds.select("id", "y").loader(16, shuffle="global", seed=1))
     state = state_after(ds.select("id", "y").loader(16, shuffle="global", seed=1), 2)
+    from test_formats import validator
+    validator("loader_state", 4).validate(state)
+    assert state["sources"][0]["table"]["schema_id"] == table.metadata.current_schema_id
     table.append(pa.table({"id": pa.array(range(100, 110), pa.int64()), "y": pa.array([1] * 10, pa.int64()),
                            "z": pa.array([2] * 10, pa.int64())}))
     later = al.iceberg(catalog.load_table("ns.evolved")).select("id", "y").loader(16, shuffle="global", seed=1)
