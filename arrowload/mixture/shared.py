@@ -624,7 +624,8 @@ class SharedSources:
                     table = got[c]
                     if table.num_rows != src.counts[i]:
                         raise miscount_error(f"unit {i} of component {c}", table.num_rows, src.counts[i],
-                                             src.source, src.plan, "the mixture loader")
+                                             src.source, any(isinstance(n, Map) for n in walk(src.plan)),
+                                             "the mixture loader")
                     out.append((t, first + i, table))
                 return out
 

@@ -4,7 +4,7 @@ A torch ``DataLoader`` with ``persistent_workers=True`` keeps its worker process
 with the copy of the loader it started with, from one epoch to the next: ``set_epoch``
 called on the loader in the training process never reaches them. ``Board`` holds the
 epoch (and how many states were loaded) in shared memory: the training process writes
-it, a worker reads it before each epoch. Shared with forked workers by inheritance and
+it, a worker reads it before each epoch (``torch_compat.follow``). Shared with forked workers by inheritance and
 with spawned / forkserver ones while they start; a loader pickled any other way leaves
 it out.
 """
@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from multiprocessing.context import get_spawning_popen
-
-from ..errors import UnsupportedError
-
 
 class Board:
     """``[epoch, loads]`` in shared memory (two int64s, no lock: each is written whole)."""
@@ -50,19 +47,3 @@ def shared(board: Board | None) -> Board | None:
     """``board`` where it can travel with a pickled loader (a worker process starting), else
     None."""
     return board if board is not None and get_spawning_popen() is not None else None
-
-
-def follow(loader) -> None:
-    """In a DataLoader worker, before an epoch: take up the epoch the training process set;
-    refuse a state loaded there after this worker started (its copy cannot see it)."""
-    board = loader._board
-    if board is None:
-        return
-    epoch, loads = board.read()
-    if loads != loader._loads:
-        raise UnsupportedError(
-            "load_state_dict was called after this DataLoader's workers started (persistent_workers=True keeps "
-            "them, with the loader as it was): they cannot see the state. Build the DataLoader over "
-            "loader.torch_dataset() after load_state_dict, or leave persistent_workers off")
-    if epoch != loader.epoch:
-        loader.set_epoch(epoch)

@@ -220,7 +220,8 @@ class ScanRowSource:
         if table.num_rows != self.counts[i]:
             meta = self._meta[self.units[i]]
             raise miscount_error(f"unit {i} ({meta.path}, row group {meta.row_group})", table.num_rows,
-                                 self.counts[i], self.source, self.plan, "the loader")
+                                 self.counts[i], self.source, any(isinstance(n, Map) for n in walk(self.plan)),
+                                 "the loader")
         if not picked and isinstance(table, rabuild.Picked):
             return table.table.take(pa.array(table.rows, pa.int64()))
         return table

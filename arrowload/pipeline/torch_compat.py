@@ -12,7 +12,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without torch
     raise ImportError("Loader.torch_dataset() needs torch: pip install 'arrowload[torch]'") from exc
 
-from .board import follow
+from ..errors import UnsupportedError
 
 
 class TorchBatches(tud.IterableDataset):
@@ -42,3 +42,19 @@ class TorchBatches(tud.IterableDataset):
         # the training process (an error in iter() only kills the worker)
         follow(self.loader)  # the epoch the training process set last
         yield from iter(self.loader) if workers <= 1 else self.loader._worker_iter(worker, workers)
+
+
+def follow(loader) -> None:
+    """In a DataLoader worker, before an epoch: take up the epoch the training process set;
+    refuse a state loaded there after this worker started (its copy cannot see it)."""
+    board = loader._board
+    if board is None:
+        return
+    epoch, loads = board.read()
+    if loads != loader._loads:
+        raise UnsupportedError(
+            "load_state_dict was called after this DataLoader's workers started (persistent_workers=True keeps "
+            "them, with the loader as it was): they cannot see the state. Build the DataLoader over "
+            "loader.torch_dataset() after load_state_dict, or leave persistent_workers off")
+    if epoch != loader.epoch:
+        loader.set_epoch(epoch)

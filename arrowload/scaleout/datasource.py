@@ -36,10 +36,11 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
 from ..errors import ArrowloadError
-from ..source.snapshot import miscount_error
 from ..options import default_cache_dir, usable_cores
 from ..pipeline.rowsource import ScanRowSource, _one_scan
+from ..plan.nodes import Map, walk
 from ..scan.units import UnitReader
+from ..source.snapshot import miscount_error
 from . import runtime
 
 
@@ -120,7 +121,7 @@ def read_units(plan, options, positions: Sequence[int], counts: Sequence[int]) -
             if table.num_rows != expected:
                 unit = reader.units[i]
                 raise miscount_error(f"unit {i} ({unit.path}, row group {unit.row_group})", table.num_rows, expected,
-                                     reader.scan.source, plan,
+                                     reader.scan.source, any(isinstance(n, Map) for n in walk(plan)),
                                      "the Ray dataset (to_ray())")
             yield table
     finally:

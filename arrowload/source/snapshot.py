@@ -139,17 +139,16 @@ def files_changed_error(changed: Sequence[str], under: str, since: str, fix: str
                                 f"after {since}; {fix}", changed[0])
 
 
-def miscount_error(unit: str, got: int, counted: int, source: Any, plan: Any, rebuild: str) -> Exception:
+def miscount_error(unit: str, got: int, counted: int, source: Any, has_map: bool, rebuild: str) -> Exception:
     """The error for a read of ``unit`` (words naming it) that gave ``got`` rows where the
     counts said ``counted``. Files that changed since: ``SnapshotChangedError`` (``rebuild``:
-    what to build again). Else, where ``plan`` has a ``map()``: ``UnsupportedError``, the map
-    changed the number of rows (counts skip maps: they are run per unit, so counting
-    through them would read the lake twice)."""
-    from ..plan.nodes import Map, walk
+    what to build again). Else, where the plan has a ``map()`` (``has_map``):
+    ``UnsupportedError``, the map changed the number of rows (counts skip maps: they are run
+    per unit, so counting through them would read the lake twice)."""
     changed = source.changed_files() if hasattr(source, "changed_files") else []
     if changed:
         return files_changed_error(changed, "the loader", "it was built", f"build {rebuild} again")
-    if any(isinstance(n, Map) for n in walk(plan)):
+    if has_map:
         return UnsupportedError(
             f"{unit} gave {got} rows where {counted} were counted: a map() changed the number of rows. "
             "Loaders (and to_ray) count rows before maps and need maps that keep one row per input row: "
