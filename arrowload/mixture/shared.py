@@ -52,7 +52,7 @@ import pyarrow as pa
 
 from ..convert.host import true_positions
 from ..order import ShuffleKind
-from ..plan.nodes import Map, Scan, scans, walk
+from ..plan.nodes import Map, Scan, has_map, scans, walk
 from ..scan.units import UnitReader, _evaluate
 from ..source.snapshot import miscount_error
 
@@ -624,7 +624,7 @@ class SharedSources:
                     table = got[c]
                     if table.num_rows != src.counts[i]:
                         raise miscount_error(f"unit {i} of component {c}", table.num_rows, src.counts[i],
-                                             src.source, any(isinstance(n, Map) for n in walk(src.plan)),
+                                             src.source, has_map(src.plan),
                                              "the mixture loader")
                     out.append((t, first + i, table))
                 return out

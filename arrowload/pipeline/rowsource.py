@@ -41,12 +41,12 @@ from ..options import Options, default_cache_dir, usable_cores  # noqa: F401 - r
 from ..optimize import optimize
 from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
-from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, scans, transform_up, walk
+from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, has_map, scans, transform_up, walk
 from ..scan import execute
 from ..scan.decoders import recoverable
 from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, polars_threads
 from ..scan.units import UnitReader
-from ..source.snapshot import files_changed_error, miscount_error
+from ..source.snapshot import changed_paths, files_changed_error, miscount_error
 from . import rabuild
 from .budget import cache_chunk_rows
 from .documents import (FORMAT_VERSION, RA_FORMAT, SELECTION_FORMAT, load_json, read_ra_manifest,
@@ -212,7 +212,7 @@ class ScanRowSource:
         try:
             table = self._read(i)
         except (ArrowloadError, OSError) as exc:
-            changed = self.source.changed_files() if hasattr(self.source, "changed_files") else []
+            changed = changed_paths(self.source)
             if changed:
                 raise files_changed_error(changed, "the loader", "the loader was built",
                                           "build a new loader (its counts and order follow the new data)") from exc
@@ -220,7 +220,7 @@ class ScanRowSource:
         if table.num_rows != self.counts[i]:
             meta = self._meta[self.units[i]]
             raise miscount_error(f"unit {i} ({meta.path}, row group {meta.row_group})", table.num_rows,
-                                 self.counts[i], self.source, any(isinstance(n, Map) for n in walk(self.plan)),
+                                 self.counts[i], self.source, has_map(self.plan),
                                  "the loader")
         if not picked and isinstance(table, rabuild.Picked):
             return table.table.take(pa.array(table.rows, pa.int64()))

@@ -276,6 +276,11 @@ def walk(plan: Plan):
         yield from walk(c)
 
 
+def has_map(plan: Plan) -> bool:
+    """Whether a ``map()`` is in the plan (loaders count rows before maps)."""
+    return any(isinstance(n, Map) for n in walk(plan))
+
+
 def scans(plan: Plan) -> list[Scan]:
     if isinstance(plan, Scan):
         return [plan]

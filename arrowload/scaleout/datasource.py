@@ -38,7 +38,7 @@ from ray.data.block import BlockMetadata
 from ..errors import ArrowloadError
 from ..options import default_cache_dir, usable_cores
 from ..pipeline.rowsource import ScanRowSource, _one_scan
-from ..plan.nodes import Map, walk
+from ..plan.nodes import has_map
 from ..scan.units import UnitReader
 from ..source.snapshot import miscount_error
 from . import runtime
@@ -121,7 +121,7 @@ def read_units(plan, options, positions: Sequence[int], counts: Sequence[int]) -
             if table.num_rows != expected:
                 unit = reader.units[i]
                 raise miscount_error(f"unit {i} ({unit.path}, row group {unit.row_group})", table.num_rows, expected,
-                                     reader.scan.source, any(isinstance(n, Map) for n in walk(plan)),
+                                     reader.scan.source, has_map(plan),
                                      "the Ray dataset (to_ray())")
             yield table
     finally:

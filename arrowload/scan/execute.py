@@ -29,8 +29,8 @@ from ..plan.mapfn import apply_map, as_record_batch  # noqa: F401 - as_record_ba
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
 from ..source import FileSource
 from ..source.filesystem import storage_error
-from ..source.snapshot import files_changed_error
 from ..source.retry import is_transient, retry
+from ..source.snapshot import changed_paths, files_changed_error
 from .duck import PlanReader
 from .duck import count as sql_count
 from .duck import ordered as ordered_query
@@ -128,7 +128,7 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
     describe them (a rewritten file is not a corrupt one)."""
     src = scan.source
     if isinstance(src, FileSource):
-        changed = _changed(src)
+        changed = changed_paths(src)
         if changed:
             return files_changed_error(changed, "the dataset", "it was opened",
                                        "open the dataset again (al.dataset(...)) to read the files as they are now")
@@ -466,11 +466,3 @@ def count_rows(plan: Plan, options: Options) -> int:
         return total if node.limit is None else min(total, node.limit)
     return sum(b.num_rows for b in iter_batches(node, options))
 
-
-def _changed(src) -> list[str]:
-    """``src.changed_files()``, or nothing where asking fails too (the read's own error
-    is then the answer)."""
-    try:
-        return src.changed_files()
-    except Exception:  # noqa: BLE001 - a storage failure: the caller names the file it can
-        return []

@@ -139,13 +139,25 @@ def files_changed_error(changed: Sequence[str], under: str, since: str, fix: str
                                 f"after {since}; {fix}", changed[0])
 
 
+def changed_paths(source: Any) -> list[str]:
+    """``source.changed_files()`` (its listed files gone or rewritten since), or nothing
+    where the source lists no files or asking fails too (the caller's own error is then
+    the answer)."""
+    if not hasattr(source, "changed_files"):
+        return []
+    try:
+        return source.changed_files()
+    except Exception:  # noqa: BLE001 - a storage failure: the caller names the file it can
+        return []
+
+
 def miscount_error(unit: str, got: int, counted: int, source: Any, has_map: bool, rebuild: str) -> Exception:
     """The error for a read of ``unit`` (words naming it) that gave ``got`` rows where the
     counts said ``counted``. Files that changed since: ``SnapshotChangedError`` (``rebuild``:
     what to build again). Else, where the plan has a ``map()`` (``has_map``):
     ``UnsupportedError``, the map changed the number of rows (counts skip maps: they are run
     per unit, so counting through them would read the lake twice)."""
-    changed = source.changed_files() if hasattr(source, "changed_files") else []
+    changed = changed_paths(source)
     if changed:
         return files_changed_error(changed, "the loader", "it was built", f"build {rebuild} again")
     if has_map:
