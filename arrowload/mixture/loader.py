@@ -119,8 +119,7 @@ class MixtureLoader:
         self.max_readers = max(c.max_readers for c in self._components)
         self._shapes = [c._source_shape() for c in self._components]
         self.epoch = 0
-        self._phases = self._fresh_phases()
-        self._blocks = self._epoch_blocks(self._schedule())
+        self._lay_out()
         self._start = 0
         self._position = 0
         self._batches_done = 0
@@ -138,6 +137,11 @@ class MixtureLoader:
             array_valued(f.type) and not _varlist(f.type) for f in mixture.schema)
 
     # -- the epoch's block stream ------------------------------------------------------
+    def _lay_out(self) -> None:
+        """The epoch laid out afresh: one phase at the mixture's weights, its blocks."""
+        self._phases = self._fresh_phases()
+        self._blocks = self._epoch_blocks(self._schedule())
+
     def _fresh_phases(self) -> tuple[Phase, ...]:
         return (Phase(0, tuple(self.weights), (0,) * len(self.sizes)),)
 
@@ -167,8 +171,7 @@ class MixtureLoader:
         epoch = _arguments.integer("epoch", epoch, low=0, what="an integer >= 0")
         if epoch != self.epoch:
             self.epoch = epoch
-            self._phases = self._fresh_phases()
-            self._blocks = self._epoch_blocks(self._schedule())
+            self._lay_out()
             self._start = self._position = self._batches_done = 0
             self._loaded = False
         post(self)
@@ -198,8 +201,7 @@ class MixtureLoader:
         for it in list(self._active):
             it.close()
         if not self._loaded:
-            self._phases = self._fresh_phases()
-            self._blocks = self._epoch_blocks(self._schedule())
+            self._lay_out()
         self._loaded = False
         position, self._start = self._start, 0
         self._position = position
@@ -210,8 +212,7 @@ class MixtureLoader:
         """Batches ``worker, worker + workers, ...`` of this rank's rest of the epoch (torch
         DataLoader workers, ``torch_dataset``); the loader's position stays."""
         if not self._loaded:
-            self._phases = self._fresh_phases()
-            self._blocks = self._epoch_blocks(self._schedule())
+            self._lay_out()
         blocks = rank_blocks(self._start, self._blocks, self.world_size, self.rank)
         return self._iterate(blocks[worker::workers], lambda rows: None)
 

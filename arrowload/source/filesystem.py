@@ -252,7 +252,7 @@ def storage_error(exc: BaseException, url: str, path: str | None = None, *, loca
         where = f"the endpoint {endpoint}" if endpoint else "the object store's endpoint"
         return StorageEndpointError(
             f"cannot reach {where} for {url!r}: the connection was refused or the host is unknown "
-            f"({detail}). Check the endpoint: {_endpoint_hint(url)} (for a filesystem you built: its "
+            f"({detail}). Check the endpoint: {_hints(url).endpoint} (for a filesystem you built: its "
             "endpoint, e.g. pyarrow S3FileSystem(endpoint_override=...))", path)
     if kind != PERMANENT:
         return None
@@ -268,45 +268,51 @@ def storage_error(exc: BaseException, url: str, path: str | None = None, *, loca
             return StorageAccessError(
                 f"access denied to {url!r}: the object store rejected the credentials in use or "
                 f"they lack permission ({detail}). Check {_credentials_hint(url, public=False)}, "
-                f"and that they may list and read: {_grants(url)}", path)
+                f"and that they may list and read: {_hints(url).grants}", path)
     return None
 
 
-def _endpoint_hint(url: str) -> str:
-    proto = protocol_of(url) or ""
-    if proto in ("gs", "gcs"):
-        return "storage_options={'endpoint_url': 'http://host:port'} or STORAGE_EMULATOR_HOST"
-    if proto in ("az", "abfs", "abfss", "adl"):
-        return ("the account_name, or the BlobEndpoint of storage_options={'connection_string': ...} "
-                "(AZURE_STORAGE_CONNECTION_STRING)")
-    return "storage_options={'endpoint_url': 'http://host:port'} or the AWS_ENDPOINT_URL environment variable"
+@dataclass(frozen=True)
+class _StoreHints:
+    """What to tell the user of one object store: where its endpoint is set, the
+    permissions a read needs, where credentials come from, how to read a public bucket."""
+
+    endpoint: str
+    grants: str
+    credentials: str
+    anon: str
 
 
-def _grants(url: str) -> str:
+_HINTS = {
+    "gs": _StoreHints("storage_options={'endpoint_url': 'http://host:port'} or STORAGE_EMULATOR_HOST",
+                      "storage.objects.list and storage.objects.get on the bucket",
+                      "GOOGLE_APPLICATION_CREDENTIALS (a service-account file) or storage_options={'token': ...}",
+                      "storage_options={'token': 'anon'}"),
+    "az": _StoreHints("the account_name, or the BlobEndpoint of storage_options={'connection_string': ...} "
+                      "(AZURE_STORAGE_CONNECTION_STRING)",
+                      "the Storage Blob Data Reader role on the container, or a SAS token with read and list",
+                      "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or a SAS token), or "
+                      "storage_options={'account_name': ..., 'account_key': ...}",
+                      "storage_options={'anon': True}"),
+    "s3": _StoreHints("storage_options={'endpoint_url': 'http://host:port'} or the AWS_ENDPOINT_URL environment "
+                      "variable",
+                      "the bucket policy grants s3:ListBucket and s3:GetObject",
+                      "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or "
+                      "storage_options={'key': ..., 'secret': ...}",
+                      "storage_options={'anon': True}"),
+}
+
+
+def _hints(url: str) -> _StoreHints:
+    """The hints for the store ``url`` is on (S3 where it cannot be told)."""
     proto = protocol_of(url) or ""
-    if proto in ("gs", "gcs"):
-        return "storage.objects.list and storage.objects.get on the bucket"
-    if proto in ("az", "abfs", "abfss", "adl"):
-        return "the Storage Blob Data Reader role on the container, or a SAS token with read and list"
-    return "the bucket policy grants s3:ListBucket and s3:GetObject"
+    return _HINTS["gs" if proto in ("gs", "gcs") else "az" if proto in ("az", "abfs", "abfss", "adl") else "s3"]
 
 
 def _credentials_hint(url: str, public: bool = True) -> str:
-    """Where credentials come from, for the store ``url`` is on (S3 where it cannot be told)."""
-    proto = protocol_of(url) or ""
-    if proto in ("gs", "gcs"):
-        hint = ("GOOGLE_APPLICATION_CREDENTIALS (a service-account file) or "
-                "storage_options={'token': ...}")
-        anon = "storage_options={'token': 'anon'}"
-    elif proto in ("az", "abfs", "abfss", "adl"):
-        hint = ("AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or a SAS token), or "
-                "storage_options={'account_name': ..., 'account_key': ...}")
-        anon = "storage_options={'anon': True}"
-    else:
-        hint = ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or "
-                "storage_options={'key': ..., 'secret': ...}")
-        anon = "storage_options={'anon': True}"
-    return f"{hint}; for a public bucket {anon}" if public else hint
+    """Where credentials come from, for the store ``url`` is on."""
+    hints = _hints(url)
+    return f"{hints.credentials}; for a public bucket {hints.anon}" if public else hints.credentials
 
 
 def _detail(exc: BaseException) -> str:
