@@ -222,7 +222,8 @@ def test_csv_text_that_looks_like_a_null_marker_is_text(tmp_path, duck):
         assert ds.filter(where).count() == n, where
 
 
-@pytest.mark.parametrize("ext, body", [("csv", "id,s\n1,a\n2,b\n"), ("jsonl", '{"id": 1, "s": "a"}\n{"id": 2, "s": "b"}\n')])
+@pytest.mark.parametrize("ext, body", [("csv", "id,s\n1,a\n2,b\n"),
+                                       ("jsonl", '{"id": 1, "s": "a"}\n{"id": 2, "s": "b"}\n')])
 def test_a_zero_byte_text_shard_is_left_out(tmp_path, duck, ext, body):
     """A zero-byte CSV / JSON lines shard beside good ones: the folder reads as DuckDB
     reads it (the empty file has no rows). pyarrow's dataset refused the whole folder."""

@@ -43,11 +43,11 @@ from ..scan.stream import forked_with_polars, import_polars_in_background, strea
 from ..source.footer import keep_checks, recall_checks
 from . import arguments as _arguments
 from . import preflight
+from .board import Board, post, shared, torch_batches
 from .chunks import ChunkConverter
 from .collate import BufferPool
 from .device import TorchDeviceStage, check_sharding, jax_place, pin_tables_setting, wants_cuda
 from .options import LoaderOptions, reader_bound
-from .board import Board, post, shared, torch_batches
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize, window_step
 from .stages import EpochIterator, Settings, Stages
 from .streamreads import StreamReads
