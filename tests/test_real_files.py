@@ -17,6 +17,8 @@ import textwrap
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import arrowload as al
 
@@ -778,3 +780,27 @@ def test_integers_past_2_53_unified_with_floats_round_as_in_duckdb(tmp_path, mon
         with ds.loader(256, shuffle=shuffle, seed=1, cache_dir=str(tmp_path / "cache")) as loader:
             seen = {k: x for b in loader for k, x in zip(b["k"].tolist(), b["x"].tolist())}
         assert seen == want, shuffle
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ints=st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=30),
+       floats=st.lists(st.floats(allow_nan=False, width=64), min_size=1, max_size=30),
+       cut=st.floats(-1e19, 1e19, allow_nan=False, allow_infinity=False))
+def test_generated_int64_and_double_shards_read_as_duckdb_reads_them(tmp_path_factory, ints, floats, cut):
+    """Any int64 values beside any doubles: the doubles and the filter counts DuckDB's
+    union_by_name gives (integers past 2**53 rounded to the nearest double)."""
+    import duckdb
+    root = tmp_path_factory.mktemp("int-float")
+    pq.write_table(pa.table({"k": pa.array(range(len(ints)), pa.int64()), "x": pa.array(ints, pa.int64())}),
+                   str(root / "a.parquet"))
+    pq.write_table(pa.table({"k": pa.array(range(100, 100 + len(floats)), pa.int64()), "x": floats}),
+                   str(root / "b.parquet"))
+    scan = f"read_parquet('{root}/*.parquet', union_by_name=true)"
+    with duckdb.connect() as con:
+        want = con.sql(f"SELECT k, x FROM {scan} ORDER BY k").fetchall()
+        above = con.sql(f"SELECT count(*) FROM {scan} WHERE x > {cut!r}").fetchall()[0][0]
+    ds = al.dataset(str(root))
+    got = ds.to_arrow().sort_by("k")
+    assert list(zip(got["k"].to_pylist(), got["x"].to_pylist())) == want
+    assert ds.filter(f"x > {cut!r}").count() == above
+
