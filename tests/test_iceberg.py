@@ -25,6 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import arrowload as al
 from _support import moto_s3_server, state_after
@@ -583,6 +585,58 @@ def test_current_table_reads_with_the_schema_changed_since_its_last_snapshot(tmp
     later = al.iceberg(catalog.load_table("ns.evolved")).select("id", "y").loader(16, shuffle="global", seed=1)
     later.load_state_dict(state)
     assert flat_ids(later) == whole[2 * 16:]
+
+
+_EVOLVE = st.lists(st.sampled_from(["append", "rename", "add", "widen", "drop"]), min_size=1, max_size=6)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_EVOLVE)
+def test_generated_schema_evolution_reads_as_pyiceberg_does(tmp_path_factory, ops):
+    """Appends and schema changes in any order, the last ones possibly after the last
+    append: the current table as pyiceberg's scan reads it (columns, types, rows), and
+    every snapshot as pyiceberg reads that snapshot."""
+    from pyiceberg.types import LongType, StringType
+    catalog = _catalog(tmp_path_factory.mktemp("evolve"))
+    table = catalog.create_table("ns.t", schema=pa.schema([("id", pa.int64()), ("c0", pa.int32())]))
+    next_id, added = 0, 1
+    for op in ops:
+        cols = [f.name for f in table.schema().fields]
+        if op == "append":
+            arrow = table.schema().as_arrow()
+            data = {f.name: pa.array([None] * 5, f.type) for f in arrow}
+            data["id"] = pa.array(range(next_id, next_id + 5), pa.int64())
+            for f in arrow:
+                if f.name != "id" and (pa.types.is_integer(f.type)):
+                    data[f.name] = pa.array([i * 3 for i in range(next_id, next_id + 5)], f.type)
+            table.append(pa.table(data, schema=arrow))
+            next_id += 5
+        elif op == "rename" and len(cols) > 1:
+            with table.update_schema() as u:
+                u.rename_column(cols[-1], f"r{added}")
+            added += 1
+        elif op == "add":
+            with table.update_schema() as u:
+                u.add_column(f"a{added}", StringType() if added % 2 else LongType())
+            added += 1
+        elif op == "widen":
+            ints = [f.name for f in table.schema().fields if str(f.field_type) == "int"]
+            if ints:
+                with table.update_schema() as u:
+                    u.update_column(ints[0], LongType())
+        elif op == "drop" and len(cols) > 2:
+            with table.update_schema() as u:
+                u.delete_column(cols[-1])
+        table = catalog.load_table("ns.t")
+    truth = table.scan().to_arrow()
+    ds = al.iceberg(table)
+    assert ds.schema.names == truth.schema.names
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(truth.cast(ds.schema))
+    for snap in table.snapshots():
+        old = table.scan(snapshot_id=snap.snapshot_id).to_arrow()
+        got = al.iceberg(table, snapshot_id=snap.snapshot_id)
+        assert got.schema.names == old.schema.names
+        assert sorted_rows(got.to_arrow()) == sorted_rows(old.cast(got.schema))
 
 
 def test_empty_table_has_no_rows(tmp_path):
