@@ -360,6 +360,30 @@ def test_column_mapping_configured_but_not_in_the_protocol_reads_logical_names(t
     assert ds.filter("ts > TIMESTAMP '2024-01-15'").count() == 10
 
 
+@pytest.mark.parametrize("mode", ["none", "name", "id"])
+@pytest.mark.parametrize("ts", [None, pa.timestamp("us"), pa.timestamp("us", "UTC")])
+def test_column_mapping_modes_and_protocols_read_as_deltalake(tmp_path, mode, ts):
+    """Each mapping mode beside each timestamp kind (which decides the protocol deltalake
+    writes: a zone-less one brings reader version 3 and ``timestampNtz``), appended to
+    twice: the rows deltalake's own query engine reads, and a filter's count over them."""
+    from deltalake import DeltaTable, QueryBuilder, write_deltalake
+    path = str(tmp_path / "t")
+
+    def rows(start):
+        cols = {"id": pa.array(range(start, start + 30), pa.int64()), "x y": [i * 0.5 for i in range(30)]}
+        if ts is not None:
+            cols["t"] = pa.array([dt.datetime(2024, 1, 1 + i % 20) for i in range(30)], ts)
+        return pa.table(cols)
+    config = {} if mode == "none" else {"delta.columnMapping.mode": mode}
+    write_deltalake(path, rows(0), configuration=config)
+    write_deltalake(path, rows(30), mode="append")
+    truth = pa.table(QueryBuilder().register("t", DeltaTable(path)).execute("SELECT * FROM t").read_all())
+    ds = al.delta(path)
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(truth)
+    want = duckdb.sql('SELECT count(*) FROM truth WHERE id >= 45 AND "x y" < 10').fetchall()[0][0]
+    assert ds.filter('id >= 45 AND "x y" < 10').count() == want
+
+
 def test_column_mapped_table_through_the_loader(mapped_table):
     path, written = mapped_table
     ds = al.delta(path).select("id", "part")
