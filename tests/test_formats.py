@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import arrowload as al
 from arrowload.datagen import write_lake
+from arrowload.order import ORDER_SINCE, ORDER_VERSION
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "formats")
 VERSION_DIRS = sorted(glob.glob(os.path.join(ROOT, "*", "v*")))
@@ -333,6 +334,14 @@ def test_loader_state_examples_resume_the_rest_of_their_epoch(path):
     full = [b["id"] for b in reference]
     assert doc["batches"] == -(-doc["position"] // doc["batch_size"]) <= len(full)
     loader = _example_loader(doc)
+    if doc.get("order", 1) < ORDER_SINCE[doc["shuffle"]] and 0 < doc["position"] < doc["num_rows"]:
+        # its kind's order changed since the arrowload that wrote it: refused mid-epoch, and the
+        # same document under this order version resumes
+        with pytest.raises(al.StateMismatchError, match=rf"^order: .*{doc['shuffle']}.*changed in version"):
+            loader.load_state_dict(doc)
+        if doc["version"] == 1:  # it has no order field: every version 1 state is order 1
+            return
+        doc = dict(doc, order=ORDER_VERSION)
     loader.load_state_dict(doc)  # as written: golden snapshot and plan digests included
     rest = [b["id"] for b in loader]
     assert len(rest) == len(full) - doc["batches"]
@@ -378,9 +387,10 @@ def test_invalid_loader_states_are_refused_by_load_state_dict(path):
 
 
 def test_v1_block_states_are_refused_mid_epoch_only():
-    """The block order changed in order version 2: a version 1 block state inside its epoch
-    would resume into other rows, so it is refused naming ``order``; at the start or the
-    end of an epoch it loads. Version 1 none / global states load anywhere (the examples)."""
+    """The block order changed in order versions 2 and 3: an older block state inside its
+    epoch would resume into other rows, so it is refused naming ``order``; at the start or
+    the end of an epoch it loads. Unshuffled states of any version load anywhere (the
+    examples)."""
     doc = _load(os.path.join(ROOT, "loader_state", "v1", "examples", "block_start.json"))
     loader = _example_loader(doc)
     n = len(loader)
@@ -390,14 +400,16 @@ def test_v1_block_states_are_refused_mid_epoch_only():
             loader.load_state_dict(state)
             assert len(list(loader)) == (n if position == 0 else 0)
         else:
-            with pytest.raises(al.StateMismatchError, match=r"^order: .*block.*changed in version 2"):
+            with pytest.raises(al.StateMismatchError, match=r"^order: .*block.*changed in version 3"):
                 loader.load_state_dict(state)
-    # the same position under version 2 resumes
-    v2 = dict(doc, version=2, order=2, position=doc["batch_size"], batches=1)
-    loader.load_state_dict(v2)
+            with pytest.raises(al.StateMismatchError, match=r"^order: .*block.*changed in version 3"):
+                loader.load_state_dict(dict(state, version=2, order=2))
+    # the same position under version 3 resumes
+    v3 = dict(doc, version=2, order=3, position=doc["batch_size"], batches=1)
+    loader.load_state_dict(v3)
     assert len(list(loader)) == n - 1
     with pytest.raises(al.StateMismatchError, match=r"^order: .*newer"):
-        loader.load_state_dict(dict(v2, order=3))
+        loader.load_state_dict(dict(v3, order=4))
 
 
 def _reader(path: str):

@@ -39,19 +39,28 @@ GOLDEN_PERMUTE = {
     0: [1, 5, 0, 3, 2, 6, 4, 8, 7, 9],
     12345: [2, 6, 1, 3, 0, 8, 5, 9, 4, 7],
 }
+# order version 3: domains whose bit count is odd run a network of unequal halves
+GOLDEN_PERMUTE_ODD = {  # (n, first, stop, key): permute(range(first, stop), n, key)[-10:]
+    (6, 0, 6, 0): [1, 0, 2, 3, 5, 4],
+    (6, 0, 6, 12345): [4, 0, 1, 3, 2, 5],
+    (5000, 0, 10, 12345): [1590, 2837, 2967, 2667, 4197, 789, 2554, 2671, 2511, 2197],
+    # 2,048 positions: the round functions read from tables
+    (5000, 0, 2048, 12345): [821, 3505, 1828, 3290, 1929, 3678, 1854, 4638, 1672, 4682],
+}
 GOLDEN_COUNTS = (3, 0, 5, 2, 4)  # 14 rows in 5 units, one of them empty
 GOLDEN_ROWS = {  # EpochOrder(GOLDEN_COUNTS, kind, seed=7, epoch=1, window=2).rows(0, 14)
     "none": list(range(14)),
     "global": [13, 11, 12, 9, 7, 4, 5, 0, 1, 6, 3, 8, 10, 2],
-    # order version 2 (rows inside windows by shuffled_range; version 1 gave
-    # [4, 7, 9, 6, 5, 3, 8, 11, 10, 13, 12, 1, 2, 0]: the same windows, other rows inside)
-    "block": [8, 7, 3, 9, 4, 5, 6, 13, 10, 12, 11, 0, 2, 1],
+    # order version 3 (5 units: a 3-bit network for their order; version 2 gave
+    # [8, 7, 3, 9, 4, 5, 6, 13, 10, 12, 11, 0, 2, 1] over windows [[3, 2], [1, 4], [0]];
+    # version 1 other rows inside the windows too)
+    "block": [10, 12, 11, 13, 8, 9, 4, 3, 6, 5, 0, 2, 1, 7],
 }
 GOLDEN_SHUFFLED = {  # shuffled_range(10, key)
     0: [6, 9, 4, 8, 2, 3, 0, 7, 1, 5],
     12345: [2, 8, 6, 9, 1, 4, 0, 3, 5, 7],
 }
-GOLDEN_BLOCK_WINDOWS = [[3, 2], [1, 4], [0]]
+GOLDEN_BLOCK_WINDOWS = [[4, 3], [0, 2], [1]]
 GOLDEN_KEYS = {(0,): 1927618558350093866, (1, 2): 7450458766295249246}
 
 
@@ -65,11 +74,18 @@ def test_shuffled_range_golden(key):
     assert shuffled_range(10, key).tolist() == GOLDEN_SHUFFLED[key]
 
 
-def test_order_version_names_the_block_change():
+@pytest.mark.parametrize("case", sorted(GOLDEN_PERMUTE_ODD))
+def test_permute_golden_odd_bit_domains(case):
+    n, first, stop, key = case
+    assert permute(np.arange(first, stop), n, key)[-10:].tolist() == GOLDEN_PERMUTE_ODD[case]
+
+
+def test_order_version_names_the_changes():
     """The order arithmetic's version: a state records it, and a kind's order loads only from
-    states taken since it last changed (block changed in version 2)."""
-    assert ORDER_VERSION == 2
-    assert ORDER_SINCE == {"none": 1, "global": 1, "block": 2}
+    states taken since it last changed (block rows in version 2; global rows and block units
+    in version 3, ``permute`` over odd bit counts)."""
+    assert ORDER_VERSION == 3
+    assert ORDER_SINCE == {"none": 1, "global": 3, "block": 3}
     assert set(ORDER_SINCE) == set(KINDS) and max(ORDER_SINCE.values()) <= ORDER_VERSION
 
 
@@ -457,13 +473,12 @@ def test_permute_tables_equal_the_arithmetic(n, key, data):
     a = data.draw(st.integers(0, n - 1))
     b = min(n, a + data.draw(st.integers(P._TABLE_MIN, 4 * P._TABLE_MIN)))
     idx = np.arange(a, b, dtype=np.int64)
-    bits = max(2, int(n - 1).bit_length())
-    half = (bits + (bits & 1)) // 2
+    lb, rb = P._halves(n)
     keys = [np.uint64(P.derive_key(key, r)) for r in range(P._ROUNDS)]
     with np.errstate(over="ignore"):
-        y = P._feistel(idx.astype(np.uint64), half, keys)
+        y = P._feistel(idx.astype(np.uint64), lb, rb, keys)
         while (bad := y >= np.uint64(n)).any():
-            y[bad] = P._feistel(y[bad], half, keys)
+            y[bad] = P._feistel(y[bad], lb, rb, keys)
     assert permute(idx, n, key).tolist() == y.astype(np.int64).tolist()
 
 
@@ -474,7 +489,7 @@ def test_permute_tables_at_the_largest_tabulated_domain():
     idx = np.arange(n - 2048, n, dtype=np.int64)
     keys = [np.uint64(P.derive_key(key, r)) for r in range(P._ROUNDS)]
     with np.errstate(over="ignore"):
-        y = P._feistel(idx.astype(np.uint64), 16, keys)
+        y = P._feistel(idx.astype(np.uint64), 16, 16, keys)
         while (bad := y >= np.uint64(n)).any():
-            y[bad] = P._feistel(y[bad], 16, keys)
+            y[bad] = P._feistel(y[bad], 16, 16, keys)
     assert permute(idx, n, key).tolist() == y.astype(np.int64).tolist()

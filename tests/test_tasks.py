@@ -117,11 +117,10 @@ def test_source_shape_checks_its_estimates():
 
 
 GOLDEN = {  # counts (3, 0, 5, 2, 4), seed 7, epoch 1, window 2, positions [1, 13), batch 2;
-    # (kind, est_bytes, lo, hi, unit or window). Block windows: units (3, 2), (1, 4), (0).
+    # (kind, est_bytes, lo, hi, unit or window). Block windows: units (4, 3), (0, 2), (1).
     ("none", False): [("unit", 6, 1, 3, 0), ("unit", 50, 0, 5, 2), ("unit", 20, 0, 2, 3), ("unit", 30, 0, 3, 4)],
-    ("block", False): [("window", 140, 1, 7, 0), ("window", 80, 0, 4, 1), ("window", 20, 0, 2, 2)],
-    # (windows: part of the first, 2x its units' 70; whole second, 40 + its largest unit 40;
-    # part of the third, 2x 10)
+    ("block", False): [("window", 120, 1, 6, 0), ("window", 120, 0, 7, 1)],
+    # (windows: part of the first, 2x its units' 60; part of the second, 2x its units' 60)
     ("global", True): [("gather", 8, 1, 5, -1), ("gather", 8, 5, 9, -1), ("gather", 8, 9, 13, -1)],
     ("block", True): [("gather", 8, 1, 5, -1), ("gather", 8, 5, 9, -1), ("gather", 8, 9, 13, -1)],
     ("none", True): [("unit", 4, 1, 3, 0), ("unit", 8, 0, 4, 2), ("unit", 2, 4, 5, 2), ("unit", 4, 0, 2, 3),

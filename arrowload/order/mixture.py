@@ -64,11 +64,12 @@ _SALT_UNITS = 0x74
 #: the version of a mixture's order arithmetic (the mixture state's ``order`` field); bumped
 #: whenever any component kind's order changes. 3: a block shuffle visits units in one order
 #: for every component (``units_key``; was each component's own), so a unit decoded for one
-#: component serves the others (``mixture.shared``)
-MIXTURE_ORDER_VERSION = 3
+#: component serves the others (``mixture.shared``). 4: ``permute``'s network over the bits
+#: covering its domain (``ORDER_VERSION`` 3): "global" rows and "block" units
+MIXTURE_ORDER_VERSION = 4
 #: the version in which each kind's order in a mixture last changed: a state of an earlier
 #: version loads where every component's kind is unchanged since
-MIXTURE_ORDER_SINCE = {"none": 1, "global": 1, "block": 3}
+MIXTURE_ORDER_SINCE = {"none": 1, "global": 4, "block": 4}
 
 
 def floor_sum(n: int, m: int, a: int, b: int) -> int:

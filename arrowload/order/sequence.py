@@ -56,10 +56,12 @@ _SALT_WINDOW = 0x63
 
 #: the version of the order arithmetic: bumped whenever any kind's order changes
 #: 2: "block" shuffles rows inside a window by ``shuffled_range`` (was ``permute``)
-ORDER_VERSION = 2
+#: 3: ``permute`` runs its network over ``bit_length(n - 1)`` bits, halves of unequal widths
+#: where that is odd (was rounded up to an even number): "global" rows and "block" units
+ORDER_VERSION = 3
 #: the version in which each kind's order last changed: a state taken under an earlier
 #: version would resume into another order
-ORDER_SINCE = {"none": 1, "global": 1, "block": 2}
+ORDER_SINCE = {"none": 1, "global": 3, "block": 3}
 #: windows whose permutation an EpochOrder keeps (reader threads work on a few at once)
 _KEPT_WINDOWS = 2
 

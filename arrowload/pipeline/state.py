@@ -239,7 +239,7 @@ def _check_order(order: int, kind: str, epoch: int, position: int, mid: bool) ->
     if order < ORDER_SINCE[kind] and mid:
         raise StateMismatchError(
             f"order: the state was taken under order version {order}, and the {kind!r} shuffle's order "
-            f"changed in version {ORDER_SINCE[kind]} (rows inside each window come in another order), so "
+            f"changed in version {ORDER_SINCE[kind]}, so "
             f"resuming at position {position} would not yield the rows the state left; start epoch "
             f"{epoch} afresh (set_epoch({epoch}) without the state), or resume with the arrowload that wrote it")
 
