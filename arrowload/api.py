@@ -496,11 +496,11 @@ def sql(query: str, *, external_access: bool = True, **tables: Any) -> Dataset:
 
     ``external_access=True`` (the default) gives the query DuckDB's full reach, as when
     you run DuckDB yourself: table functions such as ``read_csv('...')`` / ``read_text``
-    read any file this process can, ``getenv()`` reads the environment. Services that pass
+    read any file this process can, and extensions may load. Services that pass
     someone else's SQL through must pass ``external_access=False``: DuckDB then runs with
     ``enable_external_access`` off and its configuration locked, so the query sees only
-    the bound tables (no file, network, extension install / load or environment access;
-    a refusal is an :class:`~arrowload.errors.ExternalAccessError`).
+    the bound tables (no file, network, extension install / load, settings or environment
+    access; a refusal is an :class:`~arrowload.errors.ExternalAccessError`).
 
     >>> import pyarrow as pa, arrowload as al
     >>> t = pa.table({"k": ["a", "b", "a"], "v": [1, 2, 3]})

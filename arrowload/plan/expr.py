@@ -144,6 +144,7 @@ class SqlExpr(Expr):
 
         from . import sandbox
         sandbox.check_expression(tree, text)
+        tree = _comprehension_variables(tree)
 
         def fix(node):
             if isinstance(node, exp.Column):
@@ -541,6 +542,24 @@ def make_expr(value: Any, schema: pa.Schema, what: str = "expression") -> Expr:
     raise ArgumentTypeError(f"{what} must be SQL text, a pyarrow.compute.Expression or a polars "
                             f"expression, got {value!r} ({type(value).__name__}); e.g. \"x > 1\" "
                             "or pc.field('x') > 1", what)
+
+
+def _comprehension_variables(tree):
+    """``tree`` with the variables of list comprehensions (``[x + 1 FOR x IN lst]``) as bare
+    identifiers, as sqlglot leaves a lambda's (``x -> x + 1``): they are not columns."""
+    from sqlglot import exp
+    if not any(True for _ in tree.find_all(exp.Comprehension)):
+        return tree
+    tree = tree.copy()
+    for comp in tree.find_all(exp.Comprehension):
+        names = {a.name for a in (comp.args.get("expression"), comp.args.get("position")) if a is not None}
+        for part in (comp.this, comp.args.get("condition")):
+            if part is None:
+                continue
+            for col in list(part.find_all(exp.Column)):
+                if not col.table and col.name in names:
+                    col.replace(exp.Identifier(this=col.name, quoted=bool(getattr(col.this, "quoted", False))))
+    return tree
 
 
 def _struct_path(node, schema: pa.Schema):

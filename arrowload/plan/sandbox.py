@@ -45,6 +45,9 @@ _REFUSED_FUNCTIONS = frozenset({
     "currval", "now", "current_timestamp", "current_date", "current_time", "get_current_time",
     "get_current_timestamp", "transaction_timestamp", "today", "localtimestamp", "localtime",
 })
+# unnest() and friends in a select list: rows (or a struct's fields) of their own
+_SET_RETURNING = (exp.Explode, exp.ExplodeOuter, exp.Posexplode, exp.PosexplodeOuter, exp.Unnest)
+_SET_RETURNING_NAMES = frozenset({"unnest", "generate_subscripts"})
 _REFUSED_PREFIXES = ("read_", "duckdb_", "pragma_", "pg_", "sqlite_", "postgres_", "mysql_", "http")
 
 
@@ -65,6 +68,11 @@ def _why_refused(node: exp.Expression) -> str | None:
         return "a query parameter"
     if isinstance(node, (exp.AggFunc, exp.Window)):
         return f"an aggregate or window function ({node.sql('duckdb')[:60]!r}), which is not a value of one row"
+    if isinstance(node, _SET_RETURNING) or _function_name(node) in _SET_RETURNING_NAMES:
+        return (f"{node.sql('duckdb')[:60]!r}, which gives rows or columns of its own rather than one "
+                "value of the row")
+    if isinstance(node, exp.Columns) or (isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count)):
+        return f"a star expression ({node.sql('duckdb')[:60]!r}), which is several columns, not one value"
     if isinstance(node, (exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.Rand)):
         return f"the volatile function {node.sql('duckdb')!r}"
     name = _function_name(node)

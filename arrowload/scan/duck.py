@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from ..errors import (ColumnNotFoundError, ExpressionError, ExternalAccessError, PathNotFoundError, QueryError,
-                      ScanError, TableNotFoundError)
+from ..errors import (ArrowloadError, ColumnNotFoundError, ExpressionError, ExternalAccessError, PathNotFoundError,
+                      QueryError, ScanError, TableNotFoundError)
 from ..options import Options
 from ..plan.nodes import Plan, Scan, SqlQuery, scans
 
@@ -65,7 +65,8 @@ def arrow_source(plan: Plan, options: Options, reader: PlanReader):
     # a pushed predicate streams: as a pyarrow dataset filter it would prune row groups by
     # statistics unsound for it (NaN left out of min/max, corrupt footers)
     if isinstance(plan, Scan) and plan.projection is None and plan.limit is None and plan.predicate is None \
-            and not plan.source.rewrites_rows:  # (those read units into memory: streamed instead)
+            and not plan.source.rewrites_rows \
+            and plan.source.dataset_reads_as(options.scan):  # (else: streamed, as the options say)
         src = plan.source
         dataset = src.dataset(plan.units)
         if plan.columns is not None:
@@ -135,6 +136,11 @@ def _table_read_error(msg: str, node: SqlQuery | Query, reader: PlanReader) -> E
     return None
 
 
+# DuckDB's error kinds a failing value raises (a cast, an overflow ...), as its messages open
+_RUNTIME_FAILURES = re.compile(r"(Conversion|Invalid Input|Out of Range|Type Mismatch|Not implemented) Error:",
+                               re.IGNORECASE)
+
+
 def translate(exc: Exception, node: SqlQuery | Query, reader: PlanReader) -> Exception:
     """A DuckDB exception as the arrowload error a user can act on."""
     duckdb = _duckdb()
@@ -171,6 +177,10 @@ def translate(exc: Exception, node: SqlQuery | Query, reader: PlanReader) -> Exc
                         duckdb.OutOfRangeException, duckdb.TypeMismatchException,
                         duckdb.NotImplementedException)):
         return ExpressionError(f"SQL query failed: {msg}")
+    if not isinstance(exc, duckdb.Error):  # raised while the result streamed: its kind is in its text
+        if _RUNTIME_FAILURES.match(msg):
+            return ExpressionError(f"SQL query failed: {msg}")
+        return QueryError(f"DuckDB failed running the query: {msg}")
     if isinstance(exc, duckdb.IOException):
         m = re.search(r'No files found that match the pattern "([^"]*)"', msg)
         if m:
@@ -195,8 +205,13 @@ def ordered(node: SqlQuery) -> str:
     from sqlglot import exp, parse_one
 
     from ..plan.sqlexpr import DIALECT
+    tree = parse_one(node.query, read=DIALECT)
+    order = tree.args.get("order")
+    if order is not None and any(isinstance(o.this, exp.Var) and o.this.name.upper() == "ALL"
+                                 for o in order.expressions):
+        return node.query  # ORDER BY ALL: every column already, left to right
     keys = [exp.Literal.number(i) for i in range(1, len(node.result_schema) + 1)]
-    return parse_one(node.query, read=DIALECT).order_by(*keys, append=True, copy=False).sql(DIALECT)
+    return tree.order_by(*keys, append=True, copy=False).sql(DIALECT)
 
 
 def stream(node: SqlQuery, options: Options, reader: PlanReader,
@@ -214,7 +229,9 @@ def stream(node: SqlQuery, options: Options, reader: PlanReader,
                 batch = result.read_next_batch()
             except StopIteration:
                 return
-            except _errors() as exc:
+            except (_errors(), pa.ArrowException, OSError) as exc:  # (mid-stream, DuckDB's come as Arrow's)
+                if isinstance(exc, ArrowloadError):
+                    raise
                 raise translate(exc, node, reader) from None
             if batch.num_rows:
                 yield batch

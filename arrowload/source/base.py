@@ -82,6 +82,12 @@ class Source:
         ``columns``: the only columns the caller reads (a hint; None: any)."""
         raise NotImplementedError
 
+    def dataset_reads_as(self, scan) -> bool:
+        """Whether ``dataset()`` reads as a scan with the options ``scan`` (an
+        ``al.ScanOptions``) would: a source whose datasets were built under other settings
+        (page checksums) must be read through arrowload's scan instead."""
+        return True
+
     def statistics_dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.Dataset:
         """A dataset whose fragments carry the units' footers and partition guarantees, for
         pruning and statistics-decided counts; reading it need not give the rows (a source

@@ -522,6 +522,10 @@ class FileSource(PicklableLock, Source):
             return self._read_rounded(range(len(all_units)) if units is None else units, columns)
         return self._file_dataset(units, statistics=statistics)
 
+    def dataset_reads_as(self, scan: ScanOptions) -> bool:
+        # the fragments verify page checksums as the options this source was opened with say
+        return self.kind != "parquet" or scan.page_checksums == self._scan.page_checksums
+
     def statistics_dataset(self, units: Sequence[int] | None, *, statistics: bool = True) -> ds.Dataset:
         if self._rounding():  # the fragments carry the footers; dataset() reads the rows
             return self._file_dataset(units, statistics=statistics)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from ..errors import ArgumentTypeError, ExpressionError, TableNotFoundError
+from ..errors import ArgumentTypeError, ExpressionError, ExternalAccessError, TableNotFoundError
 from ..plan.expr import SqlExpr
 from ..plan.nodes import Filter, Limit, Plan, Project, SqlQuery
 from ..plan.sqlexpr import DIALECT, _unterminated_at, resolve_column
@@ -78,12 +78,17 @@ def _is_simple(tree: exp.Expression) -> bool:
     for node in tree.walk():
         if node is tree:
             continue
-        if isinstance(node, (exp.AggFunc, exp.Window, exp.Subquery, exp.Select, exp.Union,
-                             exp.Unnest, exp.Lateral, exp.TryCast)):
+        if isinstance(node, (exp.AggFunc, exp.Window, exp.Subquery, exp.Select, exp.Union, exp.Unnest,
+                             exp.Lateral, exp.TryCast, exp.Explode, exp.Posexplode, exp.Columns)):
+            return False  # (unnest() in the select list and COLUMNS(*): rows or columns of their own)
+        if isinstance(node, exp.Anonymous) and str(node.name).lower() == "generate_subscripts":
             return False
     limit = tree.args.get("limit")
     if limit is not None and not (isinstance(limit.expression, exp.Literal) and limit.expression.is_int):
         return False
+    if limit is not None and any(limit.args.get("limit_options") and limit.args["limit_options"].args.get(k)
+                                 for k in ("percent", "with_ties")):
+        return False  # LIMIT 10 PERCENT, WITH TIES
     return True
 
 
@@ -122,7 +127,8 @@ def _lower_simple(tree: exp.Select, child: Plan) -> Plan:
         if not isinstance(e, (exp.Alias, exp.Column)):
             unnamed.append(len(items))
         # a column keeps its name as stored (``SELECT ID`` outputs ``id``, as in DuckDB)
-        items.append((bound_e.column_name() if isinstance(e, exp.Column) else _output_name(e), bound_e))
+        # (a struct's field ``st.b`` is named ``b``)
+        items.append(((bound_e.column_name() or e.name) if isinstance(e, exp.Column) else _output_name(e), bound_e))
     if unnamed:  # unaliased expressions are named as DuckDB names them
         names = duck.output_names(tree, schema)
         if names is not None and len(names) == len(items):
@@ -134,6 +140,21 @@ def _lower_simple(tree: exp.Select, child: Plan) -> Plan:
     if limit is not None:
         plan = Limit(plan, int(limit.expression.this))
     return plan
+
+
+# What DuckDB's sandbox (enable_external_access off) still lets a query read: the engine's
+# settings (paths of its temp and home directories ...) and its variables.
+_SETTINGS_FUNCTIONS = frozenset({"current_setting", "duckdb_settings", "getvariable", "duckdb_variables"})
+
+
+def _refuse_settings(tree: exp.Expression) -> None:
+    from ..plan.sandbox import _function_name
+    for node in tree.walk():
+        name = _function_name(node)
+        if name in _SETTINGS_FUNCTIONS:
+            raise ExternalAccessError(
+                f"the query calls {name}(), which reads DuckDB's settings: refused under "
+                "external_access=False, where a query may read only the bound tables")
 
 
 def _resolve(name: str, schema) -> str:
@@ -152,6 +173,8 @@ def build(tree: exp.Expression, tables: dict[str, Plan], *,
     only its bound table."""
     if not isinstance(external_access, bool):
         raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
+    if not external_access:
+        _refuse_settings(tree)
     lookup = {n.lower(): n for n in tables}
     used: list[str] = []
     for t in _table_names(tree):
@@ -166,7 +189,7 @@ def build(tree: exp.Expression, tables: dict[str, Plan], *,
     if _is_simple(tree) and len(used) == 1:
         try:
             return _lower_simple(tree, tables[used[0]]), used[0]
-        except ValueError:
+        except (ValueError, KeyError):
             pass  # an expression (or repeated name) the lazy plan cannot express: DuckDB runs it
     # DuckDB runs it; bound names are registered as they are written in the query.
     written = {}
