@@ -225,6 +225,88 @@ def test_a_file_rewritten_under_a_dataset_is_a_snapshot_change_not_corruption(la
     assert sorted(again["id"].to_pylist()) == list(range(4990, 5000))
 
 
+def _ids_parquet(lo: int, n: int) -> bytes:
+    import io
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"id": pa.array(range(lo, lo + n), pa.int64())}), buf, row_group_size=25,
+                   compression="NONE", use_dictionary=False)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("how", ["storage_options", "s3fs"])
+def test_a_file_overwritten_in_the_same_layout_is_refused_not_misread(how, lakes, s3_endpoint):
+    """A file overwritten after listing by a larger one of the same layout: its footer, read
+    at listing, decoded the new bytes into 100 rows of neither version (ids 1000..1099,
+    where the listed file held 100..199 and the new one 1000..1149), a filter on the new ids
+    found nothing, and a loader built before yielded them, all silently."""
+    s3 = make_s3fs(s3_endpoint)
+    prefix = f"{BUCKET}/overwritten-{how}"
+    s3.pipe(f"{prefix}/f0.parquet", _ids_parquet(0, 100))
+    s3.pipe(f"{prefix}/f1.parquet", _ids_parquet(100, 100))
+    ds = open_s3(how, f"s3://{prefix}/", s3_endpoint)
+    loader = ds.loader(50, output="numpy")
+    assert ds.count() == 200 and ds.schema.names == ["id"]
+    s3.pipe(f"{prefix}/f1.parquet", _ids_parquet(1000, 150))
+    for read in (lambda: ds.to_arrow(), lambda: ds.filter("id >= 150").to_arrow(),
+                 lambda: [b for b in loader]):
+        with pytest.raises(al.SnapshotChangedError) as got:
+            read()
+        assert got.value.path.endswith("f1.parquet")
+    fresh = open_s3(how, f"s3://{prefix}/", s3_endpoint).to_arrow()["id"].to_pylist()
+    assert sorted(fresh) == list(range(100)) + list(range(1000, 1150))
+
+
+def test_a_file_deleted_after_listing_is_a_snapshot_change(lakes, s3_endpoint):
+    """It was a bare FileNotFoundError for to_arrow(), count() and filters (a loader and
+    al.sql said the data changed)."""
+    s3 = make_s3fs(s3_endpoint)
+    prefix = f"{BUCKET}/deleted"
+    s3.pipe(f"{prefix}/f0.parquet", _ids_parquet(0, 100))
+    s3.pipe(f"{prefix}/f1.parquet", _ids_parquet(100, 100))
+    ds = open_s3("storage_options", f"s3://{prefix}/", s3_endpoint)
+    assert ds.count() == 200
+    s3.rm(f"{prefix}/f1.parquet")
+    # (a count the footers decide, as "id >= 150" by row-group bounds, reads nothing)
+    for read in (lambda: ds.to_arrow(), lambda: ds.filter("id % 2 = 0").count(),
+                 lambda: list(ds.to_batches())):
+        with pytest.raises(al.SnapshotChangedError) as got:
+            read()
+        assert got.value.path.endswith("f1.parquet")
+
+
+def test_credentials_refused_after_listing_are_a_storage_access_error(lakes, s3_endpoint):
+    """Keys valid when the dataset was listed, refused when it is read (revoked, expired):
+    s3fs' isfile() answered False for the refusal, and the read said the file was missing."""
+    s3 = make_s3fs(s3_endpoint)
+    s3.pipe(f"{BUCKET}/revoked/f0.parquet", _ids_parquet(0, 100))
+    ds = open_s3("storage_options", f"s3://{BUCKET}/revoked/", s3_endpoint)
+    loader = ds.loader(50)
+    assert ds.count() == 100
+    _post(s3_endpoint + "/moto-api/reset-auth", b"0")  # every key unknown from here
+    try:
+        for read in (lambda: ds.to_arrow(), lambda: [b for b in loader]):
+            with pytest.raises(al.StorageAccessError) as got:
+                read()
+            assert isinstance(got.value, PermissionError)
+    finally:
+        _post(s3_endpoint + "/moto-api/reset-auth", b"inf")
+
+
+def test_an_endpoint_gone_after_listing_is_a_storage_endpoint_error(tmp_path):
+    """The same: a dead endpoint at read time looked like a missing file."""
+    with moto_s3_server() as url:
+        import s3fs
+        s3 = s3fs.S3FileSystem(endpoint_url=url, skip_instance_cache=True, **KEYS)
+        s3.mkdir("gone")
+        s3.pipe("gone/f0.parquet", _ids_parquet(0, 100))
+        ds = al.dataset("s3://gone/", storage_options={
+            "endpoint_url": url, **KEYS, "config_kwargs": {"retries": {"max_attempts": 1}}})
+        assert ds.count() == 100
+    with pytest.raises(al.StorageEndpointError) as got:
+        ds.to_arrow()
+    assert isinstance(got.value, ConnectionError) and url.split("://")[1] in str(got.value)
+
+
 # ---------------------------------------------------------------------------
 # transient and permanent errors
 

@@ -190,7 +190,13 @@ def scan_error(scan: Scan, exc: BaseException) -> ArrowloadError | None:
     fault (``read_error``), an object-store refusal says what to set (``storage_error``;
     botocore's errors are not OSErrors). None where ``exc`` is to be re-raised as it is
     (it already names its file, or is not a read failure)."""
-    if isinstance(exc, (FileNotFoundError, ArrowloadError)):  # already says which file
+    if isinstance(exc, ArrowloadError):
+        return None
+    if isinstance(exc, FileNotFoundError):  # it names its file; one listed and gone since is a change
+        changed = changed_paths(scan.source)
+        if changed:
+            return files_changed_error(changed, "the dataset", "it was opened",
+                                       "open the dataset again (al.dataset(...)) to read the files as they are now")
         return None
     if isinstance(exc, _READ_ERRORS):
         return read_error(scan, exc)

@@ -18,7 +18,7 @@ from .._pickle import PicklableLock
 from ..errors import CorruptFileError, InvalidArgumentError, PathNotFoundError, StorageRetryError
 from ..options import ScanOptions, default_cache_dir
 from .base import Source, Unit
-from .filesystem import FileEntry, storage_error
+from .filesystem import FileEntry, bind_listing, storage_error
 from .footer import (FooterCheck, check_footer, known_check, leaf_columns, read_footer_bytes,
                      recall_checks, remember_check)
 from .hive import discover_partitions, partition_expression
@@ -219,8 +219,8 @@ class FileSource(PicklableLock, Source):
     def __init__(self, filesystem: pafs.FileSystem, entries: Sequence[FileEntry], fmt: str,
                  base: str, display: str, partitioning=None,
                  scan_options: ScanOptions | None = None, *, root: str | None = None) -> None:
-        self.filesystem = filesystem
         self.entries = tuple(sorted(entries, key=lambda e: e.path))
+        self.filesystem = bind_listing(filesystem, self.entries)
         #: where hive folders start, as the filesystem spells it; snapshots name files relative to it
         self.base = base
         #: ``base`` as a URI (``s3://bucket/lake``; a local path as it is): a manifest's ``root``

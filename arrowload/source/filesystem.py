@@ -57,26 +57,70 @@ class _Handler(pafs.FSSpecHandler):
     them: a one-column query of one row group out of ten downloaded the whole 8.8 MB file,
     against 195 KB without it (moto's S3 server, bytes s3fs fetched)."""
 
-    def __init__(self, fs, cache_type: str | None = "none") -> None:
+    def __init__(self, fs, cache_type: str | None = "none",
+                 listed: dict[str, tuple[int | None, str | None]] | None = None) -> None:
         super().__init__(fs)
         self.cache_type = cache_type
+        #: the version each listed file had when listed, by path: (size, identity)
+        self.listed = listed or {}
+
+    def bound(self, entries) -> "_Handler":
+        """This handler for one listing (``FileEntry`` s): opening a listed file checks that it
+        is still the version listed (a fresh ``info``), as a cached footer describes only it."""
+        return _Handler(self.fs, self.cache_type, {e.path: (e.size, e.identity) for e in entries})
 
     def _open(self, path):
         from pyarrow import PythonFile
-        if not self.fs.isfile(path):
+        listed = self.listed.get(path)
+        if listed is not None and hasattr(self.fs, "invalidate_cache"):
+            self.fs.invalidate_cache(path)  # the object as it is now, not as a listing cached it
+        # (info, not isfile: isfile answers False for a refused credential or a dead endpoint,
+        # which then looked like a missing file)
+        info = self.fs.info(path)
+        if info.get("type") not in (None, "file"):
             raise FileNotFoundError(path)
-        if self.cache_type is not None:
+        if listed is not None:
+            _check_listed(path, listed, info)
+        cache = {} if self.cache_type is None else {"cache_type": self.cache_type}
+        size = {"size": info["size"]} if isinstance(info.get("size"), int) else {}
+        # (the size known: no second request for it; a filesystem whose files take no size
+        # or no cache_type is asked without them)
+        for kwargs in ({**cache, **size}, cache, {}):
             try:
-                return PythonFile(self.fs.open(path, mode="rb", cache_type=self.cache_type), mode="r")
-            except TypeError:  # a filesystem whose files take no cache_type
-                pass
-        return PythonFile(self.fs.open(path, mode="rb"), mode="r")
+                return PythonFile(self.fs.open(path, mode="rb", **kwargs), mode="r")
+            except TypeError:
+                if not kwargs:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def open_input_file(self, path):
         return self._open(path)
 
     def open_input_stream(self, path):
         return self._open(path)
+
+
+def _check_listed(path: str, listed: tuple[int | None, str | None], info: dict) -> None:
+    """Raise SnapshotChangedError where ``info`` (the object now) is not the version listed."""
+    from .identity import identity_from_info
+    size, identity = listed
+    now_size, now_identity = info.get("size"), identity_from_info(info)
+    if (size is not None and now_size is not None and now_size != size) or \
+            (identity is not None and now_identity is not None and now_identity != identity):
+        from .snapshot import files_changed_error
+        raise files_changed_error([path], "the dataset", "it was listed",
+                                  "open the dataset again (al.dataset(...)) to read the files as they "
+                                  "are now, or pin() datasets whose files are rewritten in place")
+
+
+def bind_listing(filesystem: pafs.FileSystem, entries) -> pafs.FileSystem:
+    """``filesystem`` for reading the files ``entries`` listed: where it reaches an fsspec
+    filesystem through arrowload's handler, a handler of its own that refuses a listed file
+    rewritten since (its footer, read and cached then, would misread the new bytes)."""
+    handler = getattr(filesystem, "handler", None)
+    if isinstance(handler, _Handler):
+        return pafs.PyFileSystem(handler.bound(entries))
+    return filesystem
 
 
 def _chosen_cache(filesystem) -> bool:

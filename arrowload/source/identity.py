@@ -46,5 +46,10 @@ def identity_of(fs: pafs.FileSystem, path: str, *, fresh: bool = False) -> str |
         info = inner.info(path)
     except (OSError, ValueError):
         return None
+    return identity_from_info(info)
+
+
+def identity_from_info(info: dict) -> str | None:
+    """The version marker in an fsspec ``info`` dict (None: it holds none)."""
     parts = [f"{k}={info[k]}" for k in _VERSION_KEYS if info.get(k) not in (None, "")]
     return ";".join(parts) or None
