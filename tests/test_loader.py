@@ -904,3 +904,64 @@ def test_stats_count_the_units_each_decoder_read_in_the_iteration(parquet_lake, 
             assert sum(len(b["id"]) for b in loader) == ds.count()
             assert loader.stats().decoders == {decoder: units}
             assert f"decoded by {decoder} {units}" in str(loader.stats())
+
+
+# -- an iteration the loader takes away from its consumer says so --------------------------
+
+def _ids_loader(**kw):
+    return al.dataset(pa.table({"id": np.arange(1000)})).loader(100, output="arrow", **kw)
+
+
+def test_a_second_iter_ends_the_first_with_an_error_not_a_short_epoch():
+    """``zip(loader, loader)`` or two threads over one loader: the first iterator used to end
+    as if its epoch were over (0 of 10 batches), losing rows silently."""
+    loader = _ids_loader()
+    first = iter(loader)
+    next(first)
+    second = iter(loader)
+    with pytest.raises(al.LoaderClosedError, match="new iter"):
+        next(first)
+    assert sum(len(b) for b in second) == 1000
+    done = iter(loader)
+    assert sum(len(b) for b in done) == 1000
+    iter(loader).close()
+    with pytest.raises(StopIteration):  # an iteration that reached its end just ends
+        next(done)
+
+
+@pytest.mark.parametrize("how", ["close", "load_state_dict"])
+def test_an_iteration_ended_by_close_or_a_loaded_state_says_so(how):
+    loader = _ids_loader()
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    if how == "close":
+        loader.close()
+    else:
+        loader.load_state_dict(state)
+    with pytest.raises(al.LoaderClosedError, match="close" if how == "close" else "load_state_dict"):
+        next(it)
+
+
+def test_profile_refuses_to_end_an_iteration_in_progress():
+    """It ran an iteration of its own, ending the user's live one silently (300 of 1,000
+    rows); the loader's position is restored, so the rest of the epoch was lost."""
+    loader = _ids_loader()
+    it = iter(loader)
+    seen = [len(next(it)) for _ in range(3)]
+    with pytest.raises(al.UnsupportedError, match="profiling"):
+        loader.profile(3)
+    assert sum(seen) + sum(len(b) for b in it) == 1000
+    assert loader.profile(3).batches == 3  # once the epoch is over
+
+
+def test_a_mixtures_second_iter_ends_the_first_with_an_error():
+    t = pa.table({"id": np.arange(600), "src": np.array(["a", "b"])[np.arange(600) % 2]})
+    ds = al.dataset(t)
+    m = al.mix({s: ds.filter(f"src = '{s}'") for s in "ab"}, weights={"a": 0.5, "b": 0.5})
+    loader = m.loader(20)
+    first = iter(loader)
+    next(first)
+    iter(loader)
+    with pytest.raises(al.LoaderClosedError, match="new iter"):
+        next(first)

@@ -46,7 +46,8 @@ from ..pipeline.board import Board, post, shared, torch_batches
 from ..pipeline.chunks import HostChunk, _varlist
 from ..pipeline.loader import STREAM_READERS, Loader, rank_and_world
 from ..pipeline.rowsource import _parts, slice_parts
-from ..pipeline.stages import EpochIterator, Settings, SharedCache, Stages
+from ..pipeline.stages import (ENDED_BY_CLOSE, ENDED_BY_ITER, ENDED_BY_LOAD, EpochIterator, Settings, SharedCache,
+                               Stages, end_iterations)
 from ..options import default_cache_dir
 from ..pipeline.options import reader_bound
 from . import weights as _weights
@@ -198,8 +199,7 @@ class MixtureLoader:
     def __iter__(self):
         if self._closed:
             raise LoaderClosedError("this loader is closed; build a new one with Mixture.loader()")
-        for it in list(self._active):
-            it.close()
+        end_iterations(self._active, ENDED_BY_ITER)
         if not self._loaded:
             self._lay_out()
         self._loaded = False
@@ -573,8 +573,7 @@ class MixtureLoader:
         if blocks is not None and doc["position"] > blocks:
             raise StateMismatchError(f"position {doc['position']} is past the epoch's {blocks} blocks")
         position = doc["position"]
-        for it in list(self._active):
-            it.close()
+        end_iterations(self._active, ENDED_BY_LOAD)
         self.epoch = epoch
         if weights is not None:
             new = _weights.normalized(_weights.resolve(self.mixture.names, weights, None, lambda: self.sizes))
@@ -644,8 +643,7 @@ class MixtureLoader:
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self) -> None:
-        for it in list(self._active):
-            it.close()
+        end_iterations(self._active, ENDED_BY_CLOSE)
         for c in self._components:
             c.close()
         self._shared.close()

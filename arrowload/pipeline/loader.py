@@ -49,7 +49,7 @@ from .collate import BufferPool
 from .device import TorchDeviceStage, check_sharding, jax_place, pin_tables_setting, wants_cuda
 from .options import LoaderOptions, reader_bound
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize, window_step
-from .stages import EpochIterator, Settings, Stages
+from .stages import ENDED_BY_CLOSE, ENDED_BY_ITER, ENDED_BY_LOAD, EpochIterator, Settings, Stages, end_iterations
 from .streamreads import StreamReads
 from .state import (DATA, STATE_VERSION, Position, batches_for, check_identity, identity_keys, make_state,
                     read_state, state_version)
@@ -520,8 +520,7 @@ class Loader:
     def _iter_epoch(self) -> EpochIterator:
         if self._closed:
             raise LoaderClosedError("this loader is closed; build a new one with Dataset.loader()")
-        for it in list(self._active):
-            it.close()
+        end_iterations(self._active, ENDED_BY_ITER)
         # a loaded state applies to this iteration; the next one starts the epoch afresh
         self._segments, self._next_segments = self._next_segments, ()
         self._position = min(self._start, self._lane_rows(self._segments))
@@ -621,6 +620,7 @@ class Loader:
         if version >= 3 and state["snapshot"] != self._dataset.snapshot_id:
             self._go_to_snapshot(state, version)
         at = read_state(state, self._identity(version), self.world_size, self.rank)
+        end_iterations(self._active, ENDED_BY_LOAD)  # (its batches would move the loaded position)
         self.epoch = at.epoch
         self._start = at.position
         self._position = at.position
@@ -649,8 +649,7 @@ class Loader:
         check_identity(state, self._setup(plan_fingerprint(plan, data=False),
                                           self._shuffle_kind(dataset.optimized_plan())),
                        [k for k in identity_keys(version) if k not in DATA])
-        for it in list(self._active):
-            it.close()
+        end_iterations(self._active, ENDED_BY_LOAD)
         self._adopt(self._bind(dataset))
 
     # -- introspection -------------------------------------------------------------
@@ -746,8 +745,7 @@ class Loader:
     # -- lifecycle -----------------------------------------------------------------
     def close(self) -> None:
         """Stop every thread this loader started. Idempotent."""
-        for it in list(self._active):
-            it.close()
+        end_iterations(self._active, ENDED_BY_CLOSE)
         close = getattr(self._source, "close", None)
         if close is not None:  # the files a scan's decoders hold open
             close()

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentTypeError, InvalidArgumentError
+from ..errors import ArgumentTypeError, InvalidArgumentError, UnsupportedError
 from .layout import KeyLayout, of_batch
 from .stats import LoaderStats, fmt_rate, fmt_seconds
 
@@ -721,6 +721,11 @@ def profile(loader, n_batches: int | None = None, *, step_fn: Callable[[Any], An
             importlib.import_module(loader.options.output)
         except ImportError:
             pass  # conversion raises the helpful error itself
+    running = [it for it in loader._active if it.running]
+    if running:
+        raise UnsupportedError("profile() runs an iteration of its own, which would end the one in "
+                               "progress: finish or close that iterator first, or time the running "
+                               "loop itself with loader.profiling()")
     saved = {f: getattr(loader, f) for f in _POSITION_FIELDS}
     rec = _Recorder(loader)
     it = iter(loader)

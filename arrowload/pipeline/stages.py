@@ -33,7 +33,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InternalError
+from ..errors import InternalError, LoaderClosedError
 from ..order.tasks import Task
 from .budget import ByteBudget
 from .options import usable_cores
@@ -703,11 +703,14 @@ class EpochIterator:
         self._deliver = stages.deliver
         self._on_batch = on_batch
         self.stats = self._pipeline.stats
+        self._ended: str | None = None  # why the loader ended this iteration before its end
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._ended is not None:
+            raise LoaderClosedError(self._ended)
         out, rows = self._pipeline.next()
         if self._deliver is not None:  # may wait for the batch's staging (pipeline/device.py)
             t0 = time.perf_counter()
@@ -725,6 +728,34 @@ class EpochIterator:
     def close(self) -> None:
         self._finalizer()
 
+    @property
+    def running(self) -> bool:
+        """Whether batches may still come: not at its end, failed or closed."""
+        return not self._pipeline.stop.is_set()
 
-__all__ = ["EpochIterator", "Pipeline", "Readers", "Settings", "SharedCache", "Stages", "start_readers",
-           "take_rows"]
+    def end(self, why: str) -> None:
+        """Stop an iteration the loader takes away from its consumer (a new ``iter()``,
+        ``load_state_dict``, ``close``): where it was still running, its next ``next()``
+        raises ``LoaderClosedError(why)`` instead of ending as though the epoch were over."""
+        if self.running:
+            self._ended = why
+        self.close()
+
+
+def end_iterations(active, why: str) -> None:
+    """``EpochIterator.end(why)`` for each of a loader's ``active`` iterators."""
+    for it in list(active):
+        it.end(why)
+
+
+#: why a loader ended an iteration in progress, as its consumer is told at its next batch
+ENDED_BY_ITER = ("this iteration was ended by a new iter() of its loader, which runs one iteration "
+                 "at a time (zip(loader, loader) or two threads over one loader would each lose "
+                 "rows): use one iterator, or one loader per consumer")
+ENDED_BY_LOAD = ("this iteration was ended by load_state_dict(): iterate the loader again to go on "
+                 "from the loaded position")
+ENDED_BY_CLOSE = "the loader was closed (close()) while this iteration ran; build a new loader"
+
+
+__all__ = ["ENDED_BY_CLOSE", "ENDED_BY_ITER", "ENDED_BY_LOAD", "EpochIterator", "Pipeline", "Readers",
+           "Settings", "SharedCache", "Stages", "end_iterations", "start_readers", "take_rows"]
