@@ -214,3 +214,34 @@ def test_footer_facts_fail_before_a_global_shuffle_reads_the_selection(null_lake
     with pytest.raises(al.ArrowloadError, match="'f0'.*Parquet footer"):
         ds.loader(64, shuffle="global", memory_budget=1, cache_dir=str(tmp_path))
     assert not list(tmp_path.glob("ra-*")) and not list(tmp_path.glob(".tmp-ra-*"))  # nothing was gathered
+
+
+@pytest.mark.parametrize("shuffle", [False, "global"])
+@pytest.mark.parametrize("fill,match", [({"f0": "a"}, "does not fit its type float"),
+                                        ({"label": 300}, "does not fit its type int8"),
+                                        ({"*": "zero"}, "does not fit"),
+                                        ({"f0": None}, "is None")])
+def test_fill_null_values_are_checked_against_their_columns_at_build(pandas_lake, cache, shuffle, fill, match):
+    """A value that cannot fill its column failed only at the first batch holding a null
+    (on a global shuffle after the whole table was built), as a ConversionError."""
+    with pytest.raises(al.InvalidArgumentError, match=match) as got:
+        al.dataset(pandas_lake).select("id", "f0", "label").loader(16, shuffle=shuffle, fill_null=fill,
+                                                                   cache_dir=cache)
+    assert got.value.argument == "fill_null"
+
+
+def test_a_device_that_is_not_one_is_an_invalid_argument(pandas_lake, cache):
+    pytest.importorskip("torch")
+    with pytest.raises(al.InvalidArgumentError, match="not a torch device") as got:
+        al.dataset(pandas_lake).select("id").loader(16, output="torch", device="nope", cache_dir=cache)
+    assert got.value.argument == "device"
+
+
+def test_a_mixture_component_without_rows_is_named_by_explain_and_len(pandas_lake, cache):
+    """``explain()`` and ``len()`` raised a bare ValueError naming the component by index."""
+    ds = al.dataset(pandas_lake)
+    m = al.mix({"us": ds.filter("country = 'US'"), "none": ds.filter("country = 'XX'")},
+               weights={"us": 0.5, "none": 0.5}, cache_dir=cache)
+    for ask in (m.explain, lambda: len(m), lambda: m.loader(8)):
+        with pytest.raises(al.InvalidArgumentError, match="component 'none' selects no rows"):
+            ask()

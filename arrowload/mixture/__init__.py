@@ -96,6 +96,7 @@ class Mixture:
         return self._sizes
 
     def _schedule(self, batch_size: int = 1) -> Schedule:
+        _weights.refuse_empty(self.names, self.sizes(), self.weights)
         return Schedule(self.sizes(), (Phase(0, self.weights, (0,) * len(self.names)),), batch_size,
                         self.seed, 0, self.stopping)
 

@@ -109,10 +109,7 @@ class MixtureLoader:
         self.sizes = tuple(c.num_rows for c in self._components)
         mixture._sizes = self.sizes
         self.weights = mixture.weights
-        for name, n, w in zip(mixture.names, self.sizes, self.weights):
-            if n == 0 and w > 0:
-                raise InvalidArgumentError(f"component {name!r} selects no rows but has weight {w:.3g}: give it "
-                                           "weight 0 or leave it out", "weights")
+        _weights.refuse_empty(mixture.names, self.sizes, self.weights)
         first = self._components[0]
         self._output, self._chunks = first._output, first._chunks
         self._device_stage = first._device_stage
@@ -577,10 +574,7 @@ class MixtureLoader:
         self.epoch = epoch
         if weights is not None:
             new = _weights.normalized(_weights.resolve(self.mixture.names, weights, None, lambda: self.sizes))
-            for name, n, w in zip(self.mixture.names, self.sizes, new):
-                if n == 0 and w > 0:
-                    raise InvalidArgumentError(f"component {name!r} selects no rows but has weight {w:.3g}",
-                                               "weights")
+            _weights.refuse_empty(self.mixture.names, self.sizes, new)
             kept = tuple(p for p in phases if p.start < position)
             phases = kept + (Phase(position, new, tuple(drawn)),)
             self.weights = new

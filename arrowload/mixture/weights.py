@@ -93,3 +93,12 @@ def resolve(names: Sequence[str], weights: Any, temperature: Any, sizes) -> tupl
 def normalized(weights: Sequence[float]) -> tuple[float, ...]:
     total = sum(weights)
     return tuple(w / total for w in weights)
+
+
+def refuse_empty(names: Sequence[str], sizes: Sequence[int], weights: Sequence[float]) -> None:
+    """A component that selects no rows cannot be drawn from: refused where its weight is
+    not 0 (``InvalidArgumentError`` naming it)."""
+    for name, n, w in zip(names, sizes, weights):
+        if n == 0 and w > 0:
+            raise InvalidArgumentError(f"component {name!r} selects no rows but has weight {w:.3g}: give it "
+                                       "weight 0 or leave it out", "weights")

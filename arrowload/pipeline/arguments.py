@@ -202,4 +202,10 @@ def fill_null(value: Any) -> Mapping[str, Any] | None:
     if not isinstance(value, Mapping):
         raise ArgumentTypeError(f"fill_null={value!r} ({type(value).__name__}): fill_null must be a mapping "
                                 "column -> value, e.g. fill_null={'score': 0.0} or {'*': 0}", "fill_null")
+    for key, v in value.items():
+        if not isinstance(key, str):
+            raise ArgumentTypeError(f"fill_null key {key!r} ({type(key).__name__}) must be a column name or '*'",
+                                    "fill_null")
+        if v is None:
+            raise InvalidArgumentError(f"fill_null[{key!r}] is None: give the value its nulls become", "fill_null")
     return value

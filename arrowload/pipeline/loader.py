@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..convert.batches import BatchOutput, concat_arrow
-from ..errors import InvalidArgumentError, LoaderClosedError, StateMismatchError
+from ..errors import ConversionError, InvalidArgumentError, LoaderClosedError, StateMismatchError
 from ..options import default_cache_dir
 from ..order import (EpochOrder, ShuffleKind, SourceShape, free_ranges, lane_rows, num_batches, plan_tasks,
                      rank_range, resume_ranges)
@@ -207,7 +207,10 @@ class Loader:
                                        else options.device)
         if self._convert.device is not None and options.output in ("torch", "jax"):
             from ..convert import _backend
-            _backend(self._convert)  # a bad or missing device fails here, not at the first batch
+            try:
+                _backend(self._convert)  # a bad or missing device fails here, not at the first batch
+            except ConversionError as exc:  # not a device name: an argument's value
+                raise InvalidArgumentError(str(exc), "device") from None
         self._cache_dir = options.cache_dir or default_cache_dir()
         #: the most reader threads: io_threads, or the cores this process may run on
         self.max_readers = reader_bound(options.io_threads)

@@ -26,9 +26,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..convert.host import _check_names, _fill_for, array_valued, null_fix
+from ..convert.host import _check_names, _fill_for, array_valued, host_scalar, leaf_type, null_fix
 from ..convert.options import ConvertOptions
-from ..errors import ConversionError
+from ..errors import ConversionError, InvalidArgumentError
 from ..plan.nodes import Plan, Scan
 from .chunks import _varlist
 from .collate import resolve_stack
@@ -54,8 +54,23 @@ def check_plan(schema: pa.Schema, plan: Plan, opts: ConvertOptions, stack: Mappi
     if opts.output == "arrow":
         return
     _check_names(opts, schema.names)
+    _check_fills(schema, opts)
     if isinstance(plan, Scan) and plan.predicate is None and plan.limit is None:
         _check_footers(plan, schema, opts)
+
+
+def _check_fills(schema: pa.Schema, opts: ConvertOptions) -> None:
+    """Each ``fill_null`` value against the (leaf) type of each column it fills: a value
+    that does not fit (``'a'`` for a double, ``9`` for a bool) is refused now, not at the
+    first batch with nulls."""
+    for field in schema:
+        fill = _fill_for(field.name, field.type, opts)
+        if fill is None:
+            continue
+        try:
+            host_scalar(field.name, fill, leaf_type(field.type), "fill_null")
+        except ConversionError as exc:
+            raise InvalidArgumentError(str(exc), "fill_null") from None
 
 
 def check_source(source: Any, opts: ConvertOptions) -> dict[str, int]:
