@@ -514,6 +514,34 @@ def test_s3_cache_through_moto(lake, tmp_path, s3_endpoint):  # noqa: F811
     assert al.cache_entries(uri, storage_options=options) == []
 
 
+def test_s3_cache_refusals_are_arrowload_errors(lake, s3_endpoint, monkeypatch):  # noqa: F811
+    """Missing credentials, a dead endpoint and a missing bucket: botocore's and s3fs' own
+    exceptions came through cache(), cache_entries() and clear_cache(), where al.dataset on
+    the same store raises arrowload's."""
+    from _support import free_port
+    small = al.dataset(lake).limit(10)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    anonymous = {"endpoint_url": s3_endpoint}
+    uri = f"s3://{BUCKET}/refused-cache"
+    for ask in (lambda: al.cache_entries(uri, storage_options=anonymous),
+                lambda: al.clear_cache(uri, storage_options=anonymous),
+                lambda: small.cache(uri, storage_options=anonymous).count()):
+        with pytest.raises(al.StorageAccessError, match="no credentials"):
+            ask()
+    dead = {"endpoint_url": f"http://127.0.0.1:{free_port()}", **KEYS,
+            "config_kwargs": {"retries": {"max_attempts": 1}}}
+    for ask in (lambda: al.cache_entries(uri, storage_options=dead),
+                lambda: small.cache(uri, storage_options=dead).count()):
+        with pytest.raises(al.StorageEndpointError):
+            ask()
+    with pytest.raises(al.PathNotFoundError, match="Create the bucket"):
+        small.cache("s3://no-such-bucket-here/c", storage_options={"endpoint_url": s3_endpoint, **KEYS}).count()
+
+
 def test_s3_racing_threads_write_once(lake, tmp_path, s3_endpoint):  # noqa: F811
     s3 = make_s3fs(s3_endpoint)
     if not s3.exists(BUCKET):

@@ -15,6 +15,7 @@ few operations the cache needs there, each with the strongest guarantee the stor
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -24,9 +25,38 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from ..errors import ArrowloadError, PathNotFoundError
 from ..jsondoc import write_bytes_atomic
 from ..options import default_cache_dir
-from ..source.filesystem import FileEntry, canonical_local_path, file_entry, filesystem_for, protocol_of
+from ..source.filesystem import (FileEntry, canonical_local_path, file_entry, filesystem_for, protocol_of,
+                                 storage_error)
+
+
+def _typed(method):
+    """A store operation whose refusals by the object store are arrowload's errors: missing
+    or rejected credentials and denied access (``StorageAccessError``), an unreachable
+    endpoint (``StorageEndpointError``), and, for a write, a bucket that does not exist
+    (``PathNotFoundError``); as ``al.dataset`` raises them for the same store."""
+    writes = method.__name__ in ("create", "replace", "open_output")
+
+    @functools.wraps(method)
+    def typed(self, path, *args, **kwargs):
+        try:
+            return method(self, path, *args, **kwargs)
+        except ArrowloadError:
+            raise
+        except FileNotFoundError as exc:
+            if not writes or self.fs is None:
+                raise
+            raise PathNotFoundError(f"cannot write the cache entry {self.url(path)!r}: {exc}. Create the "
+                                    "bucket (or folder) first, or point cache() at one that exists",
+                                    self.url(path)) from exc
+        except Exception as exc:
+            error = storage_error(exc, self.url(path), local=self.is_local)
+            if error is None:
+                raise
+            raise error from exc
+    return typed
 
 
 @dataclass(frozen=True)
@@ -76,6 +106,7 @@ class Store:
         return path if self.fs is None else f"{self.protocol}://{path}"
 
     # -- reading -----------------------------------------------------------------------
+    @_typed
     def read(self, path: str) -> bytes | None:
         """The object's bytes, None when it does not exist."""
         try:
@@ -87,6 +118,7 @@ class Store:
         except FileNotFoundError:
             return None
 
+    @_typed
     def stat(self, path: str) -> Stat | None:
         try:
             if self.fs is None:
@@ -109,6 +141,7 @@ class Store:
         tag = info.get("ETag") or info.get("generation") or f"{mtime}:{info.get('size')}"
         return Stat(mtime, str(tag))
 
+    @_typed
     def children(self, path: str) -> list[str]:
         """Names directly under folder ``path`` (files and folders); [] when it is absent."""
         try:
@@ -119,6 +152,7 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             return []
 
+    @_typed
     def size_of_tree(self, path: str) -> int:
         if self.fs is None:
             return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
@@ -136,6 +170,7 @@ class Store:
         return [file_entry(i, self.pafs) for i in infos]
 
     # -- writing -----------------------------------------------------------------------
+    @_typed
     def create(self, path: str, data: bytes) -> bool:
         """Write ``path`` only if it does not exist; True when this call created it. The
         object is whole when it appears (except on the ``O_EXCL`` fallback, see above)."""
@@ -155,6 +190,7 @@ class Store:
             self.fs.pipe_file(path, data)
             return True
 
+    @_typed
     def replace(self, path: str, data: bytes, if_tag: str | None = None) -> bool:
         """Overwrite ``path``; with ``if_tag``, only while it is still the version seen with
         that tag (S3 ``If-Match``; locally, by comparing just before). False when it was not."""
@@ -177,6 +213,7 @@ class Store:
         self.fs.pipe_file(path, data)
         return True
 
+    @_typed
     def delete(self, path: str, if_tag: str | None = None) -> bool:
         """Remove ``path``; with ``if_tag`` only while it is still the version seen with that
         tag (S3 ``If-Match``; locally, it is moved aside first and put back if it changed)."""
@@ -215,6 +252,7 @@ class Store:
         finally:
             self.fs.invalidate_cache(path)
 
+    @_typed
     def remove_tree(self, path: str) -> None:
         if self.fs is None:
             import shutil
@@ -226,12 +264,14 @@ class Store:
             pass
         self.fs.invalidate_cache(path)
 
+    @_typed
     def open_output(self, path: str) -> Any:
         """A pyarrow output stream writing ``path`` (its folder is made)."""
         if self.fs is None:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         return self.pafs.open_output_stream(path)
 
+    @_typed
     def make_folder(self, path: str) -> None:
         if self.fs is None:
             os.makedirs(path, exist_ok=True)
