@@ -569,6 +569,20 @@ def test_delta_table_on_s3(versions, dv_table):
         assert Counter(flat_ids(dv.loader(4, shuffle="block", seed=1))) == Counter(live["id"].to_pylist())
         with pytest.raises(al.LakeTableError, match="Delta Lake"):
             al.dataset("s3://delta-lakes/events/part=b/", storage_options=options)
+        # credentials the store refuses: deltalake's own OSError ("lacked the necessary
+        # privileges") was raised as it was; al.dataset says StorageAccessError
+        import urllib.request
+
+        def auth(count: bytes) -> None:  # moto's switch: process-wide, so always switched back
+            urllib.request.urlopen(urllib.request.Request(url + "/moto-api/reset-auth", data=count, method="POST",
+                                                          headers={"Content-Type": "text/plain"}), timeout=10).read()
+        auth(b"0")
+        try:
+            wrong = {"endpoint_url": url, "key": "AKIANOBODY", "secret": "wrong"}
+            with pytest.raises(al.StorageAccessError, match="delta-lakes/events"):
+                al.delta("s3://delta-lakes/events", storage_options=wrong)
+        finally:
+            auth(b"inf")
 
 
 def test_statistics_prune_column_mapped_columns_under_their_physical_names(tmp_path):

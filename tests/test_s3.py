@@ -307,6 +307,27 @@ def test_an_endpoint_gone_after_listing_is_a_storage_endpoint_error(tmp_path):
     assert isinstance(got.value, ConnectionError) and url.split("://")[1] in str(got.value)
 
 
+def test_an_object_and_a_folder_of_one_name_read_as_the_path_says(lakes, s3_endpoint):
+    """``both`` an object and ``both/`` a folder: ``s3://b/both/`` is the folder (it read the
+    object, and with format= said it "disappeared after listing"); ``s3://b/both`` the object."""
+    s3 = make_s3fs(s3_endpoint)
+    s3.pipe(f"{BUCKET}/both", _ids_parquet(1, 1))
+    s3.pipe(f"{BUCKET}/both/x.parquet", _ids_parquet(2, 1))
+    assert open_s3("storage_options", f"s3://{BUCKET}/both/", s3_endpoint).to_arrow()["id"].to_pylist() == [2]
+    assert open_s3("storage_options", f"s3://{BUCKET}/both/", s3_endpoint,
+                   format="parquet").to_arrow()["id"].to_pylist() == [2]
+    assert open_s3("storage_options", f"s3://{BUCKET}/both", s3_endpoint,
+                   format="parquet").to_arrow()["id"].to_pylist() == [1]
+
+
+def test_an_option_the_client_refuses_is_an_invalid_argument(lakes, s3_endpoint):
+    """s3fs takes any keyword and passes it to its session at the first request: a raw
+    TypeError there."""
+    with pytest.raises(al.InvalidArgumentError, match="bogus") as got:
+        al.dataset(f"s3://{BUCKET}/lake/", storage_options={"endpoint_url": s3_endpoint, **KEYS, "bogus": 1})
+    assert got.value.argument == "storage_options"
+
+
 # ---------------------------------------------------------------------------
 # transient and permanent errors
 

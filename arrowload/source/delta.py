@@ -38,7 +38,7 @@ import pyarrow.fs as pafs
 from ..errors import (InvalidArgumentError, MissingDependencyError, PathNotFoundError,
                       UnsupportedTableFeatureError)
 from ..options import ScanOptions
-from .filesystem import filesystem_for, protocol_of
+from .filesystem import filesystem_for, protocol_of, storage_error
 from .tablefiles import TableFile, TableFileSource, plural
 
 # reader features arrowload reads correctly (PROTOCOL.md, "Valid Feature Names")
@@ -224,6 +224,9 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
         if name == "TableNotFoundError":
             raise PathNotFoundError(f"no delta table at {uri!r} ({exc}); check the path, or pass "
                                     "storage_options for a remote store", uri) from exc
+        typed = storage_error(exc, uri, local=isinstance(fs, pafs.LocalFileSystem))
+        if typed is not None:  # credentials, access, endpoint: as al.dataset says them
+            raise typed from exc
         if version is not None:
             raise InvalidArgumentError(f"delta table {uri!r} has no version {version} ({exc}); see "
                                        "deltalake.DeltaTable(uri).history() for its versions") from exc

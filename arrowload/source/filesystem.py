@@ -280,6 +280,11 @@ def storage_error(exc: BaseException, url: str, path: str | None = None, *, loca
     if isinstance(exc, ArrowloadError):
         return None
     path = path or url
+    if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc) and not local:
+        # an option the filesystem's client takes only at its first request (s3fs' session)
+        proto = protocol_of(url)
+        return InvalidArgumentError(f"storage_options for {url!r} are not accepted: {exc}; see the options "
+                                    f"of {_type_name(proto) if proto else 'its filesystem'}", "storage_options")
     if isinstance(exc, UnicodeError):
         return PathEncodingError(f"a file name under {url!r} is not valid UTF-8 ({exc}); pyarrow (and "
                                  "so arrowload) reads UTF-8 names only: rename it (e.g. with convmv) "
@@ -417,6 +422,8 @@ def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
     ``url`` is the path as the user wrote it (``s3://...``), for error messages.
     """
     path = check_path(path)
+    # "both/": the folder, where "both" is also a file (a URI's path lost its "/" in _strip_protocol)
+    folder = len(path) > 1 and (path.endswith("/") or (url or "").endswith("/"))
     path = path.rstrip("/") if len(path) > 1 else path
     url = url or path
     inner = getattr(getattr(fs, "handler", None), "fs", None)
@@ -440,9 +447,10 @@ def list_files(fs: pafs.FileSystem, path: str, *, retries: int = 4,
     if info.type == pafs.FileType.NotFound:
         raise PathNotFoundError(f"no such file or directory: {url!r}; check the path "
                                 "(and storage_options / filesystem for remote URIs)", path)
-    if info.type == pafs.FileType.File:
+    infos = (_list_dir(fs, path, retries, backoff, original=url) if info.type != pafs.FileType.File else
+             _list_dir(fs, path + "/", retries, backoff, original=url) if folder else [])
+    if info.type == pafs.FileType.File and not infos:
         return os.path.dirname(path), [file_entry(info, fs)]
-    infos = _list_dir(fs, path, retries, backoff, original=url)
     entries = sorted((file_entry(i, fs) for i in infos if not _is_hidden(i.path[len(path):].lstrip("/"))),
                      key=lambda e: e.path)
     if not entries:

@@ -35,7 +35,8 @@ DENIED = re.compile(
     r"expiredtoken|invalidtoken|unable to locate credentials|no credentials|"
     r"partial credentials|credentials? (?:were|was) not found|unrecognizedclient|"
     r"invalid_access_key_id|signature_does_not_match|unauthorized|authorizationpermissionmismatch|"
-    r"authenticationfailed|authorizationfailure|failed to authenticate|\b401\b", re.IGNORECASE)
+    r"authenticationfailed|authorizationfailure|failed to authenticate|\b401\b|"
+    r"lacked the necessary privileges", re.IGNORECASE)  # (the last: Rust object_store's, deltalake's)
 # The endpoint itself cannot be reached (AWS SDK curl codes 6 / 7: unknown host / refused).
 _UNREACHABLE = re.compile(
     r"could not connect to the endpoint|curlcode: (?:6|7)\b|could not resolve host|"
