@@ -965,3 +965,32 @@ def test_a_mixtures_second_iter_ends_the_first_with_an_error():
     iter(loader)
     with pytest.raises(al.LoaderClosedError, match="new iter"):
         next(first)
+
+
+def test_stats_readers_counts_threads_that_ran_not_the_autotuners_ceiling(tmp_path):
+    """With io_threads=64 and a small budget, ``stats().readers`` said 41 reader threads
+    where 22 ever existed: the autotuner's target, not capped by the threads the work
+    needed. Truth: the reader threads a map() saw running."""
+    import pyarrow.parquet as pq
+    for i in range(4):
+        pq.write_table(pa.table({"id": np.arange(i * 5000, (i + 1) * 5000)}), tmp_path / f"p{i}.parquet",
+                       row_group_size=500)
+    seen = set()
+
+    def note(batch):
+        seen.add(threading.current_thread().name)
+        return batch
+    loader = al.dataset(str(tmp_path)).map(note).loader(256, io_threads=64, prefetch=8 << 20, output="arrow")
+    assert sum(len(b) for b in loader) == 20000
+    readers = {n for n in seen if n.startswith("arrowload-read")}
+    assert 1 <= loader.stats().readers <= len(readers) <= 40
+    assert f"{loader.stats().readers} reader thread" in loader.stats().settings_text()
+
+
+@pytest.mark.parametrize("prefetch,shown", [(100 << 10, "100.0 KiB"), (int(3.5 * 2**20), "3.5 MiB")])
+def test_a_small_prefetch_is_shown_as_it_is(prefetch, shown):
+    """It read "prefetch 0 MiB budget" for 100 KiB, "4 MiB" for 3.5 MiB."""
+    loader = _ids_loader(prefetch=prefetch)
+    list(loader)
+    assert f"prefetch     {shown} budget" in loader.explain()
+    assert f"prefetch {shown}" in loader.stats().settings_text()

@@ -180,6 +180,17 @@ def test_nulls_known_from_footer_statistics_fail_at_build(null_lake, cache, shuf
     assert (values == -1.0).sum() == 2
 
 
+@pytest.mark.parametrize("pick", [lambda d: d.select("id", "f0", "f1", "label").select("id", "f0"),
+                                  lambda d: d.select("id", "f0", "f1").select(a="f0", b="id")])
+def test_nulls_from_footers_fail_at_build_after_selects_of_selects(null_lake, cache, pick):
+    """Columns picked from a selection kept a projection above the scan, and the footer
+    check (which reads a bare scan) was skipped: the nulls failed at the first batch."""
+    with pytest.raises(al.ArrowloadError, match="part-1.parquet, row group 3"):
+        pick(al.dataset(null_lake)).loader(64, cache_dir=cache)
+    plan = pick(al.dataset(null_lake)).optimized_plan()
+    assert type(plan).__name__ == "Scan"
+
+
 def test_nulls_fail_at_build_before_a_global_shuffle_iterates(null_lake, cache):
     ds = al.dataset(null_lake).filter("label >= 0").select("id", "f0", "f1")
     with pytest.raises(al.ArrowloadError, match="'f0'.* 2 null"):

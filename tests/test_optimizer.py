@@ -152,7 +152,7 @@ def _cases():
          f"{MEM} project=[c, a]"),
         ("unused columns dropped, computed column fused", pushdown_projection,
          Project(Project(s, cols("a", "b") + (("e", make_expr("b > 1", sch)),)), cols("e")),
-         f'Project [e]\n  {MEM} project=[e := "b" > 1]'),
+         f'{MEM} project=[e := "b" > 1]'),  # (the picked column folded into the scan's projection)
         ("a column DuckDB computes stays above the scan", pushdown_projection,
          Project(Project(s, cols("a", "b") + (("e", make_expr("b + 1", sch)),)), cols("e")),
          f'Project [e]\n  Project [e := "b" + 1 [duckdb]]\n    {MEM} columns=[b]'),

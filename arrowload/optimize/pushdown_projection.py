@@ -21,6 +21,12 @@ def _prune(node: Plan, required: set[str] | None) -> Plan:
             names = child.source.schema.names
             return child.replace(projection=items,
                                  columns=tuple(n for n in names if n in needs))
+        if isinstance(child, Scan) and child.projection is not None:
+            # columns picked (or renamed) from a scan's projection: the projection, picked
+            inner = dict(child.projection)
+            picked = [(n, inner.get(e.column_name())) for n, e in items]
+            if all(e is not None for _, e in picked):
+                return child.replace(projection=tuple(picked))
         return node if child is node.child and items == node.items else Project(child, items)
     if isinstance(node, Filter):
         needs = None if required is None else required | set(node.predicate.columns)

@@ -36,6 +36,7 @@ from ..options import default_cache_dir
 from ..order import (EpochOrder, ShuffleKind, SourceShape, free_ranges, lane_rows, num_batches, plan_tasks,
                      rank_range, resume_ranges)
 from ..order.elastic import Ranges, take
+from ..plan.explain import _fmt_bytes
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, scans, walk, with_sources
 from ..scan.execute import as_record_batch
@@ -684,7 +685,7 @@ class Loader:
             *([f"  to device    {self._device_stage.describe()}"] if self._device_stage is not None else []),
             f"  executor     {o.executor}" + (f" ({self._remote.cpus} Ray CPUs: unit reads, maps and "
                                                "transform= as Ray tasks)" if self._remote is not None else ""),
-            f"  prefetch     {o.prefetch / 2**20:.0f} MiB budget, {self.readers_text()}",
+            f"  prefetch     {_fmt_bytes(o.prefetch)} budget, {self.readers_text()}",
         ]
         stats = self._stats
         if stats.batches:

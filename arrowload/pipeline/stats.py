@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..plan.explain import _fmt_bytes
+
 
 @dataclass
 class LoaderStats:
@@ -38,7 +40,7 @@ class LoaderStats:
     ``scan/decoders.py``; ``polars-stream``: unit tasks taken from an unshuffled epoch's
     polars streaming query, ``scan/stream.py``; ``polars-window``: row groups of
     block-shuffle windows read by polars at once), ``readers`` (reader threads the
-    autotuner settled on), ``readers_peak`` (most busy at once), ``readers_max`` (the
+    autotuner settled on, at most the threads it started), ``readers_peak`` (most busy at once), ``readers_max`` (the
     bound: ``io_threads``, or the cores), ``prefetch`` (the byte budget). With ``device="cuda"``, ``device`` counts what went to the GPU whole
     (``pipeline/device.py``): ``reads``, ``direct_bytes`` (from page-locked memory, no host
     copy) and ``staged_bytes`` (one host copy into pinned staging); empty otherwise.
@@ -105,7 +107,7 @@ class LoaderStats:
     def settings_text(self) -> str:
         return (f"{self.readers} reader thread{'s' if self.readers != 1 else ''} "
                 f"(peak {self.readers_peak} busy, at most {self.readers_max}), "
-                f"prefetch {self.prefetch / 2**20:.0f} MiB")
+                f"prefetch {_fmt_bytes(self.prefetch)}")
 
     def _decoders_text(self) -> str:
         used = {k: v for k, v in self.decoders.items() if v}

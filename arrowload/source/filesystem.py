@@ -12,16 +12,17 @@ import fnmatch
 import inspect
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.fs as pafs
 
 from ..errors import (ArgumentTypeError, InvalidArgumentError, MissingDependencyError,
-                      PathEncodingError, PathNotFoundError, StorageAccessError,
+                      PathEncodingError, PathNotFoundError, SnapshotChangedError, StorageAccessError,
                       StorageEndpointError)
 from .retry import DENIED, ENDPOINT, PERMANENT, classify, retry
-from .identity import identity_of
+from .identity import identity_from_info, identity_of
 
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _GLOB_CHARS = set("*?[")
@@ -102,15 +103,22 @@ class _Handler(pafs.FSSpecHandler):
 
 def _check_listed(path: str, listed: tuple[int | None, str | None], info: dict) -> None:
     """Raise SnapshotChangedError where ``info`` (the object now) is not the version listed."""
-    from .identity import identity_from_info
     size, identity = listed
     now_size, now_identity = info.get("size"), identity_from_info(info)
     if (size is not None and now_size is not None and now_size != size) or \
             (identity is not None and now_identity is not None and now_identity != identity):
-        from .snapshot import files_changed_error
         raise files_changed_error([path], "the dataset", "it was listed",
                                   "open the dataset again (al.dataset(...)) to read the files as they "
                                   "are now, or pin() datasets whose files are rewritten in place")
+
+
+def files_changed_error(changed: Sequence[str], under: str, since: str, fix: str) -> SnapshotChangedError:
+    """The error for listed files (``changed``: their paths, as ``FileSource.changed_files``
+    gives them) that changed under ``under`` (the loader, the dataset) after ``since``, and
+    what to do (``fix``); it names the first."""
+    return SnapshotChangedError(f"the data changed under {under}: {', '.join(changed[:3])} "
+                                f"{'were' if len(changed) > 1 else 'was'} rewritten, added or removed "
+                                f"after {since}; {fix}", changed[0])
 
 
 def bind_listing(filesystem: pafs.FileSystem, entries) -> pafs.FileSystem:

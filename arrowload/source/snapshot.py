@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import CorruptFileError, SnapshotChangedError, UnsupportedError
-from .filesystem import FileEntry
+from .filesystem import FileEntry, files_changed_error  # noqa: F401 - the snapshot's error, said here
 
 MANIFEST_FORMAT = "arrowload.snapshot_manifest"
 MANIFEST_VERSION = 1
@@ -128,15 +128,6 @@ def differs(pinned: PinnedFile, now: FileEntry | None) -> str | None:
     if pinned.identity is not None and now.identity is not None and pinned.identity != now.identity:
         return f"was rewritten ({now.identity}, the snapshot recorded {pinned.identity})"
     return None
-
-
-def files_changed_error(changed: Sequence[str], under: str, since: str, fix: str) -> SnapshotChangedError:
-    """The error for listed files (``changed``: their paths, as ``FileSource.changed_files``
-    gives them) that changed under ``under`` (the loader, the dataset) after ``since``, and
-    what to do (``fix``); it names the first."""
-    return SnapshotChangedError(f"the data changed under {under}: {', '.join(changed[:3])} "
-                                f"{'were' if len(changed) > 1 else 'was'} rewritten, added or removed "
-                                f"after {since}; {fix}", changed[0])
 
 
 def changed_paths(source: Any) -> list[str]:
