@@ -206,7 +206,8 @@ def _inspect(args: argparse.Namespace) -> int:
     for u in units:
         by_file.setdefault(u.file, []).append(u)
     files = sorted(by_file.items())
-    prefix = src.display.rstrip("/") + "/"
+    # (the root as the filesystem spells it: ../lake and /abs/lake alike)
+    prefix = (getattr(src, "base", None) or src.display).rstrip("/") + "/"
     listed = files if args.files == 0 else files[: args.files]
     rows = []
     for _, us in listed:
@@ -279,7 +280,8 @@ def _sql(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     ds = _selection(args)
     if args.batch_size is not None:
-        with ds.loader(args.batch_size, shuffle=_shuffle(args.shuffle)) as loader:
+        with ds.loader(args.batch_size, shuffle=_shuffle(args.shuffle),
+                       fill_null=None if args.fill_null is None else {"*": args.fill_null}) as loader:
             print(wrap_lines(loader.explain(), terminal_width()))
     else:
         print(wrap_lines(ds.explain(), terminal_width()))
@@ -473,6 +475,8 @@ _CLI_TERMS = (
     ("storage_options apply", "--storage-option applies"),
     ("drop storage_options", "drop --storage-option"),
     ("Bind the data as a table (al.sql(query, name=...))", "Bind the data with --table NAME=PATH"),
+    ("bind the data as a table: al.sql('SELECT ... FROM t', t=al.dataset(PATH))",
+     "bind the data as a table: --table t=PATH and FROM t"),
     ("external_access=True allows the rest, for SQL you trust",
      "without --no-external-access the rest is allowed, for SQL you trust"),
     ("external_access=False", "--no-external-access"),
@@ -605,6 +609,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--batch-size", type=_positive_int, metavar="N", help="also explain a loader")
     explain.add_argument("--shuffle", choices=SHUFFLE_CHOICES, default="none",
                          help="the loader's shuffle (with --batch-size)")
+    explain.add_argument("--fill-null", type=float, metavar="VALUE",
+                         help="the loader fills nulls in numeric columns with VALUE (with --batch-size; "
+                              "default: a null is an error)")
     explain.set_defaults(func=_explain)
 
     bench = sub.add_parser("bench", help="epoch throughput of a loader on your data vs the raw pyarrow scan",

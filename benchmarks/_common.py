@@ -28,6 +28,8 @@ def ensure_lake(rows: int, *, partition_by: str | None = None, log=print) -> Pat
     ``partition_by="country"`` gives the hive-partitioned copy of the same rows,
     ``events-<rows>-country/country=US/part-00000.parquet`` ...
     """
+    if rows < 1:  # (--rows 0 ran the full size, --rows -5 wrote events--5/)
+        raise SystemExit(f"--rows must be at least 1, got {rows}")
     params = {"generator": "arrowload.datagen.write_lake", "rows": rows, "seed": 0,
               "compression": "zstd", **LAKE_PARAMS}
     name = f"events-{rows}"

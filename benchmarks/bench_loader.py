@@ -211,7 +211,7 @@ def main(argv=None) -> int:
         return bench_memory.main([a for a in rest if a != "--"])
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
+    rows = args.rows if args.rows is not None else (QUICK_ROWS if args.quick else FULL_ROWS)
     lakes = {"events": ensure_lake(rows)}
     scratch = Path(tempfile.mkdtemp(prefix="arrowload-bench-"))
     cache = str(scratch / "cache")

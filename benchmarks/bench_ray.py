@@ -124,8 +124,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--write", action="store_true", help="record the table in RESULTS.md")
     args = p.parse_args(argv)
-    rows = args.rows or (20_000 if args.quick else 200_000)
+    rows = args.rows if args.rows is not None else (20_000 if args.quick else 200_000)
     reps = args.reps or (1 if args.quick else 3)
+    if rows < 1:
+        raise SystemExit(f"--rows must be at least 1, got {rows}")
     lake = write_lake(HERE / "data" / f"ray-{rows}", rows)
     ds = al.dataset(str(lake)).map(tokenize, columns=["id", "label", "blob"], name="tokenize-v1")
 

@@ -637,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="only measure Parquet page checksum verification: a lake written with "
                         "page checksums, arrowload to_arrow() with verification on vs off")
     args = p.parse_args(argv)
-    rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
+    rows = args.rows if args.rows is not None else (QUICK_ROWS if args.quick else FULL_ROWS)
     reps = args.reps if args.reps is not None else (3 if args.quick else 7)
     if reps < 3:
         p.error("--reps must be at least 3 (medians of fewer runs are noise)")

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unknown feed {f!r}")
     if "resident" not in args.feeds:
         args.feeds.insert(0, "resident")
-    rows = args.rows or (1_000_000 if args.quick else 4_000_000)
+    rows = args.rows if args.rows is not None else (1_000_000 if args.quick else 4_000_000)
     reps = args.reps or (3 if args.quick else 5)
     if reps < 3:
         p.error("--reps must be at least 3 (medians of fewer runs are noise)")

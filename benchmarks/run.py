@@ -930,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
     def _term(*_):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, _term)
-    rows = args.rows or (QUICK_ROWS if args.quick else FULL_ROWS)
+    rows = args.rows if args.rows is not None else (QUICK_ROWS if args.quick else FULL_ROWS)
     args.reps = args.reps or (3 if args.quick else 5)
     if args.reps < 3:
         p.error("--reps must be at least 3 (medians of fewer runs are noise)")

@@ -44,7 +44,7 @@ def train_loop(config: dict) -> None:
     for epoch in range(config.get("epochs", 1)):
         loader.set_epoch(epoch)
         for batch in loader:
-            x = torch.stack([batch[c] for c in FEATURES], dim=1)
+            x = torch.stack([batch[c] for c in FEATURES], dim=1).float()  # (a lake's features may be float64)
             y = batch["label"].unsqueeze(1)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x), y)
             opt.zero_grad()
@@ -92,7 +92,8 @@ def main() -> None:
     ray.init(num_cpus=max(2, args.workers), include_dashboard=False)
     out_dir = tempfile.mkdtemp(prefix="arrowload-ids-")
     result = run(path, workers=args.workers, batch_size=args.batch_size, epochs=args.epochs, out_dir=out_dir)
-    print("metrics:", result.metrics)
+    if result.error is not None:
+        raise result.error
     for name in sorted(os.listdir(out_dir)):
         with open(os.path.join(out_dir, name)) as f:
             doc = json.load(f)

@@ -360,3 +360,33 @@ def test_inspect_shows_everything_on_a_wide_terminal(wide_file, capsys, monkeypa
     for col in ("type", "nulls", "min", "max", "compressed", "uncompressed"):
         assert f" {col} " in header
     assert max(len(line) for line in out.splitlines()) <= 400
+
+
+# -- what a new user met (a review of the README and the CLI) -------------------------------
+
+def test_inspect_names_files_relative_to_the_root_however_the_path_is_written(run, parquet_lake):
+    """``../lake`` listed absolute paths where ``lake/`` listed relative ones."""
+    rel = os.path.relpath(parquet_lake, run.cwd)
+    names = sorted(os.listdir(parquet_lake))
+    for path in (parquet_lake, rel, rel + "/"):
+        table = run("inspect", path, "--files", "0").stdout.split("files:")[1]
+        assert all(f"│ {n} " in table for n in names), table
+        assert os.path.dirname(parquet_lake) not in table
+
+
+def test_explain_takes_the_fill_null_its_loader_error_names(run, parquet_lake):
+    """The loader's null error said "pass --fill-null VALUE", which explain did not take."""
+    err = _error_line(run("explain", parquet_lake, "--columns", "id,score", "--batch-size", "64", rc=2))
+    assert "--fill-null VALUE" in err
+    out = run("explain", parquet_lake, "--columns", "id,score", "--batch-size", "64", "--fill-null", "0").stdout
+    assert "batch" in out
+
+
+def test_cli_error_lines_speak_cli(run, parquet_lake):
+    err = _error_line(run("sql", "SELECT count(*) AS n FROM events, read_parquet('nope/*.parquet') p",
+                          "--table", f"events={parquet_lake}", rc=2))
+    assert "--table t=PATH" in err and "al.sql(" not in err
+    err = _error_line(run("head", parquet_lake, "--format", "csv", rc=2))  # Parquet bytes read as CSV
+    assert not any(ord(ch) < 32 for ch in err) and len(err) < 1000
+    err = _error_line(run("sql", "SELECT id FROM events WHERE", "--table", f"events={parquet_lake}", rc=2))
+    assert "WHERE needs a condition after it" in err

@@ -53,6 +53,8 @@ def syntax_error(error: dict, text: str, what: str) -> ExpressionError:
             message = "incomplete BETWEEN: write x BETWEEN low AND high"
         elif cls in ("Not", "Neg", "BitwiseNot", "Abs"):
             message = f"incomplete expression: {op} needs an operand"
+        elif cls in ("Where", "Having", "Qualify"):  # clauses: the condition follows the keyword
+            message = f"incomplete query: {op} needs a condition after it"
         elif part == "this":
             message = f"incomplete expression: {op} needs an operand on its left"
             start = _operator_start(text, op, start)

@@ -6,6 +6,7 @@ import copy
 import functools
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -97,6 +98,13 @@ def _is_side_json(path: str) -> bool:
 #: read them. pyarrow's default, nanoseconds, wraps the dates Spark and Hive write as
 #: sentinels (9999-12-31 read as 1816-03-30, 0001-01-01 as 1754-08-30) without a word
 INT96_UNIT = "us"
+
+
+def _printable(exc: BaseException, limit: int = 400) -> str:
+    """A reader's message about a file, shown: its control bytes (a binary file read as CSV
+    quotes them) as ``?`` and at most ``limit`` characters."""
+    text = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "?", str(exc))
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _file_format(fmt: str, scan: ScanOptions | None = None) -> ds.FileFormat:
@@ -310,8 +318,8 @@ class FileSource(PicklableLock, Source):
             raise self._gone(path, exc) from exc
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise _encrypted(path, exc) or CorruptFileError(
-                f"cannot read the {self.kind} footer/header of {path!r}: {exc}. The file is truncated, "
-                f"corrupt or not {self.kind}; remove or rewrite it", path) from exc
+                f"cannot read the {self.kind} footer/header of {path!r}: {_printable(exc)}. The file is "
+                f"truncated, corrupt or not {self.kind}; remove or rewrite it", path) from exc
         except OSError as exc:
             typed = storage_error(exc, path, local=self.is_local)  # credentials, denied, endpoint
             if typed is not None:
