@@ -328,6 +328,35 @@ def test_an_option_the_client_refuses_is_an_invalid_argument(lakes, s3_endpoint)
     assert got.value.argument == "storage_options"
 
 
+def test_requests_per_file(lakes, s3_endpoint, monkeypatch):
+    """What opening and reading a folder of small files asks S3, counted where s3fs sends its
+    requests: the listing's ETags are kept (a HEAD per file asked them again), and a file
+    opened with a fresh HEAD (the check that it is still the version listed) is not asked
+    again by s3fs' first read. Per file: 2 HEAD + 2 GET to open (two footer reads, see
+    FOOTER_READS_PER_FILE), 1 HEAD + 1 GET to read; it was 4 + 2 and 2 + 1."""
+    import collections
+
+    import s3fs
+    s3 = make_s3fs(s3_endpoint)
+    n = 12
+    for i in range(n):
+        s3.pipe(f"{BUCKET}/small-files/f{i:02d}.parquet", _ids_parquet(i, 1))
+    calls = collections.Counter()
+    real = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        calls[method] += 1
+        return await real(self, method, *args, **kwargs)
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
+    ds = open_s3("storage_options", f"s3://{BUCKET}/small-files/", s3_endpoint)
+    assert ds.count() == n
+    assert calls["get_object"] == FOOTER_READS_PER_FILE * n
+    assert calls["head_object"] <= FOOTER_READS_PER_FILE * n + 4, calls  # (+ a few for the root)
+    calls.clear()
+    assert sorted(ds.to_arrow()["id"].to_pylist()) == list(range(n))
+    assert dict(calls) == {"head_object": n, "get_object": n}
+
+
 # ---------------------------------------------------------------------------
 # transient and permanent errors
 

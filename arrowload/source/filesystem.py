@@ -64,6 +64,9 @@ class _Handler(pafs.FSSpecHandler):
         self.cache_type = cache_type
         #: the version each listed file had when listed, by path: (size, identity)
         self.listed = listed or {}
+        #: identities (``identity.identity_from_info``) of the files this handler's listings
+        #: found, by path: a listing reports them, so no request per file asks again
+        self.identities: dict[str, str | None] = {}
 
     def bound(self, entries) -> "_Handler":
         """This handler for one listing (``FileEntry`` s): opening a listed file checks that it
@@ -88,11 +91,38 @@ class _Handler(pafs.FSSpecHandler):
         # or no cache_type is asked without them)
         for kwargs in ({**cache, **size}, cache, {}):
             try:
-                return PythonFile(self.fs.open(path, mode="rb", **kwargs), mode="r")
+                f = self.fs.open(path, mode="rb", **kwargs)
+                break
             except TypeError:
                 if not kwargs:
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
+        if type(getattr(type(f), "details", None)) is property and getattr(f, "_details", 0) is None:
+            try:  # what its first read would ask the store again (s3fs: one HEAD per open)
+                f.details = info
+            except (AttributeError, KeyError, TypeError):
+                pass
+        return PythonFile(f, mode="r")
+
+    def get_file_info_selector(self, selector):
+        """pyarrow's ``FSSpecHandler.get_file_info_selector``, keeping each file's identity
+        from the listing's details (``identities``)."""
+        fs = self.fs
+        if not fs.isdir(selector.base_dir):
+            if fs.exists(selector.base_dir):
+                raise NotADirectoryError(selector.base_dir)
+            if selector.allow_not_found:
+                return []
+            raise FileNotFoundError(selector.base_dir)
+        found = fs.find(selector.base_dir, maxdepth=None if selector.recursive else 1, withdirs=True,
+                        detail=True)
+        base = selector.base_dir.strip("/")
+        infos = []
+        for path, info in found.items():
+            if path.strip("/") != base:  # (fsspec lists the base folder itself: pyarrow's GH-37555)
+                infos.append(self._create_file_info(path, info))
+                if info.get("type") == "file":
+                    self.identities[path] = identity_from_info(info)
+        return infos
 
     def open_input_file(self, path):
         return self._open(path)

@@ -40,6 +40,9 @@ def identity_of(fs: pafs.FileSystem, path: str, *, fresh: bool = False) -> str |
     inner = _fsspec_of(fs)
     if inner is None:
         return None
+    listed = getattr(getattr(fs, "handler", None), "identities", None)
+    if not fresh and listed and path in listed:  # as the listing that found the file said
+        return listed[path]
     try:
         if fresh:
             inner.invalidate_cache(path)
