@@ -117,10 +117,10 @@ def test_source_shape_checks_its_estimates():
 
 
 GOLDEN = {  # counts (3, 0, 5, 2, 4), seed 7, epoch 1, window 2, positions [1, 13), batch 2;
-    # (kind, est_bytes, lo, hi, unit or window). Block windows: units (4, 3), (0, 2), (1).
+    # (kind, est_bytes, lo, hi, unit or window). Block windows: units (0, 4), (2, 3), (1).
     ("none", False): [("unit", 6, 1, 3, 0), ("unit", 50, 0, 5, 2), ("unit", 20, 0, 2, 3), ("unit", 30, 0, 3, 4)],
-    ("block", False): [("window", 120, 1, 6, 0), ("window", 120, 0, 7, 1)],
-    # (windows: part of the first, 2x its units' 60; part of the second, 2x its units' 60)
+    ("block", False): [("window", 100, 1, 7, 0), ("window", 140, 0, 6, 1)],
+    # (windows: part of the first, 2x its units' 50; part of the second, 2x its units' 70)
     ("global", True): [("gather", 8, 1, 5, -1), ("gather", 8, 5, 9, -1), ("gather", 8, 9, 13, -1)],
     ("block", True): [("gather", 8, 1, 5, -1), ("gather", 8, 5, 9, -1), ("gather", 8, 9, 13, -1)],
     ("none", True): [("unit", 4, 1, 3, 0), ("unit", 8, 0, 4, 2), ("unit", 2, 4, 5, 2), ("unit", 4, 0, 2, 3),

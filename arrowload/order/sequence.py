@@ -56,8 +56,9 @@ _SALT_WINDOW = 0x63
 
 #: the version of the order arithmetic: bumped whenever any kind's order changes
 #: 2: "block" shuffles rows inside a window by ``shuffled_range`` (was ``permute``)
-#: 3: ``permute`` runs its network over ``bit_length(n - 1)`` bits, halves of unequal widths
-#: where that is odd (was rounded up to an even number): "global" rows and "block" units
+#: 3: ``permute`` hash-sorts domains of at most ``SMALL_DOMAIN`` positions and runs its
+#: network over ``bit_length(n - 1)`` bits for larger ones, halves of unequal widths where
+#: that is odd (was a network over an even number of bits): "global" rows and "block" units
 ORDER_VERSION = 3
 #: the version in which each kind's order last changed: a state taken under an earlier
 #: version would resume into another order
