@@ -512,7 +512,8 @@ def sql(query: str, *, external_access: bool = True, **tables: Any) -> Dataset:
         raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
     tree = parse_query(query)
     bound = {name: value if isinstance(value, Dataset) else dataset(value) for name, value in tables.items()}
-    plan, first = build(tree, {name: d.plan for name, d in bound.items()}, external_access=external_access)
+    plan, first = build(tree, {name: d.plan for name, d in bound.items()}, external_access=external_access,
+                        query=query)
     return Dataset(plan, bound[first].options)
 
 

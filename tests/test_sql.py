@@ -995,3 +995,43 @@ def test_the_sandbox_refuses_reading_settings(query):
     assert al.sql(query, t=t).count() >= 1  # DuckDB's full reach by default
     with pytest.raises(al.ExternalAccessError, match="settings"):
         al.sql(query, external_access=False, t=t)
+
+
+# -- DuckDB evaluates an expression as it is written ----------------------------------------
+
+def _written_table() -> pa.Table:
+    rng = np.random.default_rng(3)
+    return pa.table({
+        "id": [1, 2, 3],
+        "month": ["year", "month", "day"],       # a column named like a date part
+        "d1": pa.array([0, 400, 10], pa.int32()).cast(pa.date32()),
+        "d2": pa.array([1200, 420, 10], pa.int32()).cast(pa.date32()),
+        "s1": ["hello", "abcd", "Ämbar"], "s2": ["HELLO", "abce", "ämbar"],
+        "x": rng.random(3) * 100,
+        "a": [100, 200, 300],                    # a column named like a struct field
+        "ls": [[{"a": 1}, {"a": 2}], [{"a": 3}], []],
+    })
+
+
+@pytest.mark.parametrize("expr", [
+    "date_diff(month, d1, d2)",                  # sqlglot made the column the unit 'MONTH'
+    "date_trunc(month, d1)",
+    "jaro_winkler_similarity(s1, s2, 0.95)",     # the cutoff was dropped, strings upper-cased
+    "log2(x)",                                   # became LOG(2, x): last bits differ
+    "[e.a FOR e IN ls]",                         # e.a read the column a
+])
+def test_duckdb_evaluates_what_was_written(expr):
+    """Filters, computed columns and al.sql's lowered expressions used to reach DuckDB as
+    sqlglot regenerated them, which can mean something else to DuckDB."""
+    t = _written_table()
+    con = duckdb.connect()
+    con.register("t", t)
+    want = con.sql(f"SELECT id, {expr} AS v FROM t ORDER BY id").to_arrow_table()
+    got = al.dataset(t).select("id", v=expr).to_arrow()
+    assert got.column("v").to_pylist() == want.column("v").to_pylist()
+    got = al.sql(f"SELECT id, {expr} AS v FROM t WHERE id > 0", t=t).to_arrow().sort_by("id")
+    assert got.column("v").to_pylist() == want.column("v").to_pylist()
+    first = want.column("v")[0].as_py()
+    if isinstance(first, (int, float)):
+        kept = al.dataset(t).filter(f"{expr} = {first!r}").to_arrow()["id"].to_pylist()
+        assert kept == con.sql(f"SELECT id FROM t WHERE {expr} = {first!r} ORDER BY id").fetchnumpy()["id"].tolist()

@@ -145,17 +145,27 @@ class SqlExpr(Expr):
         from . import sandbox
         sandbox.check_expression(tree, text)
         tree = _comprehension_variables(tree)
+        written = sum(1 for _ in tree.find_all(exp.Column))
+        spans: list[tuple[int, int, str]] = []  # each column's place in ``text``, and its SQL now
 
         def fix(node):
             if isinstance(node, exp.Column):
-                field = _struct_path(node, schema)
-                if field is not None:
-                    return field
-                quoted = bool(getattr(node.this, "quoted", False))
-                real = sqlexpr.resolve_column(node.name, schema, quoted)
-                return exp.column(real, quoted=True)
+                new = _struct_path(node, schema)
+                if new is None:
+                    quoted = bool(getattr(node.this, "quoted", False))
+                    new = exp.column(sqlexpr.resolve_column(node.name, schema, quoted), quoted=True)
+                span = _span(node, text)
+                if span is not None:
+                    spans.append((*span, new.sql(DIALECT)))
+                return new
             return node
-        return cls(tree.transform(fix), text, schema)
+        out = cls(tree.transform(fix), text, schema)
+        if text is not None and len(spans) == written:
+            out._source = _rewritten(text, spans)
+        extra = _vars_naming_columns(tree, schema)
+        if extra and out._source is not None:
+            out.columns = out.columns | extra
+        return out
 
     @classmethod
     def column(cls, name: str) -> "SqlExpr":
@@ -232,9 +242,18 @@ class SqlExpr(Expr):
         ok = self.pushable_on(schema) if predicate else self.projectable_on(schema)
         return "pyarrow" if ok else "duckdb"
 
+    #: the SQL DuckDB evaluates where the user's text can be kept: the text as written, its
+    #: column names spelled as bound (``bind``); None: SQL regenerated from the tree
+    _source: str | None = None
+
     @cached_property
     def duck_sql(self) -> str:
-        """The SQL text DuckDB evaluates (regenerated from the bound tree)."""
+        """The SQL text DuckDB evaluates: the user's own where it is known (sqlglot's
+        regenerated SQL can mean something else to DuckDB: ``date_diff(month, ...)`` with a
+        column ``month`` became the unit 'MONTH', ``log2(x)`` became ``LOG(2, x)``, some
+        functions lost arguments), else regenerated from the bound tree."""
+        if self._source is not None:
+            return self._source
         return str(self)
 
     def to_arrow(self, schema: pa.Schema, predicate: bool = False) -> pc.Expression:
@@ -544,6 +563,54 @@ def make_expr(value: Any, schema: pa.Schema, what: str = "expression") -> Expr:
                             "or pc.field('x') > 1", what)
 
 
+def _span(node, text: str | None) -> tuple[int, int] | None:
+    """Where the column ``node`` is written in ``text`` (``[start, stop)``), from its parts'
+    positions; None where they are not known or the text there is not its name."""
+    if text is None:
+        return None
+    parts = node.parts
+    starts, stops = [], []
+    for part in parts:
+        meta = part.meta if hasattr(part, "meta") else {}
+        start, end = meta.get("start"), meta.get("end")
+        if start is None or end is None:
+            return None
+        written = text[start:end + 1]
+        quoted = bool(part.args.get("quoted"))
+        if (written[1:-1].replace('""', '"') if quoted else written) != part.name:
+            return None
+        starts.append(start)
+        stops.append(end + 1)
+    return min(starts), max(stops)
+
+
+def _rewritten(text: str, spans: list[tuple[int, int, str]]) -> str | None:
+    """``text`` with each span replaced (None where spans overlap), in parentheses on lines
+    of their own (a ``--`` comment in the text ends with its line)."""
+    out, at = [], 0
+    for start, stop, sql in sorted(spans):
+        if start < at:
+            return None
+        out += [text[at:start], sql]
+        at = stop
+    out.append(text[at:])
+    return "(\n" + "".join(out) + "\n)"
+
+
+def _vars_naming_columns(tree, schema: pa.Schema) -> frozenset[str]:
+    """Columns of ``schema`` that the tree holds as keywords (sqlglot reads ``month`` in
+    ``date_diff(month, a, b)`` as a date part, DuckDB as the column ``month``): the batch
+    DuckDB evaluates over must hold them."""
+    from sqlglot import exp
+    found = set()
+    for var in tree.find_all(exp.Var):
+        try:
+            found.add(sqlexpr.resolve_column(var.name, schema, False))
+        except (ColumnNotFoundError, KeyError, ValueError):
+            pass
+    return frozenset(found)
+
+
 def _comprehension_variables(tree):
     """``tree`` with the variables of list comprehensions (``[x + 1 FOR x IN lst]``) as bare
     identifiers, as sqlglot leaves a lambda's (``x -> x + 1``): they are not columns."""
@@ -559,6 +626,9 @@ def _comprehension_variables(tree):
             for col in list(part.find_all(exp.Column)):
                 if not col.table and col.name in names:
                     col.replace(exp.Identifier(this=col.name, quoted=bool(getattr(col.this, "quoted", False))))
+                elif col.parts[0].name in names:  # x.a: the variable's field, not a column a
+                    col.replace(exp.Dot.build([exp.Identifier(this=p.name, quoted=bool(p.args.get("quoted")))
+                                               for p in col.parts]))
     return tree
 
 

@@ -100,18 +100,76 @@ def _output_name(e: exp.Expression) -> str:
     return e.sql(DIALECT)
 
 
-def _lower_simple(tree: exp.Select, child: Plan) -> Plan:
-    """SELECT-project-filter-limit as Filter / Project / Limit nodes over ``child``."""
+def _written(query: str | None, tree: exp.Select) -> tuple[list[str | None], str | None]:
+    """Each select item's text as written in ``query`` (its alias left out) and the WHERE
+    condition's, found by the query's tokens; None for any not found. DuckDB evaluates an
+    expression as written: sqlglot's regenerated SQL can mean something else to it."""
+    from sqlglot.dialects.dialect import Dialect
+    from sqlglot.tokens import TokenType as T
+    none = [None] * len(tree.expressions)
+    if query is None:
+        return none, None
+    try:
+        tokens = Dialect.get_or_raise(DIALECT).tokenize(query)
+    except Exception:  # noqa: BLE001 - then the SQL is regenerated, as before
+        return none, None
+    clauses = {T.SELECT, T.FROM, T.WHERE, T.LIMIT}
+    depth, clause, items, where = 0, None, [[]], []
+    for tok in tokens:
+        if depth == 0 and tok.token_type in clauses:
+            clause = tok.token_type
+            continue
+        if depth == 0 and clause == T.SELECT and tok.token_type == T.COMMA:
+            items.append([])
+            continue
+        if tok.token_type in (T.L_PAREN, T.L_BRACKET, T.L_BRACE):
+            depth += 1
+        elif tok.token_type in (T.R_PAREN, T.R_BRACKET, T.R_BRACE):
+            depth -= 1
+        if clause == T.SELECT:
+            items[-1].append(tok)
+        elif clause == T.WHERE:
+            where.append(tok)
+    if len(items) != len(tree.expressions):
+        return none, None
+    texts: list[str | None] = []
+    for e, toks in zip(tree.expressions, items):
+        if isinstance(e, exp.Alias) and toks:
+            toks = toks[:-1]  # the alias, and its AS
+            if toks and toks[-1].token_type == T.ALIAS:
+                toks = toks[:-1]
+        texts.append(query[toks[0].start:toks[-1].end + 1] if toks else None)
+    return texts, (query[where[0].start:where[-1].end + 1] if where else None)
+
+
+def _bind_written(inner: exp.Expression, text: str | None, schema) -> SqlExpr:
+    """``inner`` bound, with DuckDB evaluating ``text`` (its text in the query) where that
+    parses to the same tree; else the SQL regenerated from the tree."""
+    from ..plan.sqlexpr import parse
+    if text is not None:
+        try:
+            again = parse(text)
+        except ValueError:
+            again = None
+        if isinstance(again, exp.Expression) and again.sql(DIALECT) == inner.sql(DIALECT):
+            return SqlExpr.bind(again, schema, text)
+    return SqlExpr.bind(inner, schema, inner.sql(DIALECT))
+
+
+def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Plan:
+    """SELECT-project-filter-limit as Filter / Project / Limit nodes over ``child``
+    (``query``: the text ``tree`` was parsed from)."""
     schema = child.schema
     plan: Plan = child
+    item_texts, where_text = _written(query, tree)
     where = tree.args.get("where")
     if where is not None:
-        plan = Filter(plan, SqlExpr.bind(where.this, schema, where.this.sql(DIALECT)))
+        plan = Filter(plan, _bind_written(where.this, where_text, schema))
         plan.predicate.check(schema, predicate=True)  # types now: an error -> DuckDB runs the query
     unnamed = []
     items: list[tuple[str, SqlExpr]] = []
     star_only = True
-    for e in tree.expressions:
+    for e, written in zip(tree.expressions, item_texts):
         if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
             star = e if isinstance(e, exp.Star) else e.this
             excluded = star.args.get("except_") or star.args.get("except") or star.args.get("exclude") or []
@@ -123,7 +181,7 @@ def _lower_simple(tree: exp.Select, child: Plan) -> Plan:
             continue
         star_only = False
         inner = e.this if isinstance(e, exp.Alias) else e
-        bound_e = SqlExpr.bind(inner, schema, inner.sql(DIALECT))
+        bound_e = _bind_written(inner, written, schema)
         if not isinstance(e, (exp.Alias, exp.Column)):
             unnamed.append(len(items))
         # a column keeps its name as stored (``SELECT ID`` outputs ``id``, as in DuckDB)
@@ -162,7 +220,7 @@ def _resolve(name: str, schema) -> str:
 
 
 def build(tree: exp.Expression, tables: dict[str, Plan], *,
-          external_access: bool = True) -> tuple[Plan, str]:
+          external_access: bool = True, query: str | None = None) -> tuple[Plan, str]:
     """The plan of the parsed query ``tree`` (``parse_query``) over ``tables`` (bound name
     -> plan), and the name of the first table it reads (whose options run it).
 
@@ -188,7 +246,7 @@ def build(tree: exp.Expression, tables: dict[str, Plan], *,
                               "al.sql('SELECT ... FROM t', t=...)")
     if _is_simple(tree) and len(used) == 1:
         try:
-            return _lower_simple(tree, tables[used[0]]), used[0]
+            return _lower_simple(tree, tables[used[0]], query), used[0]
         except (ValueError, KeyError):
             pass  # an expression (or repeated name) the lazy plan cannot express: DuckDB runs it
     # DuckDB runs it; bound names are registered as they are written in the query.
