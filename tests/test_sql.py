@@ -1035,3 +1035,24 @@ def test_duckdb_evaluates_what_was_written(expr):
     if isinstance(first, (int, float)):
         kept = al.dataset(t).filter(f"{expr} = {first!r}").to_arrow()["id"].to_pylist()
         assert kept == con.sql(f"SELECT id FROM t WHERE {expr} = {first!r} ORDER BY id").fetchnumpy()["id"].tolist()
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT st.* FROM t",                        # the struct's fields, not every column
+    "SELECT t.a FROM t",                         # the table's column a, not the struct t's field
+    "SELECT a FROM t WHERE t.a = 10",
+    "SELECT q.a, q.t.a AS f FROM t q WHERE q.t.a > 10",
+    "SELECT t.a, t.t.a AS f FROM t",
+])
+def test_qualified_names_resolve_as_in_duckdb(query):
+    """A table ``t`` with a column ``a`` and a struct column ``t`` holding a field ``a``."""
+    t = pa.table({"a": [1, 2, 3], "t": [{"a": 10}, {"a": 20}, None],
+                  "st": [{"x": 1, "y": "p"}, {"x": 2, "y": "q"}, {"x": 3, "y": "r"}]})
+    con = duckdb.connect()
+    con.register("t", t)
+    want = con.sql(query).to_arrow_table()
+    got = al.sql(query, t=t)
+    table = got.to_arrow()
+    assert table.column_names == want.column_names
+    assert sorted(_rows(table), key=_sort_key) == sorted(_rows(want), key=_sort_key)
+    assert got.count() == want.num_rows

@@ -132,9 +132,13 @@ class SqlExpr(Expr):
         return cls.bind(sqlexpr.parse(text, what), schema, text)
 
     @classmethod
-    def bind(cls, tree, schema: pa.Schema, text: str | None = None) -> "SqlExpr":
+    def bind(cls, tree, schema: pa.Schema, text: str | None = None,
+             table_names: frozenset[str] = frozenset()) -> "SqlExpr":
         """Resolve the tree's column names against ``schema`` now, so an unknown column
-        fails at the call that named it (unquoted names match case-insensitively)."""
+        fails at the call that named it (unquoted names match case-insensitively).
+        ``table_names`` (lower-case): names of the table the row comes from (``al.sql``'s
+        table and alias): ``t.a`` is its column ``a``, as in DuckDB, even where ``t`` is also
+        a struct column."""
         if simplesql.is_simple(tree):
             def resolve(node):
                 real = sqlexpr.resolve_column(node.name, schema, bool(node.this.args.get("quoted")))
@@ -150,11 +154,17 @@ class SqlExpr(Expr):
 
         def fix(node):
             if isinstance(node, exp.Column):
+                named = node
+                parts = node.parts
+                if len(parts) >= 2 and parts[0].name.lower() in table_names:  # the table's own column
+                    rest = [p.copy() for p in parts[1:]][::-1]
+                    node = exp.Column(this=rest[0], **({"table": rest[1]} if len(rest) > 1 else {}),
+                                      **({"db": rest[2]} if len(rest) > 2 else {}))
                 new = _struct_path(node, schema)
                 if new is None:
                     quoted = bool(getattr(node.this, "quoted", False))
                     new = exp.column(sqlexpr.resolve_column(node.name, schema, quoted), quoted=True)
-                span = _span(node, text)
+                span = _span(named, text)
                 if span is not None:
                     spans.append((*span, new.sql(DIALECT)))
                 return new

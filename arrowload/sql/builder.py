@@ -142,9 +142,10 @@ def _written(query: str | None, tree: exp.Select) -> tuple[list[str | None], str
     return texts, (query[where[0].start:where[-1].end + 1] if where else None)
 
 
-def _bind_written(inner: exp.Expression, text: str | None, schema) -> SqlExpr:
+def _bind_written(inner: exp.Expression, text: str | None, schema, names: frozenset[str]) -> SqlExpr:
     """``inner`` bound, with DuckDB evaluating ``text`` (its text in the query) where that
-    parses to the same tree; else the SQL regenerated from the tree."""
+    parses to the same tree; else the SQL regenerated from the tree. ``names``: the table's
+    name and alias (lower-case), which qualify its columns."""
     from ..plan.sqlexpr import parse
     if text is not None:
         try:
@@ -152,8 +153,8 @@ def _bind_written(inner: exp.Expression, text: str | None, schema) -> SqlExpr:
         except ValueError:
             again = None
         if isinstance(again, exp.Expression) and again.sql(DIALECT) == inner.sql(DIALECT):
-            return SqlExpr.bind(again, schema, text)
-    return SqlExpr.bind(inner, schema, inner.sql(DIALECT))
+            return SqlExpr.bind(again, schema, text, names)
+    return SqlExpr.bind(inner, schema, inner.sql(DIALECT), names)
 
 
 def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Plan:
@@ -162,15 +163,19 @@ def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Pl
     schema = child.schema
     plan: Plan = child
     item_texts, where_text = _written(query, tree)
+    table = (tree.args.get("from") or tree.args.get("from_")).this
+    names = frozenset(n.lower() for n in (table.name, table.alias) if n)
     where = tree.args.get("where")
     if where is not None:
-        plan = Filter(plan, _bind_written(where.this, where_text, schema))
+        plan = Filter(plan, _bind_written(where.this, where_text, schema, names))
         plan.predicate.check(schema, predicate=True)  # types now: an error -> DuckDB runs the query
     unnamed = []
     items: list[tuple[str, SqlExpr]] = []
     star_only = True
     for e, written in zip(tree.expressions, item_texts):
         if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
+            if isinstance(e, exp.Column) and e.table and e.table.lower() not in names:
+                raise ValueError("st.*: a struct's fields")  # DuckDB runs it
             star = e if isinstance(e, exp.Star) else e.this
             excluded = star.args.get("except_") or star.args.get("except") or star.args.get("exclude") or []
             drop = {_resolve(x.name, schema) for x in excluded}
@@ -181,7 +186,7 @@ def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Pl
             continue
         star_only = False
         inner = e.this if isinstance(e, exp.Alias) else e
-        bound_e = _bind_written(inner, written, schema)
+        bound_e = _bind_written(inner, written, schema, names)
         if not isinstance(e, (exp.Alias, exp.Column)):
             unnamed.append(len(items))
         # a column keeps its name as stored (``SELECT ID`` outputs ``id``, as in DuckDB)
