@@ -1056,3 +1056,15 @@ def test_qualified_names_resolve_as_in_duckdb(query):
     assert table.column_names == want.column_names
     assert sorted(_rows(table), key=_sort_key) == sorted(_rows(want), key=_sort_key)
     assert got.count() == want.num_rows
+
+
+@pytest.mark.parametrize("expr", ["i ^ 2", "s IS NOT NULL", "len(s)", "CAST(i AS VARCHAR)", "i::INT8",
+                                  "INTERVAL '1 hour'", "1_000", "substr(s, 1, 1)"])
+def test_unaliased_expressions_are_named_as_duckdb_names_them(expr):
+    """They were named by binding sqlglot's SQL: ``length(s)`` for ``len(s)``,
+    ``CAST(i AS TEXT)`` for ``CAST(i AS VARCHAR)``, ``power(i, 2)`` for ``i ^ 2``."""
+    t = pa.table({"i": [1, 2], "s": ["a", None]})
+    con = duckdb.connect()
+    con.register("t", t)
+    query = f"SELECT i, {expr} FROM t"
+    assert al.sql(query, t=t).schema.names == con.sql(query).columns

@@ -274,10 +274,12 @@ def result_schema(node: Query, reader: PlanReader) -> pa.Schema:
         con.close()
 
 
-def output_names(tree, schema: pa.Schema) -> list[str] | None:
+def output_names(tree, schema: pa.Schema, query: str | None = None) -> list[str] | None:
     """The names DuckDB gives the select list of a one-table ``tree`` over ``schema``
     (``(price * 2)``, ``CAST("label" AS DOUBLE)`` ...), found by binding it over an empty
-    table; None where DuckDB cannot bind it."""
+    table: ``query`` as written where given (DuckDB names an expression by its own spelling
+    of what was written: ``len(s)``, not sqlglot's ``length(s)``), else the tree's SQL; None
+    where DuckDB cannot bind it."""
     from sqlglot import exp
 
     from ..plan.sqlexpr import DIALECT
@@ -285,7 +287,7 @@ def output_names(tree, schema: pa.Schema) -> list[str] | None:
     con = connect(external_access=False)  # binding needs nothing outside the empty table
     try:
         con.register(table.name, schema.empty_table())
-        return list(con.sql(tree.sql(DIALECT)).columns)
+        return list(con.sql(query if query is not None else tree.sql(DIALECT)).columns)
     except _errors():
         return None
     finally:

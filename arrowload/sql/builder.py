@@ -193,7 +193,7 @@ def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Pl
         # (a struct's field ``st.b`` is named ``b``)
         items.append(((bound_e.column_name() or e.name) if isinstance(e, exp.Column) else _output_name(e), bound_e))
     if unnamed:  # unaliased expressions are named as DuckDB names them
-        names = duck.output_names(tree, schema)
+        names = duck.output_names(tree, schema, query)
         if names is not None and len(names) == len(items):
             items = [(names[i], e) if i in unnamed else (n, e) for i, (n, e) in enumerate(items)]
     if not star_only:
