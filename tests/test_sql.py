@@ -1068,3 +1068,13 @@ def test_unaliased_expressions_are_named_as_duckdb_names_them(expr):
     con.register("t", t)
     query = f"SELECT i, {expr} FROM t"
     assert al.sql(query, t=t).schema.names == con.sql(query).columns
+
+
+def test_a_union_typed_expression_reads_as_duckdb_gives_it():
+    """Arrow cannot concatenate unions: a bare ArrowNotImplementedError('sparse_union')."""
+    t = pa.table({"id": [1, 2], "i": pa.array([1, 2], pa.int32())})
+    e = "CAST(i AS UNION(a INT, b VARCHAR))"
+    want = duckdb.sql(f"SELECT {e} AS v FROM t").to_arrow_table().column("v")
+    got = al.dataset(t).select("id", v=e)
+    assert got.schema.field("v").type == want.type
+    assert got.to_arrow().column("v").to_pylist() == want.to_pylist()

@@ -161,7 +161,23 @@ def evaluate_many(batch: pa.RecordBatch, items: list[tuple[str, str, str]], colu
     if out.num_rows != batch.num_rows:  # pragma: no cover - an aggregate would be refused earlier
         raise ExpressionError(f"expression {texts!r} does not give one value per row; use al.sql() "
                               "for aggregates")
-    return [canonical(out.column(i).combine_chunks()) for i in range(len(items))]
+    return [canonical(_one_array(out.column(i))) for i in range(len(items))]
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """A column's chunks as one array. Unions cannot be concatenated by Arrow (26): one
+    chunk is taken as it is, more are refused in arrowload's words."""
+    if column.num_chunks == 1:
+        return column.chunk(0)
+    t = column.type
+    if column.num_chunks == 0 and pat.is_union(t) and t.mode == "sparse":  # no rows: typed all the same
+        return pa.UnionArray.from_sparse(pa.array([], pa.int8()), [pa.array([], f.type) for f in t],
+                                         field_names=[f.name for f in t], type_codes=list(t.type_codes))
+    try:
+        return column.combine_chunks()
+    except pa.ArrowNotImplementedError as e:
+        raise UnsupportedError(f"an expression of type {column.type} over several record batches is "
+                               f"not supported ({e}); cast it to another type (e.g. VARCHAR)") from None
 
 
 def canonical_type(t: pa.DataType) -> pa.DataType:
