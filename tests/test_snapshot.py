@@ -560,3 +560,34 @@ def test_s3_manifest_saved_to_the_store_itself(s3, tmp_path):
     assert int(out.stdout.strip()) == pq.read_table(local).num_rows
     with pytest.raises(al.InvalidArgumentError, match="storage_options"):
         ds.save_manifest(str(tmp_path / "local.json"), storage_options=options)
+
+
+def test_a_same_size_rewrite_through_an_fsspec_wrapper_is_refused(tmp_path):
+    """Through fsspec's DirFileSystem over a local folder, a file rewritten in place with the
+    same size (and so the same inode) was read through its old footer: the new file's rows,
+    silently. Its modification time now decides, as on the local disk."""
+    import os
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from fsspec.implementations.dirfs import DirFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+
+    import arrowload as al
+    os.makedirs(tmp_path / "lake")
+    path = tmp_path / "lake" / "a.parquet"
+    other = tmp_path / "other.parquet"
+    for target, step in ((path, 0), (other, 1)):
+        pq.write_table(pa.table({"x": np.arange(0, 3000, 3) + step}), target, row_group_size=250,
+                       compression="NONE")
+    assert os.path.getsize(path) == os.path.getsize(other)
+    ds = al.dataset("lake", filesystem=DirFileSystem(str(tmp_path), fs=LocalFileSystem()))
+    assert ds.count() == 1000
+    listed = os.stat(path)
+    with open(path, "r+b") as f:  # rewritten in place: the same inode and size
+        f.write(other.read_bytes())
+    os.utime(path, ns=(listed.st_atime_ns, listed.st_mtime_ns + 1_000_000))  # whatever the clock's grain
+    assert os.stat(path).st_ino == listed.st_ino
+    with pytest.raises(al.SnapshotChangedError):
+        ds.to_arrow()

@@ -59,10 +59,10 @@ class _Handler(pafs.FSSpecHandler):
     against 195 KB without it (moto's S3 server, bytes s3fs fetched)."""
 
     def __init__(self, fs, cache_type: str | None = "none",
-                 listed: dict[str, tuple[int | None, str | None]] | None = None) -> None:
+                 listed: dict[str, tuple[int | None, str | None, int | None]] | None = None) -> None:
         super().__init__(fs)
         self.cache_type = cache_type
-        #: the version each listed file had when listed, by path: (size, identity)
+        #: the version each listed file had when listed, by path: (size, identity, mtime_ns)
         self.listed = listed or {}
         #: identities (``identity.identity_from_info``) of the files this handler's listings
         #: found, by path: a listing reports them, so no request per file asks again
@@ -71,7 +71,7 @@ class _Handler(pafs.FSSpecHandler):
     def bound(self, entries) -> "_Handler":
         """This handler for one listing (``FileEntry`` s): opening a listed file checks that it
         is still the version listed (a fresh ``info``), as a cached footer describes only it."""
-        return _Handler(self.fs, self.cache_type, {e.path: (e.size, e.identity) for e in entries})
+        return _Handler(self.fs, self.cache_type, {e.path: (e.size, e.identity, e.mtime_ns) for e in entries})
 
     def _open(self, path):
         from pyarrow import PythonFile
@@ -84,7 +84,8 @@ class _Handler(pafs.FSSpecHandler):
         if info.get("type") not in (None, "file"):
             raise FileNotFoundError(path)
         if listed is not None:
-            _check_listed(path, listed, info)
+            now = self._create_file_info(path, info)  # (its mtime as the listing converted it)
+            _check_listed(path, listed, info, now.mtime_ns if now.mtime is not None else None)
         cache = {} if self.cache_type is None else {"cache_type": self.cache_type}
         size = {"size": info["size"]} if isinstance(info.get("size"), int) else {}
         # (the size known: no second request for it; a filesystem whose files take no size
@@ -131,12 +132,18 @@ class _Handler(pafs.FSSpecHandler):
         return self._open(path)
 
 
-def _check_listed(path: str, listed: tuple[int | None, str | None], info: dict) -> None:
-    """Raise SnapshotChangedError where ``info`` (the object now) is not the version listed."""
-    size, identity = listed
+def _check_listed(path: str, listed: tuple[int | None, str | None, int | None], info: dict,
+                  mtime_ns: int | None) -> None:
+    """Raise SnapshotChangedError where ``info`` (the object now; ``mtime_ns`` its modification
+    time) is not the version listed: another size, identity or modification time (a file
+    rewritten in place keeps its size and, on a local disk, its inode)."""
+    size, identity, listed_mtime = listed
     now_size, now_identity = info.get("size"), identity_from_info(info)
     if (size is not None and now_size is not None and now_size != size) or \
-            (identity is not None and now_identity is not None and now_identity != identity):
+            (identity is not None and now_identity is not None and now_identity != identity) or \
+            (listed_mtime is not None and mtime_ns is not None and listed_mtime != mtime_ns
+             and not any(k in info for k in ("ETag", "etag", "generation"))):  # (a store's version
+        # marker decides there: a listing and a HEAD may give its time in other precisions)
         raise files_changed_error([path], "the dataset", "it was listed",
                                   "open the dataset again (al.dataset(...)) to read the files as they "
                                   "are now, or pin() datasets whose files are rewritten in place")
