@@ -166,15 +166,13 @@ class SqlExpr(Expr):
                     new = exp.column(sqlexpr.resolve_column(node.name, schema, quoted), quoted=True)
                 span = _span(named, text)
                 if span is not None:
-                    spans.append((*span, new.sql(DIALECT)))
+                    spans.append((*span, new))  # (its SQL written when DuckDB needs it: duck_sql)
                 return new
             return node
         out = cls(tree.transform(fix), text, schema)
-        if text is not None and len(spans) == written:
-            out._source = _rewritten(text, spans)
-        extra = _vars_naming_columns(tree, schema)
-        if extra and out._source is not None:
-            out.columns = out.columns | extra
+        if text is not None and len(spans) == written and _disjoint(spans):
+            out._spans = spans
+            out.columns = out.columns | _vars_naming_columns(tree, schema)
         return out
 
     @classmethod
@@ -252,9 +250,10 @@ class SqlExpr(Expr):
         ok = self.pushable_on(schema) if predicate else self.projectable_on(schema)
         return "pyarrow" if ok else "duckdb"
 
-    #: the SQL DuckDB evaluates where the user's text can be kept: the text as written, its
-    #: column names spelled as bound (``bind``); None: SQL regenerated from the tree
-    _source: str | None = None
+    #: where each column is written in the text, and its bound tree (``bind``): the text as
+    #: written can then be given to DuckDB with its names spelled as bound; None: SQL
+    #: regenerated from the tree
+    _spans: list | None = None
 
     @cached_property
     def duck_sql(self) -> str:
@@ -262,8 +261,8 @@ class SqlExpr(Expr):
         regenerated SQL can mean something else to DuckDB: ``date_diff(month, ...)`` with a
         column ``month`` became the unit 'MONTH', ``log2(x)`` became ``LOG(2, x)``, some
         functions lost arguments), else regenerated from the bound tree."""
-        if self._source is not None:
-            return self._source
+        if self._spans is not None and self._text is not None:
+            return _rewritten(self._text, [(a, b, node.sql(DIALECT)) for a, b, node in self._spans])
         return str(self)
 
     def to_arrow(self, schema: pa.Schema, predicate: bool = False) -> pc.Expression:
@@ -594,13 +593,16 @@ def _span(node, text: str | None) -> tuple[int, int] | None:
     return min(starts), max(stops)
 
 
-def _rewritten(text: str, spans: list[tuple[int, int, str]]) -> str | None:
-    """``text`` with each span replaced (None where spans overlap), in parentheses on lines
-    of their own (a ``--`` comment in the text ends with its line)."""
+def _disjoint(spans: list[tuple]) -> bool:
+    ordered = sorted(spans, key=lambda s: s[0])
+    return all(a[1] <= b[0] for a, b in zip(ordered, ordered[1:]))
+
+
+def _rewritten(text: str, spans: list[tuple[int, int, str]]) -> str:
+    """``text`` with each (disjoint) span replaced, in parentheses on lines of their own (a
+    ``--`` comment in the text ends with its line)."""
     out, at = [], 0
-    for start, stop, sql in sorted(spans):
-        if start < at:
-            return None
+    for start, stop, sql in sorted(spans, key=lambda s: s[0]):
         out += [text[at:start], sql]
         at = stop
     out.append(text[at:])
