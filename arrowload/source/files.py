@@ -808,7 +808,8 @@ class FileSource(PicklableLock, Source):
         ``SnapshotChangedError`` naming them. Its footers, read once, would otherwise be
         taken for a rewritten file's: their statistics prune rows the file now holds (a
         rewrite with the same layout read wrong rows without a word), their offsets fail
-        the read. Remote files are not asked (a request each): ``pin()`` checks them."""
+        the read. Remote files are not stat-ed here (a request each): through fsspec each is
+        checked as a read opens it (``filesystem.bind_listing``), and ``pin()`` checks them all."""
         if not self.is_local or not self.entries:
             return
         try:
