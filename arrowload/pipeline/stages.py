@@ -148,7 +148,7 @@ class Readers:
         self.target = max(1, min(self.bound, int(target)))
         self.busy = 0
         self.peak = 0
-        self.started = 0  # the most threads alive at once
+        self.most_alive = 0  # the most threads alive at once
         self.cpu_s = 0.0
         self._name = name
         self._numbers = itertools.count()
@@ -286,7 +286,7 @@ class Readers:
         while len(self._queue) > len(self._waiting) and len(self._threads) < self.target:
             t = threading.Thread(target=self._work, name=f"{self._name}-{next(self._numbers)}", daemon=True)
             self._threads.add(t)
-            self.started = max(self.started, len(self._threads))
+            self.most_alive = max(self.most_alive, len(self._threads))
             self._waiting[t] = time.perf_counter()  # counted as waiting until it takes work
             t.start()
 
@@ -636,7 +636,7 @@ class Pipeline:
         s.cpu_s = time.process_time() - self._cpu0
         s.loader_cpu_s = r.cpu_s + self._producer_cpu
         s.consumer_cpu_s = self._consumer_cpu
-        s.readers = min(r.target, r.started)  # (a target above the threads the work needed is no thread)
+        s.readers = min(r.target, r.most_alive)  # (a target above the threads the work needed is no thread)
         s.readers_peak = r.peak
         if final or now - self._native_at >= NATIVE_CPU_EVERY_S:
             self._native_at = now

@@ -150,7 +150,7 @@ class SqlExpr(Expr):
         sandbox.check_expression(tree, text)
         tree = _comprehension_variables(tree)
         written = sum(1 for _ in tree.find_all(exp.Column))
-        spans: list[tuple[int, int, str]] = []  # each column's place in ``text``, and its SQL now
+        spans: list[tuple[int, int, Any]] = []  # each column's place in ``text``, and its bound tree
 
         def fix(node):
             if isinstance(node, exp.Column):

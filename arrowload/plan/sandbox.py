@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from ..errors import ExpressionError
+from ..errors import ExpressionError, ExternalAccessError
 
 # DuckDB settings of a sandboxed connection: no files, URLs, extensions, Python variables
 # found by name, and no way to change that from SQL. Used for evaluating filters and
@@ -51,6 +51,29 @@ _SET_RETURNING_NAMES = frozenset({"unnest", "generate_subscripts"})
 _REFUSED_PREFIXES = ("read_", "duckdb_", "pragma_", "pg_", "sqlite_", "postgres_", "mysql_", "http")
 
 
+def gives_rows_or_columns(node: exp.Expression) -> bool:
+    """``unnest()`` / ``generate_subscripts()`` (rows of their own, or a struct's fields as
+    columns) and ``COLUMNS(...)`` (several columns): no value of one row, in a filter or a
+    computed column; ``al.sql`` leaves a query holding one to DuckDB."""
+    return isinstance(node, (*_SET_RETURNING, exp.Columns)) or _function_name(node) in _SET_RETURNING_NAMES
+
+
+# What DuckDB's sandbox (enable_external_access off) still lets a query read: the engine's
+# settings (paths of its temp and home directories ...) and its variables.
+_SETTINGS_FUNCTIONS = frozenset({"current_setting", "duckdb_settings", "getvariable", "duckdb_variables"})
+
+
+def refuse_settings(tree: exp.Expression) -> None:
+    """Raise ``ExternalAccessError`` where an ``al.sql`` query run with
+    ``external_access=False`` reads DuckDB's settings or variables."""
+    for node in tree.walk():
+        name = _function_name(node)
+        if name in _SETTINGS_FUNCTIONS:
+            raise ExternalAccessError(
+                f"the query calls {name}(), which reads DuckDB's settings: refused under "
+                "external_access=False, where a query may read only the bound tables")
+
+
 def _function_name(node: exp.Expression) -> str | None:
     if isinstance(node, exp.Anonymous):
         return str(node.name).lower()
@@ -68,10 +91,10 @@ def _why_refused(node: exp.Expression) -> str | None:
         return "a query parameter"
     if isinstance(node, (exp.AggFunc, exp.Window)):
         return f"an aggregate or window function ({node.sql('duckdb')[:60]!r}), which is not a value of one row"
-    if isinstance(node, _SET_RETURNING) or _function_name(node) in _SET_RETURNING_NAMES:
+    if gives_rows_or_columns(node):
         return (f"{node.sql('duckdb')[:60]!r}, which gives rows or columns of its own rather than one "
                 "value of the row")
-    if isinstance(node, exp.Columns) or (isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count)):
+    if isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count):
         return f"a star expression ({node.sql('duckdb')[:60]!r}), which is several columns, not one value"
     if isinstance(node, (exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.Rand)):
         return f"the volatile function {node.sql('duckdb')!r}"

@@ -128,10 +128,9 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
     describe them (a rewritten file is not a corrupt one)."""
     src = scan.source
     if isinstance(src, FileSource):
-        changed = changed_paths(src)
-        if changed:
-            return files_changed_error(changed, "the dataset", "it was opened",
-                                       "open the dataset again (al.dataset(...)) to read the files as they are now")
+        changed = _changed_since_opened(src)
+        if changed is not None:
+            return changed
         for f in sorted({u.file for u in scan.selected_units()}):
             path = src.entries[f].path
             units = [u.index for u in scan.selected_units() if u.file == f]
@@ -185,6 +184,16 @@ def _decodes_plainly(scan: Scan, units: list[int]) -> bool:
 _READ_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError)
 
 
+def _changed_since_opened(source) -> ArrowloadError | None:
+    """``SnapshotChangedError`` naming the files of ``source`` gone or rewritten since the
+    dataset listed them; None where none are (or asking fails)."""
+    changed = changed_paths(source)
+    if not changed:
+        return None
+    return files_changed_error(changed, "the dataset", "it was opened",
+                               "open the dataset again (al.dataset(...)) to read the files as they are now")
+
+
 def scan_error(scan: Scan, exc: BaseException) -> ArrowloadError | None:
     """The arrowload error for a failed read of ``scan``: a read error names the file at
     fault (``read_error``), an object-store refusal says what to set (``storage_error``;
@@ -193,11 +202,7 @@ def scan_error(scan: Scan, exc: BaseException) -> ArrowloadError | None:
     if isinstance(exc, ArrowloadError):
         return None
     if isinstance(exc, FileNotFoundError):  # it names its file; one listed and gone since is a change
-        changed = changed_paths(scan.source)
-        if changed:
-            return files_changed_error(changed, "the dataset", "it was opened",
-                                       "open the dataset again (al.dataset(...)) to read the files as they are now")
-        return None
+        return _changed_since_opened(scan.source)
     if isinstance(exc, _READ_ERRORS):
         return read_error(scan, exc)
     return storage_error(exc, scan.source.display, local=getattr(scan.source, "is_local", False))

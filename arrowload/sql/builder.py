@@ -14,8 +14,9 @@ from __future__ import annotations
 import sqlglot
 from sqlglot import exp
 
-from ..errors import ArgumentTypeError, ExpressionError, ExternalAccessError, TableNotFoundError
+from ..errors import ArgumentTypeError, ExpressionError, TableNotFoundError
 from ..plan.expr import SqlExpr
+from ..plan import sandbox
 from ..plan.nodes import Filter, Limit, Plan, Project, SqlQuery
 from ..plan.sqlexpr import DIALECT, _unterminated_at, resolve_column
 from ..plan.syntax import check_complete, syntax_error, token_error
@@ -79,9 +80,7 @@ def _is_simple(tree: exp.Expression) -> bool:
         if node is tree:
             continue
         if isinstance(node, (exp.AggFunc, exp.Window, exp.Subquery, exp.Select, exp.Union, exp.Unnest,
-                             exp.Lateral, exp.TryCast, exp.Explode, exp.Posexplode, exp.Columns)):
-            return False  # (unnest() in the select list and COLUMNS(*): rows or columns of their own)
-        if isinstance(node, exp.Anonymous) and str(node.name).lower() == "generate_subscripts":
+                             exp.Lateral, exp.TryCast)) or sandbox.gives_rows_or_columns(node):
             return False
     limit = tree.args.get("limit")
     if limit is not None and not (isinstance(limit.expression, exp.Literal) and limit.expression.is_int):
@@ -164,17 +163,17 @@ def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Pl
     plan: Plan = child
     item_texts, where_text = _written(query, tree)
     table = (tree.args.get("from") or tree.args.get("from_")).this
-    names = frozenset(n.lower() for n in (table.name, table.alias) if n)
+    qualifiers = frozenset(n.lower() for n in (table.name, table.alias) if n)
     where = tree.args.get("where")
     if where is not None:
-        plan = Filter(plan, _bind_written(where.this, where_text, schema, names))
+        plan = Filter(plan, _bind_written(where.this, where_text, schema, qualifiers))
         plan.predicate.check(schema, predicate=True)  # types now: an error -> DuckDB runs the query
     unnamed = []
     items: list[tuple[str, SqlExpr]] = []
     star_only = True
     for e, written in zip(tree.expressions, item_texts):
         if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
-            if isinstance(e, exp.Column) and e.table and e.table.lower() not in names:
+            if isinstance(e, exp.Column) and e.table and e.table.lower() not in qualifiers:
                 raise ValueError("st.*: a struct's fields")  # DuckDB runs it
             star = e if isinstance(e, exp.Star) else e.this
             excluded = star.args.get("except_") or star.args.get("except") or star.args.get("exclude") or []
@@ -186,7 +185,7 @@ def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Pl
             continue
         star_only = False
         inner = e.this if isinstance(e, exp.Alias) else e
-        bound_e = _bind_written(inner, written, schema, names)
+        bound_e = _bind_written(inner, written, schema, qualifiers)
         if not isinstance(e, (exp.Alias, exp.Column)):
             unnamed.append(len(items))
         # a column keeps its name as stored (``SELECT ID`` outputs ``id``, as in DuckDB)
@@ -203,21 +202,6 @@ def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Pl
     if limit is not None:
         plan = Limit(plan, int(limit.expression.this))
     return plan
-
-
-# What DuckDB's sandbox (enable_external_access off) still lets a query read: the engine's
-# settings (paths of its temp and home directories ...) and its variables.
-_SETTINGS_FUNCTIONS = frozenset({"current_setting", "duckdb_settings", "getvariable", "duckdb_variables"})
-
-
-def _refuse_settings(tree: exp.Expression) -> None:
-    from ..plan.sandbox import _function_name
-    for node in tree.walk():
-        name = _function_name(node)
-        if name in _SETTINGS_FUNCTIONS:
-            raise ExternalAccessError(
-                f"the query calls {name}(), which reads DuckDB's settings: refused under "
-                "external_access=False, where a query may read only the bound tables")
 
 
 def _resolve(name: str, schema) -> str:
@@ -237,7 +221,7 @@ def build(tree: exp.Expression, tables: dict[str, Plan], *,
     if not isinstance(external_access, bool):
         raise ArgumentTypeError(f"external_access must be True or False, got {external_access!r}")
     if not external_access:
-        _refuse_settings(tree)
+        sandbox.refuse_settings(tree)
     lookup = {n.lower(): n for n in tables}
     used: list[str] = []
     for t in _table_names(tree):
