@@ -48,8 +48,15 @@ def _footer_bytes(fs) -> int:
     return fs.listing["bytes"]
 
 
+def _doc_paths(cache: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(cache, "footer-checks", "*.json")))
+
+
 def _doc(cache: str) -> dict:
-    with open(os.path.join(cache, "footer-checks.json")) as f:
+    """The one document of a cache dir that has seen one lake (one folder)."""
+    paths = _doc_paths(cache)
+    assert len(paths) == 1, paths
+    with open(paths[0]) as f:
         return json.load(f)
 
 
@@ -124,7 +131,7 @@ def test_a_damaged_or_foreign_document_is_ignored_and_rewritten(lake, tmp_path, 
     cache = str(tmp_path / "cache")
     monkeypatch.setenv("ARROWLOAD_CACHE_DIR", cache)
     _build(lake, cache)
-    path = os.path.join(cache, "footer-checks.json")
+    path, = _doc_paths(cache)
     good = _doc(cache)
     bad = {"garbage": "{not json", "rules": json.dumps(dict(good, rules=footer.CHECK_RULES + 1)),
            "version": json.dumps(dict(good, version=2)),
@@ -139,6 +146,36 @@ def test_a_damaged_or_foreign_document_is_ignored_and_rewritten(lake, tmp_path, 
     assert _footer_bytes(damaged) == _footer_bytes(cold) > _footer_bytes(warm)
     # ... and the document is whole again
     assert sorted(map(tuple, _doc(cache)["passed"])) == sorted(map(tuple, good["passed"]))
+
+
+def test_a_process_reads_the_documents_of_the_folders_it_opens_only(lake, tmp_path, monkeypatch):
+    """One document per folder: checks remembered for other lakes are neither read nor
+    rewritten by a process over this one (one document for every folder ever seen grew to
+    15,000 entries, read and validated by every loader build). Truth: the other folder's
+    document, byte for byte, and what the process knows afterwards."""
+    cache = str(tmp_path / "cache")
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", cache)
+    other = tmp_path / "other"
+    write_lake(other, rows=200, shards=2, row_group_size=100, features=1, emb_dim=2)
+    footer.forget_checks()
+    with al.dataset(str(other)).select("id").loader(64, cache_dir=cache) as loader:
+        assert sum(len(b["id"]) for b in loader) == 200
+    other_doc, = _doc_paths(cache)
+    with open(other_doc, "rb") as f:
+        before = f.read()
+    _build(lake, cache)
+    assert len(_doc_paths(cache)) == 2
+    with open(other_doc, "rb") as f:
+        assert f.read() == before
+    known_paths = {k[1] for k in footer._KNOWN}
+    assert known_paths and not any(str(other) in p for p in known_paths)
+    # and a later process over the other lake recalls its checks only
+    footer.forget_checks()
+    with al.dataset(str(other)).select("id").loader(64, cache_dir=cache) as loader:
+        assert sum(len(b["id"]) for b in loader) == 200
+    assert {k[1].rpartition("/")[0] for k in footer._KNOWN} == {str(other)}
+    with open(other_doc, "rb") as f:
+        assert f.read() == before  # nothing new to write
 
 
 def test_golden_documents_through_the_reader():
