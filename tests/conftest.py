@@ -43,8 +43,10 @@ its own ``tmp_path`` first.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 import threading
 
@@ -64,7 +66,8 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 # The user cache dir (loader caches, remembered footer checks and decoder choices) is the
 # test session's own, never ~/.cache; every test gets an empty one (``_own_cache_dir``).
-os.environ["ARROWLOAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="arrowload-tests-cache-")
+os.environ["ARROWLOAD_CACHE_DIR"] = _SESSION_CACHE = tempfile.mkdtemp(prefix="arrowload-tests-cache-")
+atexit.register(shutil.rmtree, _SESSION_CACHE, True)  # not left behind in /tmp by every run
 
 
 @pytest.fixture(autouse=True)
