@@ -378,6 +378,42 @@ def test_cycle_runs_steps_and_counts_passes():
         _memory_mix().loader(20, steps=3)
 
 
+@pytest.mark.parametrize("shuffle", [True, "block", False])
+def test_profile_profiling_and_progress_as_a_single_loaders(shuffle):
+    """A mixture loader profiles as a loader does: the whole epoch's batches and rows
+    counted (truth: an uninterrupted run's), the loader left where it was (a loaded,
+    reweighted state resumes to the same batches), the real loop recorded by
+    ``profiling()`` and ``progress()`` giving ``iter()``'s batches."""
+    m = _memory_mix()
+    want = batches(m.loader(64, shuffle=shuffle))
+    ld = m.loader(64, shuffle=shuffle)
+    it = iter(ld)
+    for _ in range(7):
+        next(it)
+    state = ld.state_dict()
+    it.close()
+    ld.load_state_dict(state, weights={"a": 0.2, "b": 0.2, "c": 0.6})
+    fresh = m.loader(64, shuffle=shuffle)
+    fresh.load_state_dict(state, weights={"a": 0.2, "b": 0.2, "c": 0.6})
+    rest = batches(fresh)
+    p = ld.profile()
+    assert (p.batches, p.rows) == (len(rest), sum(len(b["id"]) for b in rest))
+    assert p.shuffle == ld.shuffle_kind == ("global" if shuffle is True else "block" if shuffle else "none")
+    assert batches(ld) == rest  # where it was: the loaded state, its weights
+    later = batches(fresh)  # the next epoch, at the loaded weights
+    assert ld.profile(3).batches == 3 and batches(ld) == later
+    with ld.profiling() as run:
+        got = [dict(b) for b in ld]
+    assert run.profile.batches == len(later) and run.profile.rows == sum(len(b["id"]) for b in later)
+    assert [list(map(int, b["id"])) for b in got] == [b["id"] for b in later]
+    assert [list(map(int, b["id"])) for b in ld.progress(enabled=False)] == [b["id"] for b in later]
+    assert batches(m.loader(64, shuffle=shuffle)) == want
+    endless = _memory_mix("cycle").loader(64, shuffle=shuffle)
+    assert endless.profile(5).batches == 5
+    with pytest.raises(al.UnsupportedError, match="n_batches"):
+        endless.profile()
+
+
 def test_refusals_name_what_differs():
     m = _memory_mix()
     ld = m.loader(40, shuffle=True)

@@ -194,6 +194,12 @@ class MixtureLoader:
 
     # -- iteration ---------------------------------------------------------------------
     def __iter__(self):
+        recording = self._profiling
+        if recording is not None:  # inside loader.profiling(): the iteration is timed
+            return recording._wrap(self._iter_epoch)
+        return self._iter_epoch()
+
+    def _iter_epoch(self):
         if self._closed:
             raise LoaderClosedError("this loader is closed; build a new one with Mixture.loader()")
         end_iterations(self._active, ENDED_BY_ITER)
@@ -597,7 +603,7 @@ class MixtureLoader:
         """Counters of the current (or last) iteration; ``peak_prefetch_bytes`` includes the
         most the decoded-unit caches (``mixture.shared``) or the stream's queues
         (``mixture.stream``) held."""
-        if not hasattr(self, "_stats"):
+        if self._stats is None:
             return None
         stream = self._stream
         return dataclasses.replace(self._stats, peak_prefetch_bytes=self._stats.peak_prefetch_bytes +
@@ -609,6 +615,48 @@ class MixtureLoader:
             return tuple(float("inf") if w > 0 else 0.0 for w in self.weights)
         drawn = self._schedule().stream_index(self._blocks // self.world_size * self.world_size)
         return tuple(d / n if n else 0.0 for d, n in zip(drawn, self.sizes))
+
+    @property
+    def shuffle_kind(self) -> str:
+        """The components' shuffle kinds: one (``"global"``) or each in turn (``"global/block"``)."""
+        return "/".join(dict.fromkeys(c.shuffle_kind.value for c in self._components))
+
+    # what profile() puts back: the position, and the epoch's lay-out (a loaded state's phases)
+    _PROFILE_FIELDS = ("epoch", "_start", "_position", "_batches_done", "_loaded", "_phases", "_blocks", "_stats")
+    _stats = None
+    _profiling = None  # a profile.Profiling recording the next iteration
+    _last_profile = None
+
+    def _rows_done(self) -> int:
+        return self._batches_done * self.options.batch_size  # every block is one full batch
+
+    def _epoch_size(self) -> tuple[int, int]:
+        if self._blocks is None:
+            return 0, 0
+        return len(self) * self.options.batch_size, len(self)
+
+    def profile(self, n_batches: int | None = None, *, step_fn=None):
+        """As :meth:`Loader.profile <arrowload.Loader.profile>`: ``n_batches`` batches (default
+        the whole epoch; required for an endless ``stopping='cycle'`` mixture without
+        ``steps=``) into an infinitely fast consumer, or beside ``step_fn(batch)``; the
+        loader's position is the same afterwards."""
+        from ..pipeline.profile import profile
+        if n_batches is None and self._blocks is None:
+            raise UnsupportedError("a stopping='cycle' mixture loader without steps= never ends: pass "
+                                   "profile(n_batches=N)")
+        return profile(self, n_batches, step_fn=step_fn)
+
+    def profiling(self):
+        """As :meth:`Loader.profiling <arrowload.Loader.profiling>`: ``with loader.profiling()
+        as run: for batch in loader: step(batch)``, then ``run.profile``."""
+        from ..pipeline.profile import Profiling
+        return Profiling(self)
+
+    def progress(self, desc: str | None = None, *, enabled: bool | None = None):
+        """As :meth:`Loader.progress <arrowload.Loader.progress>`: this epoch under a
+        progress bar; the batches and the resume state are those of ``iter(loader)``."""
+        from ..progress import track_loader
+        return track_loader(self, desc, enabled=enabled)
 
     def explain(self) -> str:
         o = self.options

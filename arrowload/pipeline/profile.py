@@ -562,9 +562,15 @@ class _Recorder:
         self.runq: float | None = 0.0 if _runqueue_s() is not None else None
         self._runq_mark = 0.0
 
+    def _rows_done(self) -> int:
+        """Rows this rank's iteration has yielded so far (a loader's position in rows; a
+        mixture loader's, whose position counts blocks, says it)."""
+        rows_done = getattr(self.loader, "_rows_done", None)
+        return rows_done() if rows_done is not None else self.loader._position
+
     def started(self) -> None:
         self.setup_s = time.perf_counter() - self.t0
-        self._last_pos = self.loader._position
+        self._last_pos = self._rows_done()
 
     def before_next(self) -> float:
         now = time.perf_counter()
@@ -580,7 +586,7 @@ class _Recorder:
         now = time.perf_counter()
         self.waits.append(now - asked)
         self.arrivals.append(now - self.t0)
-        pos = self.loader._position
+        pos = self._rows_done()
         self.rows.append(pos - self._last_pos)
         self._last_pos = pos
         if not self.layout:
@@ -605,11 +611,7 @@ class _Recorder:
         o = loader.options
         wall = self.end - self.t0
         arrivals = np.asarray(self.arrivals, dtype=float)
-        from ..order import rank_range
-        start, stop = rank_range(loader.num_rows, loader.rank, loader.world_size)
-        per_rank = stop - start
-        if o.drop_last:
-            per_rank = per_rank // o.batch_size * o.batch_size
+        per_rank, batches = _epoch_of(loader)
         steps = np.asarray(self.steps[:len(self.arrivals)], dtype=float)
         return Profile(stats=self.stats or LoaderStats(), batches=len(arrivals), rows=int(sum(self.rows)),
                        wall_s=wall, first_batch_s=float(arrivals[0]) if len(arrivals) else wall,
@@ -618,8 +620,23 @@ class _Recorder:
                        setup_s=self.setup_s, waits=np.asarray(self.waits, dtype=float),
                        steps=steps, step_cpu_s=self.step_cpu, step_timed=step_timed,
                        step_runqueue_s=self.runq,
-                       layout=self.layout, rows_per_rank=per_rank, batches_per_rank=len(loader),
+                       layout=self.layout, rows_per_rank=per_rank, batches_per_rank=batches,
                        batch_size=o.batch_size)
+
+
+def _epoch_of(loader) -> tuple[int, int]:
+    """Rows and batches of a whole epoch of ``loader``'s rank; ``(0, 0)`` for an endless
+    one (a ``stopping='cycle'`` mixture without ``steps=``): no epoch estimate."""
+    epoch = getattr(loader, "_epoch_size", None)
+    if epoch is not None:
+        return epoch()
+    from ..order import rank_range
+    o = loader.options
+    start, stop = rank_range(loader.num_rows, loader.rank, loader.world_size)
+    per_rank = stop - start
+    if o.drop_last:
+        per_rank = per_rank // o.batch_size * o.batch_size
+    return per_rank, len(loader)
 
 
 class _RecordedIterator:
@@ -726,7 +743,7 @@ def profile(loader, n_batches: int | None = None, *, step_fn: Callable[[Any], An
         raise UnsupportedError("profile() runs an iteration of its own, which would end the one in "
                                "progress: finish or close that iterator first, or time the running "
                                "loop itself with loader.profiling()")
-    saved = {f: getattr(loader, f) for f in _POSITION_FIELDS}
+    saved = {f: getattr(loader, f) for f in getattr(loader, "_PROFILE_FIELDS", _POSITION_FIELDS)}
     rec = _Recorder(loader)
     it = iter(loader)
     if isinstance(it, _RecordedIterator):  # inside loader.profiling(): profile the plain iterator
