@@ -799,8 +799,12 @@ class FileSource(PicklableLock, Source):
             raise changed_error(changes, self._fix())
 
     def _gone(self, path: str, exc: BaseException) -> Exception:
-        """The error for a listed file no longer there (a table source says which snapshot)."""
-        return PathNotFoundError(f"file {path!r} disappeared after listing: {exc}", path)
+        """The error for a listed file no longer there: the data changed under the dataset,
+        as for a file rewritten (``SnapshotChangedError``; a table source says which
+        snapshot)."""
+        return files_changed_error([path], "the dataset", f"it was listed ({exc})",
+                                   f"open the dataset again (al.dataset({self.root!r})) to read the files as "
+                                   "they are now; Dataset.pin() keeps a dataset on the files as they were")
 
     def _verify_listed(self) -> None:
         """An unpinned local source: its files still the ones listed, in size and
