@@ -785,6 +785,39 @@ def test_torch_dataloader_gives_the_loaders_batches(lakes, shared_cache, workers
     assert len(torch.unique(ids)) == len(ids) == loader.num_rows
 
 
+@pytest.mark.parametrize("kind,rank,loaded", [("global", 0, 0), ("block", 1, 3)])
+def test_a_checkpoint_taken_while_dataloader_workers_read(lakes, shared_cache, kind, rank, loaded):
+    """DataLoader workers read in other processes, so their batches do not move the loader:
+    ``state_dict()`` mid-epoch said the epoch's start (a resume repeated every batch seen).
+    ``state_dict(dataloader_batches=k)`` is the state after the DataLoader's first ``k``
+    batches: truth, the state of the same rank's loader iterated ``loaded + k`` batches in
+    this process, and a resumed loader giving exactly the rest."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    def build():
+        return selection(lakes["small_rg"], FILTERS["some"]).loader(
+            64, shuffle=kind, seed=4, output="torch", cache_dir=shared_cache, rank=rank, world_size=2)
+    own = [b["id"].clone() for b in build()]
+    loader = build()
+    if loaded:
+        loader.load_state_dict(state_after(build(), loaded))
+    k = 5
+    it = iter(DataLoader(loader.torch_dataset(), batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+    seen = [next(it)["id"] for _ in range(k)]
+    del it
+    assert all(torch.equal(a, b) for a, b in zip(own[loaded:loaded + k], seen))
+    state = json.loads(json.dumps(loader.state_dict(dataloader_batches=k)))
+    assert state == state_after(build(), loaded + k)
+    resumed = build()
+    resumed.load_state_dict(state)
+    rest = [b["id"] for b in resumed]
+    assert len(rest) == len(own) - loaded - k and all(torch.equal(a, b) for a, b in zip(own[loaded + k:], rest))
+    assert loader.state_dict(dataloader_batches=len(own) - loaded) == state_after(build(), len(own))
+    with pytest.raises(al.InvalidArgumentError, match="dataloader_batches"):
+        loader.state_dict(dataloader_batches=len(own) - loaded + 1)
+
+
 def test_persistent_dataloader_workers_follow_set_epoch(lakes, shared_cache):
     """Workers kept across epochs (persistent_workers=True) hold the loader they started
     with: they follow set_epoch (on the dataset or the loader) through shared memory, and a

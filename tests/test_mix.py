@@ -359,6 +359,12 @@ def test_torch_dataloader_workers_give_the_mixture_loaders_batches(tmp_path, shu
     rest = [b["id"] for b in DataLoader(resumed.torch_dataset(), batch_size=None, num_workers=2,
                                         multiprocessing_context="spawn")]
     assert all(torch.equal(a, b) for a, b in zip(own[0][5:], rest)) and len(rest) == len(own[0]) - 5
+    # a checkpoint after k of the DataLoader's batches (its workers do not move the loader):
+    # the state of the loader iterated 5 + k batches here
+    assert resumed.state_dict(dataloader_batches=7) == state_after(build(), 12)
+    assert resumed.state_dict(dataloader_batches=len(rest)) == state_after(build(), len(own[0]))
+    with pytest.raises(al.InvalidArgumentError, match="dataloader_batches"):
+        resumed.state_dict(dataloader_batches=len(rest) + 1)
 
 
 def test_cycle_runs_steps_and_counts_passes():

@@ -508,15 +508,25 @@ class MixtureLoader:
         return {"components": comps, "seed": self.options.seed, "batch_size": self.options.batch_size,
                 "stopping": self.mixture.stopping, "order": MIXTURE_ORDER_VERSION}
 
-    def state_dict(self) -> dict:
+    def state_dict(self, *, dataloader_batches: int | None = None) -> dict:
         """Small JSON-serializable state, the same on every rank that yielded the same number
         of batches (lockstep): the epoch, the blocks (batches) every rank consumed together,
         the epoch's phases and each component's rows drawn, and what it was taken on. Loads
-        at any world size. See ``formats/mixture_state/v1/spec.md``."""
+        at any world size. See ``formats/mixture_state/v1/spec.md``.
+
+        ``dataloader_batches=k``: the state after the first ``k`` batches a ``DataLoader``
+        over :meth:`torch_dataset` gave in this epoch (its workers' batches do not move this
+        loader), as :meth:`Loader.state_dict <arrowload.Loader.state_dict>`."""
+        position = self._position
+        if dataloader_batches is not None:
+            left = len(rank_blocks(self._start, self._blocks, self.world_size, self.rank))
+            k = _arguments.integer("dataloader_batches", dataloader_batches, low=0, high=left,
+                                   what=f"the batches taken from the DataLoader this epoch (0 .. {left})")
+            position = self._start + k * self.world_size
         sched = self._schedule()
-        drawn = sched.stream_index(self._position)
+        drawn = sched.stream_index(position)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, **self._identity(),
-                "epoch": self.epoch, "blocks": self._blocks, "position": self._position,
+                "epoch": self.epoch, "blocks": self._blocks, "position": position,
                 "world_size": self.world_size,
                 "phases": [{"start": p.start, "weights": list(p.weights), "offsets": list(p.offsets)}
                            for p in self._phases],

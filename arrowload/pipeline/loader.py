@@ -586,17 +586,36 @@ class Loader:
         state taken on other files of the same folder, the state's."""
         return self._dataset.snapshot_id
 
-    def state_dict(self) -> dict:
+    def state_dict(self, *, dataloader_batches: int | None = None) -> dict:
         """Small JSON-serializable state, **the same on every rank** that yielded the same
         number of batches of the epoch (lockstep training): the epoch, the rows each rank
         yielded in it at this world size, the world sizes and positions of the epoch's
         earlier elastic segments, and what it was taken on (the snapshot id and, per source,
         what reopens that snapshot: for files the compact file list; the plan fingerprint,
         seed, shuffle). No rank, no pickles: save it from any rank, load it on every rank, at
-        any world size. See ``formats/loader_state/v4/spec.md``."""
+        any world size. See ``formats/loader_state/v4/spec.md``.
+
+        ``dataloader_batches=k``: the state after the first ``k`` batches a ``DataLoader``
+        over :meth:`torch_dataset` gave in this epoch. Its workers read in other processes,
+        so their batches do not move this loader: pass the batches your loop took from the
+        DataLoader since it started the epoch (from the loaded state, where one was)."""
         sources = [s.source.state_snapshot() for s in scans(self._dataset.plan)]
-        at = Position(self.epoch, self._position, self._batches_done, self._segments)
+        if dataloader_batches is None:
+            at = Position(self.epoch, self._position, self._batches_done, self._segments)
+        else:
+            at = self._after_dataloader(dataloader_batches)
         return make_state(self._identity(), self.world_size, at, sources)
+
+    def _after_dataloader(self, k: int) -> Position:
+        """The position after ``k`` batches of the DataLoader iteration ``_worker_iter``
+        lays out (from the loaded position, batch by batch of the rest of the lane)."""
+        b = self.options.batch_size
+        start = min(self._start, self._lane_rows(self._next_segments))
+        n = sum(q - p for p, q in self._rest(self._next_segments, start))
+        k = _arguments.integer("dataloader_batches", k, low=0, high=-(-n // b),
+                               what=f"the batches taken from the DataLoader this epoch (0 .. {-(-n // b)})")
+        position = start + min(k * b, n)
+        return Position(self.epoch, position, batches_for(position, b), self._next_segments)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields exactly the batches after ``state``'s position
