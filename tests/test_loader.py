@@ -1029,3 +1029,51 @@ def test_a_small_prefetch_is_shown_as_it_is(prefetch, shown):
     list(loader)
     assert f"prefetch     {shown} budget" in loader.explain()
     assert f"prefetch {shown}" in loader.stats().settings_text()
+
+
+@pytest.mark.parametrize("shuffle,budget", [(False, None), ("global", None), ("global", 1)])
+def test_in_memory_tables_alike_at_their_ends_share_no_cached_counts_or_rows(tmp_path, shuffle, budget):
+    """In-memory data's fingerprint samples its first and last slices: two tables equal
+    there (two runs of a job over data built in memory) shared the selection counts and the
+    random-access table kept in the cache dir, so the second got the first's length and,
+    spilled, its rows (or a 'changed' error on every build). Truth: pyarrow's filter of
+    each table."""
+    import pyarrow.compute as pc
+    n = 100_000
+    ids = np.arange(n)
+    first = pa.table({"id": ids, "v": ids % 7})
+    v = ids % 7
+    v[20_000:30_000] = 100
+    second = pa.table({"id": ids, "v": v})
+    cache = str(tmp_path / "cache")
+    kw = {} if budget is None else {"memory_budget": budget}
+    for table in (first, second, first):
+        want = sorted(table.filter(pc.equal(table["v"], 100))["id"].to_pylist())
+        with al.dataset(table).filter("v = 100").select("id").loader(
+                1000, shuffle=shuffle, seed=1, cache_dir=cache, output="numpy", **kw) as loader:
+            assert len(loader) == -(-len(want) // 1000)
+            got = sorted(int(i) for b in loader for i in b["id"])
+        assert got == want
+    assert not [p for p in (os.listdir(cache) if os.path.isdir(cache) else []) if p.endswith(".arrow")]  # spills go with their tables
+
+
+def test_a_cache_dir_that_cannot_be_written_is_never_fatal(tmp_path, monkeypatch):
+    """An unwritable or full cache dir (a read-only home, a path under a file) raised a bare
+    OSError from filtered loaders, global shuffles held in memory and mixture sizes, none of
+    which asked for a cache: the counts' cache write was not guarded. A spill that cannot
+    be written is a MemoryBudgetError saying so. Truth: pyarrow's filter of the file."""
+    import pyarrow.compute as pc
+    table = pa.table({"id": np.arange(5000), "v": np.arange(5000) % 3})
+    pq.write_table(table, str(tmp_path / "t.parquet"), row_group_size=1000)
+    (tmp_path / "file").write_text("not a folder")
+    cache = str(tmp_path / "file" / "cache")
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", cache)
+    want = sorted(table.filter(pc.equal(table["v"], 1))["id"].to_pylist())
+    ds = al.dataset(str(tmp_path / "t.parquet")).filter("v = 1").select("id")
+    for shuffle in (False, "block", "global"):
+        with ds.loader(100, shuffle=shuffle, cache_dir=cache, output="numpy") as loader:
+            assert sorted(int(i) for b in loader for i in b["id"]) == want
+    m = al.mix({"a": ds, "b": al.dataset(str(tmp_path / "t.parquet")).filter("v = 2").select("id")}, cache_dir=cache)
+    assert m.sizes() == (len(want), len(want) - 1)
+    with pytest.raises(al.MemoryBudgetError, match="cannot take it"):
+        ds.loader(100, shuffle="global", cache_dir=cache, memory_budget=1)

@@ -143,7 +143,9 @@ class ScanRowSource:
         count_plan = optimize(Project(_strip_maps(self.plan), ()), self.options.optimizer)
         what = plan_key(count_plan)
         key = _digest(self.snapshot, what, ",".join(map(str, self.units)))
-        path = os.path.join(self.cache_dir, f"selection-{key}.json") if self.cache_dir else None
+        # in-memory data is counted afresh: its fingerprint samples it (``_volatile``)
+        path = os.path.join(self.cache_dir, f"selection-{key}.json") \
+            if self.cache_dir and not _volatile([self.scan]) else None
         if path and os.path.exists(path):
             try:
                 index = read_selection_index(load_json(path), path)
@@ -153,9 +155,12 @@ class ScanRowSource:
                 pass  # a damaged or foreign cache is rebuilt, never trusted
         counts = self._count_units(count_plan)
         if path:
-            write_atomic(path, {"format": SELECTION_FORMAT, "version": FORMAT_VERSION,
-                                      "snapshot": self.snapshot, "plan": what,
-                                      "units": list(self.units), "counts": list(counts)})
+            try:
+                write_atomic(path, {"format": SELECTION_FORMAT, "version": FORMAT_VERSION,
+                                    "snapshot": self.snapshot, "plan": what,
+                                    "units": list(self.units), "counts": list(counts)})
+            except OSError:
+                pass  # a cache: an unwritable or full cache dir only means counting again
         return counts
 
     def _count_units(self, count_plan: Plan) -> tuple[int, ...]:
@@ -493,7 +498,8 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
     rows than counted) falls back to the units."""
     found = scans(plan)
     snapshot, what, base = _cache_base(plan, cache_dir)
-    if base and reuse:
+    volatile = _volatile(found)
+    if base and reuse and not volatile:
         cached = _open_cache(base, snapshot, what)
         if cached is not None:
             return cached
@@ -531,10 +537,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
                 if size > memory_budget:
                     if base is None:
                         raise _over_budget(memory_budget)
-                    os.makedirs(os.path.dirname(base), exist_ok=True)
-                    fd, tmp_path = tempfile.mkstemp(dir=os.path.dirname(base), prefix=".tmp-ra-",
-                                                    suffix=".arrow")
-                    os.close(fd)
+                    tmp_path = _spill_file(base, memory_budget)
                     writer = _ChunkWriter(tmp_path, schema, memory_budget)
                     for b in held:
                         writer.write(b)
@@ -544,6 +547,9 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
         if writer is None:
             return TableRowSource(_combine(held, schema), where="memory", snapshot=snapshot)
         writer.close()
+        if volatile:  # this process's table only: mapped, then unlinked (gone with the map)
+            spilled, tmp_path = _map_unlinked(tmp_path), None
+            return TableRowSource(spilled, where="a spill file of this process", snapshot=snapshot)
         os.replace(tmp_path, base + ".arrow")
         tmp_path = None
         write_atomic(base + ".json", {"format": RA_FORMAT, "version": FORMAT_VERSION,
@@ -572,7 +578,39 @@ def _cache_base(plan: Plan, cache_dir: str | None) -> tuple[str, str, str | None
 def cached_table(plan: Plan, cache_dir: str | None, reuse: bool) -> TableRowSource | None:
     """The disk cache of ``plan``'s random-access table that ``materialize`` would reuse, else None."""
     snapshot, what, base = _cache_base(plan, cache_dir)
-    return _open_cache(base, snapshot, what) if base and reuse else None
+    return _open_cache(base, snapshot, what) if base and reuse and not _volatile(scans(plan)) else None
+
+
+def _spill_file(base: str, memory_budget: int) -> str:
+    """A new temporary file beside ``base`` for a table over ``memory_budget``; a cache dir
+    that cannot take it is a ``MemoryBudgetError`` saying so (not a bare ``OSError``)."""
+    folder = os.path.dirname(base)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(dir=folder, prefix=".tmp-ra-", suffix=".arrow")
+    except OSError as exc:
+        raise MemoryBudgetError(f"the selection needs more than memory_budget={memory_budget} bytes for "
+                                f"random access, and the cache dir {folder!r} cannot take it on disk ({exc}); "
+                                "pass a writable cache_dir= or raise memory_budget") from exc
+    os.close(fd)
+    return path
+
+
+def _volatile(found: Sequence[Scan]) -> bool:
+    """Whether a plan reads in-memory data: its fingerprint samples it (the first and last
+    slices), so what is kept on disk under it (selection counts, a random-access table) is
+    never reused, by this process or a later one: a later process's table of the same
+    shape and ends read the earlier one's counts and rows."""
+    return any(s.source.kind == "memory" for s in found)
+
+
+def _map_unlinked(path: str) -> pa.Table:
+    """The IPC file at ``path`` memory-mapped and read, the file then removed: the mapping
+    keeps its pages until the table is dropped, and nothing is left behind."""
+    try:
+        return pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+    finally:
+        os.remove(path)
 
 
 def _over_budget(memory_budget: int) -> MemoryBudgetError:
