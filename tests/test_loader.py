@@ -1077,3 +1077,25 @@ def test_a_cache_dir_that_cannot_be_written_is_never_fatal(tmp_path, monkeypatch
     assert m.sizes() == (len(want), len(want) - 1)
     with pytest.raises(al.MemoryBudgetError, match="cannot take it"):
         ds.loader(100, shuffle="global", cache_dir=cache, memory_budget=1)
+
+
+@pytest.mark.parametrize("shuffle", [False, "block", "global"])
+def test_a_filter_over_a_maps_columns_counts_through_the_map(tmp_path, shuffle):
+    """The loader counts a selection with its maps stripped (they keep one row per row):
+    a filter over a column a map adds raised ColumnNotFoundError from every loader (while
+    to_arrow() worked), and over a column it rewrites it would count other rows. Truth:
+    the map and the filter applied by pyarrow."""
+    import pyarrow.compute as pc
+    table = pa.table({"id": np.arange(3000), "v": np.arange(3000) % 5})
+    pq.write_table(table, str(tmp_path / "t.parquet"), row_group_size=500)
+
+    def grade(b):  # rewrites v, adds w
+        high = pc.cast(pc.greater(b["v"], 2), pa.int64())
+        return pa.RecordBatch.from_arrays([b["id"], high, pc.multiply(b["v"], 2)], names=["id", "v", "w"])
+    base = al.dataset(str(tmp_path / "t.parquet")).map(grade, name="grade")
+    mapped = pa.Table.from_batches([grade(b) for b in table.to_batches()])
+    for where, mask in (("w = 4", pc.equal(mapped["w"], 4)), ("v = 1", pc.equal(mapped["v"], 1))):
+        want = sorted(mapped.filter(mask)["id"].to_pylist())
+        with base.filter(where).select("id").loader(128, shuffle=shuffle, output="numpy") as loader:
+            assert len(loader) == -(-len(want) // 128), where
+            assert sorted(int(i) for b in loader for i in b["id"]) == want, where

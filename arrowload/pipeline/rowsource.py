@@ -41,7 +41,7 @@ from ..options import Options, default_cache_dir, usable_cores  # noqa: F401 - r
 from ..optimize import optimize
 from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
-from ..plan.nodes import Limit, Map, Plan, Project, Scan, SqlQuery, has_map, scans, transform_up, walk
+from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, has_map, scans, transform_up, walk
 from ..scan import execute
 from ..scan.decoders import recoverable
 from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, polars_threads
@@ -776,8 +776,19 @@ def _decoded_bytes(units, fields: Sequence[pa.Field], counts: Sequence[int]) -> 
 
 
 def _strip_maps(plan: Plan) -> Plan:
-    """Maps keep one row per row (checked when reading), so counting can skip them."""
-    return transform_up(plan, lambda n: n.child if isinstance(n, Map) else n)
+    """Maps keep one row per row (checked when reading), so counting can skip them -- all
+    but those a filter above reads through: a column a map adds or rewrites decides which
+    rows a filter over it keeps. (Projections above that name a map's columns keep it too.)"""
+    def strip(node: Plan, filtered: bool) -> Plan:
+        filtered = filtered or isinstance(node, Filter)
+        kids = [strip(c, filtered) for c in node.children]
+        if isinstance(node, Map) and not filtered:
+            return kids[0]
+        return node if all(k is c for k, c in zip(kids, node.children)) else node.with_children(*kids)
+    try:
+        return strip(plan, False)
+    except ArrowloadError:  # a projection names a column a stripped map made
+        return plan
 
 
 # -- helpers of the tasks' reads ---------------------------------------------------------
