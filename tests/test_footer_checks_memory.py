@@ -191,3 +191,45 @@ def test_golden_documents_through_the_reader():
         with pytest.raises((al.CorruptFileError, al.UnsupportedError)) as info:
             footer.read_footer_checks(doc, path)
         assert path in str(info.value)
+
+
+def test_a_loader_writes_the_folders_it_reads_and_old_files_age_out(tmp_path, monkeypatch):
+    """A loader writes the documents of its own files' folders only (a new cache dir
+    named after 2,000 lakes got 2,001 documents, and every build walked every check the
+    process knew); a folder's document keeps its live files and a bounded number besides
+    (files replaced one by one grew it by one entry each, forever). Truth: the documents on
+    disk against the files on disk."""
+    monkeypatch.setattr(footer, "_OTHERS_KEPT", 3)
+    cache = str(tmp_path / "cache")
+    monkeypatch.setenv("ARROWLOAD_CACHE_DIR", cache)
+    footer.forget_checks()
+    lakes = []
+    for name in ("a", "b"):
+        path = tmp_path / name
+        write_lake(path, rows=400, shards=2, row_group_size=100, features=1, emb_dim=2)
+        lakes.append(str(path))
+        with al.dataset(str(path)).select("id").loader(64) as loader:
+            assert sum(len(b["id"]) for b in loader) == 400
+    assert len(_doc_paths(cache)) == 2
+    own = str(tmp_path / "own")
+    with al.dataset(lakes[1]).select("id").loader(64, cache_dir=own) as loader:
+        list(loader)
+    assert len(_doc_paths(own)) == 1 and all(lakes[1] in k[1] for k in _doc(own)["passed"])
+    # a folder whose files are replaced one at a time: the live ones and at most 3 others
+    files = sorted(glob.glob(os.path.join(lakes[0], "*.parquet")))
+    table = pq.read_table(files[0])
+    for step in range(8):
+        os.remove(files[0])
+        files[0] = os.path.join(lakes[0], f"part-new-{step}.parquet")
+        pq.write_table(table, files[0], row_group_size=100)
+        footer.forget_checks()
+        with al.dataset(lakes[0]).select("id").loader(64) as loader:
+            assert sum(len(b["id"]) for b in loader) == 400
+        [doc] = [d for d in map(_read, _doc_paths(cache)) if any(lakes[0] in k[1] for k in d["passed"])]
+        paths = [k[1] for k in doc["passed"]]
+        assert set(files) <= set(paths) and len(paths) <= len(files) + 3 and len(set(paths)) == len(paths)
+
+
+def _read(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)

@@ -292,11 +292,12 @@ class Loader:
         if checked:
             preflight.check_plan(plan.schema, plan, self._convert, options.stack)
         kind, source = self._build_source(dataset, plan)
-        keep_checks(self._cache_dir)
+        versions = [v for s in scans(plan) for v in getattr(s.source, "footer_versions", list)()]
+        keep_checks(self._cache_dir, versions)
         if self._cache_dir != default_cache_dir():
             # also where a dataset looks when it opens (before any loader names its cache
             # dir): a later process then reads no footer twice there either
-            keep_checks(default_cache_dir())
+            keep_checks(default_cache_dir(), versions)
         widths = None
         if checked:
             known = preflight.check_source(source, self._convert)

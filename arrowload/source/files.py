@@ -498,6 +498,13 @@ class FileSource(PicklableLock, Source):
             return None
         return (type(self.filesystem).__name__, e.path, e.size, e.mtime_ns, e.identity)
 
+    def footer_versions(self) -> list[tuple]:
+        """The versions of this source's Parquet files, as footer checks name them
+        (``footer.keep_checks`` writes theirs)."""
+        if self.kind != "parquet":
+            return []
+        return [v for v in map(self._version, range(len(self.entries))) if v is not None]
+
     def refuse_unreadable(self, files) -> None:
         if self.kind != "parquet":
             return

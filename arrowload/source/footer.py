@@ -473,13 +473,26 @@ _CHECKS_DIR = "footer-checks"
 _LEGACY_FILE = "footer-checks.json"  # one document for every folder, before; removed when writing
 _SOURCES: list[str] = []  # the cache dirs consulted, in the order first named
 _ON_DISK: dict[tuple[str, str], set] = {}  # (cache dir, folder key) -> keys read or last written
+_ORDER: dict[tuple[str, str], list] = {}  # ... the same keys in their document's order
 
 
 def _folder_key(key: tuple) -> str:
     """The name of the document holding file version ``key``: its filesystem and folder."""
-    import hashlib
-    folder = key[1].rpartition("/")[0]
-    return hashlib.sha256(f"{key[0]}\0{folder}".encode()).hexdigest()[:32]
+    where = (key[0], key[1].rpartition("/")[0])
+    found = _FOLDER_KEYS.get(where)
+    if found is None:
+        import hashlib
+        found = hashlib.sha256(f"{where[0]}\0{where[1]}".encode()).hexdigest()[:32]
+        if len(_FOLDER_KEYS) >= _KNOWN_MAX:
+            _FOLDER_KEYS.clear()
+        _FOLDER_KEYS[where] = found
+    return found
+
+
+_FOLDER_KEYS: dict[tuple[str, str], str] = {}
+#: files of a folder's document besides those the writing loader reads (most recent kept):
+#: other datasets over the folder, without keeping every file the folder ever held
+_OTHERS_KEPT = 1024
 
 
 def _checks_path(cache_dir: str, folder_key: str) -> str:
@@ -538,13 +551,16 @@ def _read_folder(cache_dir: str, folder_key: str) -> set:
             _KNOWN[key] = FooterCheck(key[1])
             _KNOWN.move_to_end(key, last=False)  # recalled, not used: the first to go
     _ON_DISK[(cache_dir, folder_key)] = on_disk = set(keys)
+    _ORDER[(cache_dir, folder_key)] = keys
     return on_disk
 
 
-def keep_checks(cache_dir: str | None) -> None:
-    """Write the passing checks this process knows to ``cache_dir``, in the documents of
-    the folders that lack some (a file's older versions dropped, at most the most recent
-    ``_KNOWN_MAX`` per folder); failures to write are ignored (a cache)."""
+def keep_checks(cache_dir: str | None, versions) -> None:
+    """Write the passing checks of the file versions ``versions`` (a loader's files) to
+    ``cache_dir``, in the documents of their folders that lack some: each document keeps
+    those and, most recent first, up to ``_OTHERS_KEPT`` files besides (one version a file;
+    a file deleted from the folder ages out). Failures to write are ignored (a cache). Costs
+    what the loader's own files cost, never what the process or the cache dir saw before."""
     import os
 
     from ..jsondoc import write_atomic
@@ -553,8 +569,9 @@ def keep_checks(cache_dir: str | None) -> None:
     writes = []
     with _KNOWN_LOCK:
         by_folder: dict[str, list] = {}
-        for k, c in _KNOWN.items():  # least recently used first
-            if c.ok and len(k) == 5:
+        for k in versions:
+            check = _KNOWN.get(k)
+            if check is not None and check.ok and len(k) == 5:
                 by_folder.setdefault(_folder_key(k), []).append(k)
         for folder_key, keys in by_folder.items():
             on_disk = _ON_DISK.get((cache_dir, folder_key))
@@ -562,10 +579,12 @@ def keep_checks(cache_dir: str | None) -> None:
                 on_disk = _read_folder(cache_dir, folder_key)
             if on_disk.issuperset(keys):
                 continue
-            newest = {k[1]: k for k in on_disk}
-            newest.update((k[1], k) for k in keys)  # this process's, most recent last, win
-            kept = list(newest.values())[-_KNOWN_MAX:]
+            mine = {k[1] for k in keys}
+            others = [k for k in _disk_order(cache_dir, folder_key, on_disk) if k[1] not in mine]
+            newest = {k[1]: k for k in others}  # one version a file, the latest written
+            kept = list(newest.values())[-_OTHERS_KEPT:] + keys
             _ON_DISK[(cache_dir, folder_key)] = set(kept)
+            _ORDER[(cache_dir, folder_key)] = kept
             writes.append((_checks_path(cache_dir, folder_key), kept))
     for path, kept in writes:
         doc = {"format": CHECKS_FORMAT, "version": CHECKS_VERSION, "rules": CHECK_RULES,
@@ -580,6 +599,12 @@ def keep_checks(cache_dir: str | None) -> None:
             os.remove(os.path.join(cache_dir, _LEGACY_FILE))
         except OSError:
             pass
+
+
+def _disk_order(cache_dir: str, folder_key: str, on_disk: set) -> list:
+    """A folder's remembered keys in their document's order (oldest first)."""
+    order = _ORDER.get((cache_dir, folder_key))
+    return list(order) if order is not None else sorted(on_disk)
 
 
 def known_check(key: tuple | None) -> FooterCheck | None:
@@ -605,6 +630,7 @@ def forget_checks() -> None:
     with _KNOWN_LOCK:
         _KNOWN.clear()
         _ON_DISK.clear()
+        _ORDER.clear()
         _SOURCES.clear()
 
 
