@@ -598,3 +598,20 @@ def test_cli_ls_and_clear(lake, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("ARROWLOAD_CACHE_DIR", root)
     assert cli.main(["cache", "clear"]) == 0
     assert al.cache_entries(root) == [] and os.listdir(os.path.join(root, "plans")) == []
+
+
+def test_a_hit_for_a_dataset_whose_files_changed_is_a_snapshot_change(tmp_path):
+    """A Dataset opened before a file was deleted: its uncached reads raise
+    SnapshotChangedError, and so did cache() on a new root, but cache() over an existing
+    entry served the old rows, the deleted file's included. Truth: the dataset's own read."""
+    lake = tmp_path / "lake"
+    write_lake(lake, rows=600, shards=3, row_group_size=100, features=1, emb_dim=2)
+    root = str(tmp_path / "cache")
+    ds = al.dataset(str(lake)).filter("id % 2 = 0").select("id")
+    assert ds.cache(root).count() == 300
+    os.remove(sorted(lake.glob("*.parquet"))[1])
+    with pytest.raises(al.SnapshotChangedError):
+        ds.to_arrow()
+    with pytest.raises(al.SnapshotChangedError):
+        ds.cache(root).to_arrow()
+    assert al.dataset(str(lake)).filter("id % 2 = 0").select("id").cache(root).count() == 200

@@ -20,6 +20,7 @@ from datetime import datetime
 import pyarrow as pa
 
 from ..errors import SchemaMismatchError
+from ..plan.nodes import scans
 from ..source.files import FileSource
 from .documents import Commit
 from .entry import CacheMissError, Entry
@@ -78,6 +79,12 @@ class CachedSource(FileSource):
             if _PEEK.get() and self.entry.committed() is None:
                 raise CacheMissError(f"plan cache miss: {self.entry.url} is written on first use "
                                      "(count, to_arrow, to_batches, loader ...)")
+            # the data the entry is keyed by is still there, as the plan's own reads check it:
+            # a hit must not answer for files changed under the dataset (SnapshotChangedError)
+            for scan in scans(self.entry.plan):
+                verify = getattr(scan.source, "verify", None)
+                if verify is not None:
+                    verify()
             commit, files = self.entry.ensure()
             FileSource.__init__(self, self.entry.store.pafs, files, self.entry.data_format, self.entry.folder,
                                 self._label(), partitioning=False, scan_options=self.entry.options.scan)
