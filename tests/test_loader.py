@@ -1099,3 +1099,29 @@ def test_a_filter_over_a_maps_columns_counts_through_the_map(tmp_path, shuffle):
         with base.filter(where).select("id").loader(128, shuffle=shuffle, output="numpy") as loader:
             assert len(loader) == -(-len(want) // 128), where
             assert sorted(int(i) for b in loader for i in b["id"]) == want, where
+
+
+def test_a_spilled_table_of_an_older_snapshot_is_removed(tmp_path):
+    """Each snapshot of a selection spilled a whole copy into the cache dir, never removed
+    (a lake appended to daily kept one a day), nor were the spill files of killed builds.
+    Truth: the files in the cache dir, and pyarrow's rows of the lake as it is now."""
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    cache = str(tmp_path / "cache")
+    os.makedirs(cache)
+    dead = os.path.join(cache, ".tmp-ra-dead.arrow")
+    with open(dead, "wb") as f:
+        f.write(b"half a table")
+    os.utime(dead, (time.time() - 7 * 3600,) * 2)
+    fresh = os.path.join(cache, ".tmp-ra-busy.arrow")  # another build at work: kept
+    with open(fresh, "wb") as f:
+        f.write(b"being written")
+    for day in range(3):
+        pq.write_table(pa.table({"id": np.arange(day * 1000, day * 1000 + 1000)}), str(lake / f"day{day}.parquet"))
+        ds = al.dataset(str(lake)).filter("id % 3 = 0")
+        with ds.loader(100, shuffle="global", memory_budget=1, cache_dir=cache, output="numpy") as loader:
+            got = sorted(int(i) for b in loader for i in b["id"])
+        ids = pq.read_table(str(lake))["id"].to_numpy()
+        assert got == sorted(ids[ids % 3 == 0].tolist())
+        assert len(glob.glob(os.path.join(cache, "ra-*.arrow"))) == len(glob.glob(os.path.join(cache, "ra-*.json"))) == 1
+    assert not os.path.exists(dead) and os.path.exists(fresh)

@@ -556,6 +556,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
                                             "snapshot": snapshot, "plan": what,
                                             "num_rows": writer.rows, "chunk_rows": writer.chunk_rows,
                                             "schema": schema.to_string(), "reusable": reuse})
+        _drop_superseded(base, what)
         opened = _open_cache(base, snapshot, what, reuse=False)
         assert opened is not None
         return opened
@@ -579,6 +580,34 @@ def cached_table(plan: Plan, cache_dir: str | None, reuse: bool) -> TableRowSour
     """The disk cache of ``plan``'s random-access table that ``materialize`` would reuse, else None."""
     snapshot, what, base = _cache_base(plan, cache_dir)
     return _open_cache(base, snapshot, what) if base and reuse and not _volatile(scans(plan)) else None
+
+
+#: a spill file this old with no table written from it: a build that died (killed) mid-way
+_ABANDONED_S = 6 * 3600
+
+
+def _drop_superseded(base: str, what: str) -> None:
+    """Remove the random-access tables of plan ``what`` on other snapshots beside ``base``
+    (each a whole copy of a selection: a lake appended to daily kept one a day), and spill
+    files of builds that died long ago. A loader resuming an older snapshot builds its
+    table again. Best effort: a table another process has mapped stays readable to it."""
+    folder = os.path.dirname(base)
+    now = time.time()
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            if name.startswith(".tmp-ra-") and now - os.path.getmtime(path) > _ABANDONED_S:
+                os.remove(path)
+            elif name.startswith("ra-") and name.endswith(".json") and path != base + ".json":
+                if read_ra_manifest(load_json(path), path).plan == what:
+                    os.remove(path)  # the manifest first: no reader trusts a table going away
+                    os.remove(path[:-len(".json")] + ".arrow")
+        except (OSError, ArrowloadError):
+            continue
 
 
 def _spill_file(base: str, memory_budget: int) -> str:
