@@ -1125,3 +1125,22 @@ def test_a_spilled_table_of_an_older_snapshot_is_removed(tmp_path):
         assert got == sorted(ids[ids % 3 == 0].tolist())
         assert len(glob.glob(os.path.join(cache, "ra-*.arrow"))) == len(glob.glob(os.path.join(cache, "ra-*.json"))) == 1
     assert not os.path.exists(dead) and os.path.exists(fresh)
+
+
+def test_cache_documents_nested_past_the_json_parsers_depth_are_rebuilt(tmp_path):
+    """A damaged cache document of deeply nested JSON raised a bare RecursionError (the
+    selection counts, the decoder choices, a plan cache commit), where every other damage
+    is ignored and rebuilt. Truth: the rows of the file."""
+    pq.write_table(pa.table({"id": np.arange(3000)}), str(tmp_path / "t.parquet"), row_group_size=500)
+    cache, root = str(tmp_path / "cache"), str(tmp_path / "plans")
+    ds = al.dataset(str(tmp_path / "t.parquet")).filter("id % 2 = 0")
+    assert sum(len(b["id"]) for b in ds.loader(100, cache_dir=cache)) == 1500
+    assert ds.cache(root).count() == 1500
+    damaged = glob.glob(os.path.join(cache, "selection-*.json")) + glob.glob(os.path.join(cache, "decoders-*.json")) \
+        + glob.glob(os.path.join(root, "**", "commit.json"), recursive=True)
+    assert len(damaged) >= 2
+    for path in damaged:
+        with open(path, "w") as f:
+            f.write("[" * 100_000 + "]" * 100_000)
+    assert sum(len(b["id"]) for b in ds.loader(100, cache_dir=cache)) == 1500
+    assert ds.cache(root).count() == 1500

@@ -50,9 +50,9 @@ def load_json(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptFileError(f"{path}: not a JSON document ({exc}); delete it and it is rebuilt",
-                               path) from exc
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (nested past the parser's depth)
+        raise CorruptFileError(f"{path}: not a JSON document ({type(exc).__name__}: {exc}); delete it "
+                               "and it is rebuilt", path) from exc
 
 
 def read_selection_index(doc: Any, where: str) -> SelectionIndex:

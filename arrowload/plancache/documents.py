@@ -87,7 +87,7 @@ def encode(doc: dict) -> bytes:
 def decode(data: bytes, where: str) -> Any:
     try:
         return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (nested past the parser's depth)
         raise CorruptFileError(f"{where}: not a JSON document ({exc}); the entry is rewritten", where) from exc
 
 

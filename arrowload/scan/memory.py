@@ -128,7 +128,7 @@ def load(cache_dir: str | None, key: str) -> DecoderChoice | None:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
         got = read_decoder_choice(doc, path)
-    except (OSError, ValueError, UnicodeDecodeError, CorruptFileError, UnsupportedError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError, CorruptFileError, UnsupportedError):
         return None
     return got if got.key == key else None
 
