@@ -300,3 +300,22 @@ def test_table_orders_are_independent_of_read_sizes(tmp_path, kind, prefetch):
     order = EpochOrder(counts, kind, seed=5, epoch=2, window=2)
     expect = table.column("id").to_numpy()[:rows][order.rows(0, rows)]
     np.testing.assert_array_equal(got, expect)
+
+
+@pytest.mark.parametrize("shuffle", ["block", "global", False])
+def test_idle_pooled_buffers_stay_within_prefetch(tmp_path, shuffle):
+    """The loader's buffer pool kept up to 64 MiB of idle buffers whatever ``prefetch``
+    said: a block shuffle at prefetch=1 MiB held 24.5 MiB after its epochs (measured by a
+    review helper through pyarrow's pool and RSS). The pool's idle bytes now stay within
+    the budget, and the rows are pyarrow's."""
+    n = 200_000
+    table = pa.table({f"f{i}": np.random.default_rng(i).random(n, dtype=np.float32) for i in range(8)})
+    table = table.append_column("id", pa.array(np.arange(n)))
+    pq.write_table(table, str(tmp_path / "t.parquet"), row_group_size=16_384)
+    budget = 1 << 20
+    with al.dataset(str(tmp_path / "t.parquet")).loader(1024, shuffle=shuffle, prefetch=budget, output="numpy",
+                                                        stack={"x": [f"f{i}" for i in range(8)]}) as loader:
+        for _ in range(2):
+            ids = np.sort(np.concatenate([b["id"] for b in loader]))
+            assert np.array_equal(ids, np.arange(n))
+            assert loader._pool.pooled_bytes <= budget

@@ -244,7 +244,7 @@ class Loader:
         self._stats = LoaderStats()
         self._profiling = None  # a profile.Profiling recording the next iteration
         self._last_profile = None  # the last Profile taken of this loader (its rate: the epoch estimate)
-        self._pool = BufferPool(max_bytes=max(options.prefetch, 64 << 20))
+        self._pool = BufferPool(max_bytes=options.prefetch)  # idle buffers within the budget
         # reads are converted whole on the reader threads unless batches must stay Arrow
         self._chunks = (ChunkConverter(self._convert, options.stack, self._pool)
                         if options.output != "arrow" and options.transform is None else None)
