@@ -519,9 +519,90 @@ def conjuncts(e: Expr) -> list[Expr]:
         if simplesql.isa(node, "And", "Paren"):
             inner = node.unnest()
             if simplesql.isa(inner, "And"):
-                parts = simplesql.flatten_and(inner) if simplesql.is_simple(inner) else inner.flatten()
-                return [c for t in parts for c in conjuncts(SqlExpr(t, schema=e.schema))]
+                parts = simplesql.flatten_and(inner) if simplesql.is_simple(inner) else list(inner.flatten())
+                written = _written_parts(e, parts)
+                if written is None and e._spans is not None:
+                    return [e]  # its parts' text not found: kept whole, so DuckDB reads it as written
+                return [c for p in (written or [SqlExpr(t, schema=e.schema) for t in parts]) for c in conjuncts(p)]
     return [e]
+
+
+def _written_parts(e: "SqlExpr", parts: list) -> list["SqlExpr"] | None:
+    """``e``'s conjuncts ``parts`` (subtrees of its tree), each with its text as written in
+    ``e``'s and the places of its columns there, so that DuckDB evaluates each as written
+    once the optimizer has split them (a part's regenerated SQL can mean something else:
+    ``date_diff(month, ...)`` over a column ``month``); None where ``e`` has no written text
+    or the parts are not found in it."""
+    if e._spans is None or e._text is None:
+        return None
+    from sqlglot import exp
+    text = e._text
+    ranges = _and_operands(text)
+    if ranges is None or len(ranges) != len(parts):
+        return None
+    extra = e.columns - frozenset(c.name for c in e.tree.find_all(exp.Column))  # (see _vars_naming_columns)
+    out = []
+    for (a, b), t in zip(ranges, parts):
+        cols = list(t.find_all(exp.Column))
+        mine = [(s - a, z - a, node) for s, z, node in e._spans if any(node is c for c in cols)]
+        if len(mine) != len(cols) or any(s < 0 or z > b - a for s, z, _ in mine):
+            return None
+        part = SqlExpr(t, text[a:b], e.schema)
+        part._spans = mine
+        part.columns = part.columns | extra
+        out.append(part)
+    return out
+
+
+def _and_operands(text: str) -> list[tuple[int, int]] | None:
+    """The ``[start, stop)`` of each operand of the top-level ANDs of the SQL ``text``
+    (enclosing parentheses unwrapped; ``BETWEEN .. AND`` and ``CASE .. END`` kept whole);
+    None where it does not tokenize."""
+    import sys
+
+    from sqlglot.dialects.dialect import Dialect
+    from sqlglot.tokens import TokenType as T
+    # DuckDB's tokenizer where its dialect parsed the text; the default one where the text
+    # was in the grammar both read alike (sqlexpr.parse_light), so as not to load it here
+    dialect = DIALECT if "sqlglot.dialects.duckdb" in sys.modules else None
+    try:
+        tokens = Dialect.get_or_raise(dialect).tokenize(text)
+    except Exception:  # noqa: BLE001 - then the parts are not found
+        return None
+    opens, closes = (T.L_PAREN, T.L_BRACKET, T.L_BRACE, T.CASE), (T.R_PAREN, T.R_BRACKET, T.R_BRACE, T.END)
+    while len(tokens) >= 2 and tokens[0].token_type == T.L_PAREN and tokens[-1].token_type == T.R_PAREN:
+        depth = 0
+        for i, tok in enumerate(tokens):
+            depth += tok.token_type in opens
+            depth -= tok.token_type in closes
+            if depth == 0:
+                break
+        if i != len(tokens) - 1:
+            break  # "(a) AND (b)": the first parenthesis closes before the end
+        tokens = tokens[1:-1]
+    if not tokens:
+        return None
+    ranges, first, depth, between = [], 0, 0, False
+    for i, tok in enumerate(tokens):
+        kind = tok.token_type
+        if kind in opens:
+            depth += 1
+        elif kind in closes:
+            depth -= 1
+        elif depth == 0 and kind == T.BETWEEN:
+            between = True
+        elif depth == 0 and kind == T.AND:
+            if between:
+                between = False
+                continue
+            if i == first:
+                return None
+            ranges.append((tokens[first].start, tokens[i - 1].end + 1))
+            first = i + 1
+    if first >= len(tokens):
+        return None
+    ranges.append((tokens[first].start, tokens[-1].end + 1))
+    return ranges
 
 
 def conjoin(parts: list[Expr]) -> Expr | None:
