@@ -1078,3 +1078,40 @@ def test_a_union_typed_expression_reads_as_duckdb_gives_it():
     got = al.dataset(t).select("id", v=e)
     assert got.schema.field("v").type == want.type
     assert got.to_arrow().column("v").to_pylist() == want.to_pylist()
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT *, * FROM t",
+    "SELECT t.*, t.* FROM t WHERE a > 1",
+    "SELECT *, u.* FROM t AS u",
+    "SELECT t.a FROM t AS u",
+    "SELECT u.a FROM t AS u WHERE t.a > 15",
+    "SELECT u.b, t.a FROM t AS u",
+    "SELECT * EXCLUDE (t.a) FROM t AS u",
+    "SELECT * EXCLUDE (u.a) FROM t AS u",
+])
+@pytest.mark.parametrize("struct", [False, True])
+def test_stars_and_qualifiers_as_duckdb_binds_them(tmp_path, query, struct):
+    """Found by generated queries against DuckDB (review helper): ``SELECT *, *`` gave the
+    columns once; under ``FROM t AS u`` the alias hides the table's name, so ``t.a`` is a
+    struct column ``t``'s field or an error, where the lowering read the table's ``a``.
+    Truth: DuckDB over the same file (its answer, or its refusal)."""
+    import pyarrow.parquet as pq
+    cols = {"a": pa.array([1, 2, 30], pa.int32()), "b": ["x", "y", "z"]}
+    if struct:
+        cols["t"] = [{"a": 10}, {"a": 20}, {"a": 5}]
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(pa.table(cols), path)
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet('{path}')")
+    try:
+        want = con.sql(query).arrow()
+    except duckdb.Error:
+        with pytest.raises(al.ArrowloadError):
+            al.sql(query, t=al.dataset(path)).to_arrow()
+        return
+    if hasattr(want, "read_all"):
+        want = want.read_all()
+    got = al.sql(query, t=al.dataset(path)).to_arrow()
+    assert got.column_names == want.column_names
+    assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.to_pylist()))

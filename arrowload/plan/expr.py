@@ -161,6 +161,9 @@ class SqlExpr(Expr):
                     node = exp.Column(this=rest[0], **({"table": rest[1]} if len(rest) > 1 else {}),
                                       **({"db": rest[2]} if len(rest) > 2 else {}))
                 new = _struct_path(node, schema)
+                if new is None and table_names and len(node.parts) >= 2:
+                    # (al.sql) a qualifier that is neither the table nor a struct: DuckDB decides
+                    raise ValueError(f"{node.sql()}: no table or struct column of that name")
                 if new is None:
                     quoted = bool(getattr(node.this, "quoted", False))
                     new = exp.column(sqlexpr.resolve_column(node.name, schema, quoted), quoted=True)

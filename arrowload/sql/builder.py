@@ -163,7 +163,9 @@ def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Pl
     plan: Plan = child
     item_texts, where_text = _written(query, tree)
     table = (tree.args.get("from") or tree.args.get("from_")).this
-    qualifiers = frozenset(n.lower() for n in (table.name, table.alias) if n)
+    # DuckDB: an alias hides the table's name (under ``FROM t AS u``, ``t.a`` is a struct
+    # column ``t``'s field, or an error)
+    qualifiers = frozenset([(table.alias or table.name).lower()])
     where = tree.args.get("where")
     if where is not None:
         plan = Filter(plan, _bind_written(where.this, where_text, schema, qualifiers))
@@ -171,17 +173,21 @@ def _lower_simple(tree: exp.Select, child: Plan, query: str | None = None) -> Pl
     unnamed = []
     items: list[tuple[str, SqlExpr]] = []
     star_only = True
+    stars = 0
     for e, written in zip(tree.expressions, item_texts):
         if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
             if isinstance(e, exp.Column) and e.table and e.table.lower() not in qualifiers:
                 raise ValueError("st.*: a struct's fields")  # DuckDB runs it
             star = e if isinstance(e, exp.Star) else e.this
             excluded = star.args.get("except_") or star.args.get("except") or star.args.get("exclude") or []
+            if any(isinstance(x, exp.Column) and x.table and x.table.lower() not in qualifiers for x in excluded):
+                raise ValueError("EXCLUDE of another table's column")  # DuckDB runs it (and says so)
             drop = {_resolve(x.name, schema) for x in excluded}
             if star.args.get("replace") or star.args.get("rename") or star.args.get("ilike"):
                 raise ExpressionError("SELECT * REPLACE / RENAME / ILIKE is not supported; use aliases")
             items.extend((n, SqlExpr.column(n)) for n in schema.names if n not in drop)
-            star_only = star_only and not drop
+            stars += 1
+            star_only = star_only and not drop and stars == 1  # (``*, *``: every column twice)
             continue
         star_only = False
         inner = e.this if isinstance(e, exp.Alias) else e
