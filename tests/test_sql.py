@@ -1115,3 +1115,24 @@ def test_stars_and_qualifiers_as_duckdb_binds_them(tmp_path, query, struct):
     got = al.sql(query, t=al.dataset(path)).to_arrow()
     assert got.column_names == want.column_names
     assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.to_pylist()))
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT id, date_diff(month, d, DATE '2024-01-01') AS v, FROM t",
+    "SELECT id, FROM t WHERE date_diff(month, d, DATE '2024-01-01') < 0",
+])
+def test_a_trailing_comma_keeps_the_expressions_as_written(tmp_path, query):
+    """DuckDB accepts a trailing comma in the select list; the lowering then lost every
+    expression's text as written and evaluated sqlglot's regenerated SQL, where
+    ``date_diff(month, ...)`` over a column ``month`` reads the unit 'MONTH'. Truth: DuckDB."""
+    import datetime as dt
+
+    import pyarrow.parquet as pq
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(pa.table({"id": [1, 2, 3], "month": ["year", "day", "hour"],
+                             "d": [dt.date(2024, 3, 1), dt.date(2023, 1, 1), dt.date(2024, 1, 2)]}), path)
+    con = duckdb.connect()
+    con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet('{path}')")
+    want = sorted(con.sql(query).fetchall())
+    got = al.sql(query, t=al.dataset(path)).to_arrow()
+    assert sorted(tuple(r.values()) for r in got.to_pylist()) == want

@@ -129,6 +129,8 @@ def _written(query: str | None, tree: exp.Select) -> tuple[list[str | None], str
             items[-1].append(tok)
         elif clause == T.WHERE:
             where.append(tok)
+    if len(items) == len(tree.expressions) + 1 and not items[-1]:
+        items.pop()  # a trailing comma (``SELECT a, b, FROM t``), as DuckDB allows
     if len(items) != len(tree.expressions):
         return none, None
     texts: list[str | None] = []
