@@ -548,8 +548,8 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
             return TableRowSource(_combine(held, schema), where="memory", snapshot=snapshot)
         writer.close()
         if volatile:  # this process's table only: mapped, then unlinked (gone with the map)
-            spilled, tmp_path = _map_unlinked(tmp_path), None
-            return TableRowSource(spilled, where="a spill file of this process", snapshot=snapshot)
+            where, spilled, tmp_path = tmp_path, _map_unlinked(tmp_path), None
+            return TableRowSource(spilled, where=f"{where}, this process's, unlinked", snapshot=snapshot)
         os.replace(tmp_path, base + ".arrow")
         tmp_path = None
         write_atomic(base + ".json", {"format": RA_FORMAT, "version": FORMAT_VERSION,
