@@ -70,6 +70,16 @@ os.environ["ARROWLOAD_CACHE_DIR"] = _SESSION_CACHE = tempfile.mkdtemp(prefix="ar
 atexit.register(shutil.rmtree, _SESSION_CACHE, True)  # not left behind in /tmp by every run
 
 
+@pytest.fixture(scope="module")
+def opened(lake):
+    """The module's ``lake`` opened twice: as is, and with the optimizer off (differential
+    tests run every case both ways)."""
+    import arrowload as al
+    from arrowload.options import OptimizerOptions
+    base = al.dataset(lake)
+    return base, base.with_options(optimizer=OptimizerOptions.none())
+
+
 @pytest.fixture(autouse=True)
 def _own_cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ARROWLOAD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))

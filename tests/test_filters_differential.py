@@ -47,7 +47,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import arrowload as al
-from arrowload.options import OptimizerOptions
 from arrowload.plan.nodes import Filter, walk
 
 # CI: derandomized and without the example database, so a run is reproducible (set on
@@ -127,12 +126,6 @@ def con():
     c.execute("SET disabled_optimizers = 'filter_pushdown,statistics_propagation'")
     yield c
     c.close()
-
-
-@pytest.fixture(scope="module")
-def opened(lake):
-    base = al.dataset(lake)
-    return base, base.with_options(optimizer=OptimizerOptions.none())
 
 
 def _scan(lake: str) -> str:

@@ -67,7 +67,6 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import arrowload as al
-from arrowload.options import OptimizerOptions
 from arrowload.plan.nodes import SqlQuery, walk
 from arrowload.sql.builder import _is_simple, parse_query
 from conftest import normalize
@@ -147,12 +146,6 @@ def con(lake):
     c.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet('{lake}/*/*.parquet', hive_partitioning=true)")
     yield c
     c.close()
-
-
-@pytest.fixture(scope="module")
-def opened(lake):
-    base = al.dataset(lake)
-    return base, base.with_options(optimizer=OptimizerOptions.none())
 
 
 # ---------------------------------------------------------------------------
