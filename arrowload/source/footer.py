@@ -604,7 +604,7 @@ def keep_checks(cache_dir: str | None, versions) -> None:
 def _disk_order(cache_dir: str, folder_key: str, on_disk: set) -> list:
     """A folder's remembered keys in their document's order (oldest first)."""
     order = _ORDER.get((cache_dir, folder_key))
-    return list(order) if order is not None else sorted(on_disk)
+    return list(order) if order is not None else list(on_disk)
 
 
 def known_check(key: tuple | None) -> FooterCheck | None:
