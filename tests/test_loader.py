@@ -1144,3 +1144,23 @@ def test_cache_documents_nested_past_the_json_parsers_depth_are_rebuilt(tmp_path
             f.write("[" * 100_000 + "]" * 100_000)
     assert sum(len(b["id"]) for b in ds.loader(100, cache_dir=cache)) == 1500
     assert ds.cache(root).count() == 1500
+
+
+def test_lakes_alike_keep_their_own_spilled_tables(tmp_path):
+    """Two lakes under one selection (the same plan, other roots) in one cache dir: each
+    keeps its spilled random-access table (a new version replaces only its own lake's),
+    and the next loader over each reuses it. Truth: the files in the cache dir."""
+    cache = str(tmp_path / "cache")
+    lakes = []
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"id": np.arange(2000)}), str(tmp_path / name / "t.parquet"))
+        lakes.append(str(tmp_path / name))
+    kinds = []
+    for lake in lakes + lakes:
+        with al.dataset(lake).filter("id % 2 = 0").loader(100, shuffle="global", memory_budget=1,
+                                                          cache_dir=cache) as loader:
+            kinds.append(loader.source_kind)
+            assert sum(len(b["id"]) for b in loader) == 1000
+    assert kinds[:2] == kinds[2:] and kinds[0] != kinds[1]  # reused, one each
+    assert len(glob.glob(os.path.join(cache, "ra-*.arrow"))) == 2

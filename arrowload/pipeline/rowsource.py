@@ -556,7 +556,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
                                             "snapshot": snapshot, "plan": what,
                                             "num_rows": writer.rows, "chunk_rows": writer.chunk_rows,
                                             "schema": schema.to_string(), "reusable": reuse})
-        _drop_superseded(base, what)
+        _drop_superseded(base)
         opened = _open_cache(base, snapshot, what, reuse=False)
         assert opened is not None
         return opened
@@ -572,7 +572,11 @@ def _cache_base(plan: Plan, cache_dir: str | None) -> tuple[str, str, str | None
     found = scans(plan)
     snapshot = _digest(*(s.source.fingerprint() for s in found)) if found else ""
     what = plan_key(plan)
-    base = os.path.join(cache_dir, f"ra-{_digest(snapshot, what)}") if cache_dir else None
+    # ``ra-<lineage>-<version>``: the plan over these sources (their roots), then the data's
+    # version, so that a new version's table replaces the old one's (``_drop_superseded``)
+    # and never another lake's under the same plan
+    lineage = _digest(what, *(f"{type(s.source).__name__}:{getattr(s.source, 'root', '')}" for s in found))
+    base = os.path.join(cache_dir, f"ra-{lineage[:16]}-{_digest(snapshot, what)[:16]}") if cache_dir else None
     return snapshot, what, base
 
 
@@ -586,12 +590,14 @@ def cached_table(plan: Plan, cache_dir: str | None, reuse: bool) -> TableRowSour
 _ABANDONED_S = 6 * 3600
 
 
-def _drop_superseded(base: str, what: str) -> None:
-    """Remove the random-access tables of plan ``what`` on other snapshots beside ``base``
-    (each a whole copy of a selection: a lake appended to daily kept one a day), and spill
-    files of builds that died long ago. A loader resuming an older snapshot builds its
-    table again. Best effort: a table another process has mapped stays readable to it."""
-    folder = os.path.dirname(base)
+def _drop_superseded(base: str) -> None:
+    """Remove the random-access tables of the same plan over the same sources on other
+    versions of the data beside ``base`` (``ra-<lineage>-*``: each a whole copy of a
+    selection; a lake appended to daily kept one a day), and spill files of builds that
+    died long ago. A loader resuming an older snapshot builds its table again. Best effort:
+    a table another process has mapped stays readable to it."""
+    folder, mine = os.path.split(base)
+    lineage = mine[:len("ra-") + 17]  # "ra-<16 hex>-"
     now = time.time()
     try:
         names = os.listdir(folder)
@@ -602,11 +608,10 @@ def _drop_superseded(base: str, what: str) -> None:
         try:
             if name.startswith(".tmp-ra-") and now - os.path.getmtime(path) > _ABANDONED_S:
                 os.remove(path)
-            elif name.startswith("ra-") and name.endswith(".json") and path != base + ".json":
-                if read_ra_manifest(load_json(path), path).plan == what:
-                    os.remove(path)  # the manifest first: no reader trusts a table going away
-                    os.remove(path[:-len(".json")] + ".arrow")
-        except (OSError, ArrowloadError):
+            elif name.startswith(lineage) and name.endswith(".json") and path != base + ".json":
+                os.remove(path)  # the manifest first: no reader trusts a table going away
+                os.remove(path[:-len(".json")] + ".arrow")
+        except OSError:
             continue
 
 
