@@ -142,7 +142,10 @@ class ScanRowSource:
             return tuple(int(self._meta[u].num_rows) for u in self.units)
         count_plan = optimize(Project(_strip_maps(self.plan), ()), self.options.optimizer)
         what = plan_key(count_plan)
-        key = _digest(self.snapshot, what, ",".join(map(str, self.units)))
+        # ``selection-<lineage>-<version>``: the counting plan over this source (its root), then
+        # the data's version and units; a new version's counts replace the old one's
+        lineage = _digest(what, f"{type(self.scan.source).__name__}:{getattr(self.scan.source, 'root', '')}")
+        key = f"{lineage[:16]}-{_digest(self.snapshot, what, ','.join(map(str, self.units)))[:16]}"
         # in-memory data is counted afresh: its fingerprint samples it (``_volatile``)
         path = os.path.join(self.cache_dir, f"selection-{key}.json") \
             if self.cache_dir and not _volatile([self.scan]) else None
@@ -161,6 +164,8 @@ class ScanRowSource:
                                     "units": list(self.units), "counts": list(counts)})
             except OSError:
                 pass  # a cache: an unwritable or full cache dir only means counting again
+            else:
+                _drop_versions(path, len("selection-") + 17)
         return counts
 
     def _count_units(self, count_plan: Plan) -> tuple[int, ...]:
@@ -588,6 +593,22 @@ def cached_table(plan: Plan, cache_dir: str | None, reuse: bool) -> TableRowSour
 
 #: a spill file this old with no table written from it: a build that died (killed) mid-way
 _ABANDONED_S = 6 * 3600
+
+
+def _drop_versions(path: str, prefix: int) -> None:
+    """Remove the documents beside ``path`` whose names share its first ``prefix``
+    characters (its lineage: other versions of the same data); best effort."""
+    folder, mine = os.path.split(path)
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        if name != mine and name.startswith(mine[:prefix]) and name.endswith(".json"):
+            try:
+                os.remove(os.path.join(folder, name))
+            except OSError:
+                pass
 
 
 def _drop_superseded(base: str) -> None:
