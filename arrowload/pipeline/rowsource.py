@@ -142,10 +142,7 @@ class ScanRowSource:
             return tuple(int(self._meta[u].num_rows) for u in self.units)
         count_plan = optimize(Project(_strip_maps(self.plan), ()), self.options.optimizer)
         what = plan_key(count_plan)
-        # ``selection-<lineage>-<version>``: the counting plan over this source (its root), then
-        # the data's version and units; a new version's counts replace the old one's
-        lineage = _digest(what, f"{type(self.scan.source).__name__}:{getattr(self.scan.source, 'root', '')}")
-        key = f"{lineage[:16]}-{_digest(self.snapshot, what, ','.join(map(str, self.units)))[:16]}"
+        key = _versioned_key(what, [self.scan], self.snapshot, ",".join(map(str, self.units)))
         # in-memory data is counted afresh: its fingerprint samples it (``_volatile``)
         path = os.path.join(self.cache_dir, f"selection-{key}.json") \
             if self.cache_dir and not _volatile([self.scan]) else None
@@ -165,7 +162,7 @@ class ScanRowSource:
             except OSError:
                 pass  # a cache: an unwritable or full cache dir only means counting again
             else:
-                _drop_versions(path, len("selection-") + 17)
+                _drop_versions(path)
         return counts
 
     def _count_units(self, count_plan: Plan) -> tuple[int, ...]:
@@ -561,7 +558,7 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
                                             "snapshot": snapshot, "plan": what,
                                             "num_rows": writer.rows, "chunk_rows": writer.chunk_rows,
                                             "schema": schema.to_string(), "reusable": reuse})
-        _drop_superseded(base)
+        _drop_versions(base + ".json", ".arrow")
         opened = _open_cache(base, snapshot, what, reuse=False)
         assert opened is not None
         return opened
@@ -577,11 +574,7 @@ def _cache_base(plan: Plan, cache_dir: str | None) -> tuple[str, str, str | None
     found = scans(plan)
     snapshot = _digest(*(s.source.fingerprint() for s in found)) if found else ""
     what = plan_key(plan)
-    # ``ra-<lineage>-<version>``: the plan over these sources (their roots), then the data's
-    # version, so that a new version's table replaces the old one's (``_drop_superseded``)
-    # and never another lake's under the same plan
-    lineage = _digest(what, *(f"{type(s.source).__name__}:{getattr(s.source, 'root', '')}" for s in found))
-    base = os.path.join(cache_dir, f"ra-{lineage[:16]}-{_digest(snapshot, what)[:16]}") if cache_dir else None
+    base = os.path.join(cache_dir, f"ra-{_versioned_key(what, found, snapshot)}") if cache_dir else None
     return snapshot, what, base
 
 
@@ -595,43 +588,38 @@ def cached_table(plan: Plan, cache_dir: str | None, reuse: bool) -> TableRowSour
 _ABANDONED_S = 6 * 3600
 
 
-def _drop_versions(path: str, prefix: int) -> None:
-    """Remove the documents beside ``path`` whose names share its first ``prefix``
-    characters (its lineage: other versions of the same data); best effort."""
+def _versioned_key(what: str, found: Sequence[Scan], *version: str) -> str:
+    """``<lineage>-<version>`` (16 hex digits each) of a cache document: the plan ``what``
+    over these sources (their roots), then the data's ``version``, so that a new version's
+    document replaces the old one's (``_drop_versions``) and never another lake's under
+    the same plan."""
+    lineage = _digest(what, *(f"{type(s.source).__name__}:{getattr(s.source, 'root', '')}" for s in found))
+    return f"{lineage[:16]}-{_digest(*version, what)[:16]}"
+
+
+def _drop_versions(path: str, companion: str | None = None) -> None:
+    """Remove the other versions of the cache document ``path`` (``<kind>-<lineage>-*.json``
+    beside it: the same selection of the same lake on older data), each with its
+    ``companion`` file (the ``.arrow`` of a random-access table), and, where it has one,
+    spill files untouched for ``_ABANDONED_S`` (builds that died). A loader resuming an
+    older snapshot builds them again. Best effort: a table another process has mapped stays
+    readable to it."""
     folder, mine = os.path.split(path)
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        if name != mine and name.startswith(mine[:prefix]) and name.endswith(".json"):
-            try:
-                os.remove(os.path.join(folder, name))
-            except OSError:
-                pass
-
-
-def _drop_superseded(base: str) -> None:
-    """Remove the random-access tables of the same plan over the same sources on other
-    versions of the data beside ``base`` (``ra-<lineage>-*``: each a whole copy of a
-    selection; a lake appended to daily kept one a day), and spill files of builds that
-    died long ago. A loader resuming an older snapshot builds its table again. Best effort:
-    a table another process has mapped stays readable to it."""
-    folder, mine = os.path.split(base)
-    lineage = mine[:len("ra-") + 17]  # "ra-<16 hex>-"
+    lineage = mine[:mine.index("-") + 18]  # "<kind>-<16 hex>-"
     now = time.time()
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
-        path = os.path.join(folder, name)
+        other = os.path.join(folder, name)
         try:
-            if name.startswith(".tmp-ra-") and now - os.path.getmtime(path) > _ABANDONED_S:
-                os.remove(path)
-            elif name.startswith(lineage) and name.endswith(".json") and path != base + ".json":
-                os.remove(path)  # the manifest first: no reader trusts a table going away
-                os.remove(path[:-len(".json")] + ".arrow")
+            if companion and name.startswith(".tmp-ra-") and now - os.path.getmtime(other) > _ABANDONED_S:
+                os.remove(other)
+            elif name != mine and name.startswith(lineage) and name.endswith(".json"):
+                os.remove(other)  # the manifest first: no reader trusts a table going away
+                if companion:
+                    os.remove(other[:-len(".json")] + companion)
         except OSError:
             continue
 

@@ -472,8 +472,7 @@ CHECK_RULES = 1
 _CHECKS_DIR = "footer-checks"
 _LEGACY_FILE = "footer-checks.json"  # one document for every folder, before; removed when writing
 _SOURCES: list[str] = []  # the cache dirs consulted, in the order first named
-_ON_DISK: dict[tuple[str, str], set] = {}  # (cache dir, folder key) -> keys read or last written
-_ORDER: dict[tuple[str, str], list] = {}  # ... the same keys in their document's order
+_ON_DISK: dict[tuple[str, str], list] = {}  # (cache dir, folder key) -> keys read or last written, in order
 
 
 def _folder_key(key: tuple) -> str:
@@ -533,7 +532,7 @@ def recall_checks(cache_dir: str | None) -> None:
                 _SOURCES.append(cache_dir)
 
 
-def _read_folder(cache_dir: str, folder_key: str) -> set:
+def _read_folder(cache_dir: str, folder_key: str) -> list:
     """The keys ``cache_dir`` remembers for one folder, made known to this process; held
     under ``_KNOWN_LOCK``. A missing, damaged, foreign or other-version document, or one
     written under other check rules, is ignored (and rewritten by ``keep_checks``)."""
@@ -550,9 +549,8 @@ def _read_folder(cache_dir: str, folder_key: str) -> set:
         if key not in _KNOWN:
             _KNOWN[key] = FooterCheck(key[1])
             _KNOWN.move_to_end(key, last=False)  # recalled, not used: the first to go
-    _ON_DISK[(cache_dir, folder_key)] = on_disk = set(keys)
-    _ORDER[(cache_dir, folder_key)] = keys
-    return on_disk
+    _ON_DISK[(cache_dir, folder_key)] = keys
+    return keys
 
 
 def keep_checks(cache_dir: str | None, versions) -> None:
@@ -577,14 +575,13 @@ def keep_checks(cache_dir: str | None, versions) -> None:
             on_disk = _ON_DISK.get((cache_dir, folder_key))
             if on_disk is None:
                 on_disk = _read_folder(cache_dir, folder_key)
-            if on_disk.issuperset(keys):
+            if set(on_disk).issuperset(keys):
                 continue
             mine = {k[1] for k in keys}
-            others = [k for k in _disk_order(cache_dir, folder_key, on_disk) if k[1] not in mine]
+            others = [k for k in on_disk if k[1] not in mine]  # oldest first
             newest = {k[1]: k for k in others}  # one version a file, the latest written
             kept = list(newest.values())[-_OTHERS_KEPT:] + keys
-            _ON_DISK[(cache_dir, folder_key)] = set(kept)
-            _ORDER[(cache_dir, folder_key)] = kept
+            _ON_DISK[(cache_dir, folder_key)] = kept
             writes.append((_checks_path(cache_dir, folder_key), kept))
     for path, kept in writes:
         doc = {"format": CHECKS_FORMAT, "version": CHECKS_VERSION, "rules": CHECK_RULES,
@@ -599,12 +596,6 @@ def keep_checks(cache_dir: str | None, versions) -> None:
             os.remove(os.path.join(cache_dir, _LEGACY_FILE))
         except OSError:
             pass
-
-
-def _disk_order(cache_dir: str, folder_key: str, on_disk: set) -> list:
-    """A folder's remembered keys in their document's order (oldest first)."""
-    order = _ORDER.get((cache_dir, folder_key))
-    return list(order) if order is not None else list(on_disk)
 
 
 def known_check(key: tuple | None) -> FooterCheck | None:
@@ -630,7 +621,6 @@ def forget_checks() -> None:
     with _KNOWN_LOCK:
         _KNOWN.clear()
         _ON_DISK.clear()
-        _ORDER.clear()
         _SOURCES.clear()
 
 
