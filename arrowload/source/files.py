@@ -809,9 +809,7 @@ class FileSource(PicklableLock, Source):
         """The error for a listed file no longer there: the data changed under the dataset,
         as for a file rewritten (``SnapshotChangedError``; a table source says which
         snapshot)."""
-        return files_changed_error([path], "the dataset", f"it was listed ({exc})",
-                                   f"open the dataset again (al.dataset({self.root!r})) to read the files as "
-                                   "they are now; Dataset.pin() keeps a dataset on the files as they were")
+        return files_changed_error([path], "the dataset", f"it was listed ({exc})", self._reopen())
 
     def _verify_listed(self) -> None:
         """An unpinned local source: its files still the ones listed, in size and
@@ -828,9 +826,12 @@ class FileSource(PicklableLock, Source):
         except OSError:
             return  # the read's own error says more
         if changed:
-            raise files_changed_error(changed, "the dataset", "it was opened",
-                                      f"open the dataset again (al.dataset({self.root!r})) to read the files as "
-                                      "they are now; Dataset.pin() keeps a dataset on the files as they were")
+            raise files_changed_error(changed, "the dataset", "it was opened", self._reopen())
+
+    def _reopen(self) -> str:
+        """What to do about files changed under an unpinned dataset."""
+        return (f"open the dataset again (al.dataset({self.root!r})) to read the files as they are now; "
+                "Dataset.pin() keeps a dataset on the files as they were")
 
     def _fix(self) -> str:
         return ("This dataset is pinned to the files as they were (Dataset.pin(), a manifest or a loader "
