@@ -680,3 +680,30 @@ def test_resuming_on_a_vacuumed_version_is_a_snapshot_change(tmp_path):
     assert "version 0" in str(got.value) and got.value.path.endswith(".parquet")
     assert sorted(i for b in al.delta(path).loader(10, output="numpy") for i in b["id"].tolist()) == \
         list(range(100, 150))
+
+
+def test_reading_a_vacuumed_version_is_a_snapshot_change(tmp_path):
+    """The table's data files removed after it was opened (an old version whose files a
+    vacuum removed, or the current version opened before an overwrite and a vacuum):
+    every read says SnapshotChangedError naming the table and version, as deltalake's own
+    read fails (FileNotFoundError). It raised TypeError: the table kept how to reopen
+    itself in an attribute that hid the files' advice method."""
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": pa.array(range(10), pa.int64())}))
+    write_deltalake(path, pa.table({"id": pa.array(range(10, 20), pa.int64())}), mode="overwrite")
+    current = al.delta(path)
+    DeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    with pytest.raises(FileNotFoundError):
+        DeltaTable(path, version=0).to_pyarrow_table()
+    with pytest.raises(al.SnapshotChangedError, match="delta table .* at version 0") as got:
+        al.delta(path, version=0).to_arrow()
+    assert got.value.path.endswith(".parquet")
+    assert current.count() == 10
+    write_deltalake(path, pa.table({"id": pa.array(range(20, 25), pa.int64())}), mode="overwrite")
+    DeltaTable(path).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    for read in (current.count, current.to_arrow, lambda: list(current.loader(4, output="numpy"))):
+        with pytest.raises(al.SnapshotChangedError, match="cleaned up or rewritten"):
+            read()
+    assert sorted(al.delta(path).to_arrow()["id"].to_pylist()) == list(range(20, 25))

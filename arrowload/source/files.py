@@ -809,7 +809,7 @@ class FileSource(PicklableLock, Source):
         """The error for a listed file no longer there: the data changed under the dataset,
         as for a file rewritten (``SnapshotChangedError``; a table source says which
         snapshot)."""
-        return files_changed_error([path], "the dataset", f"it was listed ({exc})", self._reopen())
+        return files_changed_error([path], "the dataset", f"it was listed ({exc})", self._changed_advice())
 
     def _verify_listed(self) -> None:
         """An unpinned local source: its files still the ones listed, in size and
@@ -826,9 +826,9 @@ class FileSource(PicklableLock, Source):
         except OSError:
             return  # the read's own error says more
         if changed:
-            raise files_changed_error(changed, "the dataset", "it was opened", self._reopen())
+            raise files_changed_error(changed, "the dataset", "it was opened", self._changed_advice())
 
-    def _reopen(self) -> str:
+    def _changed_advice(self) -> str:
         """What to do about files changed under an unpinned dataset."""
         return (f"open the dataset again (al.dataset({self.root!r})) to read the files as they are now; "
                 "Dataset.pin() keeps a dataset on the files as they were")

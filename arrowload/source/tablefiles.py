@@ -283,11 +283,18 @@ class TableFileSource(FileSource):
         """A data file of this snapshot no longer there: the snapshot's files were cleaned
         up (a Delta ``vacuum``, Iceberg's snapshot expiry) while its log / metadata stayed."""
         from ..errors import SnapshotChangedError
-        fmt, uri = self.table["format"], self.table["uri"]
-        return SnapshotChangedError(
-            f"{fmt} table {uri} at {self.snapshot_field} {self.table.get(self.snapshot_field)} lists {path!r}, "
-            f"which is gone ({exc}): the snapshot's data files were cleaned up (vacuum, snapshot expiry); "
-            "read a newer snapshot, or resume from a newer state", path)
+        return SnapshotChangedError(f"{self._at()} lists {path!r}, which is gone ({exc}): "
+                                    f"{self._changed_advice()}", path)
+
+    def _changed_advice(self) -> str:
+        """What to do about this snapshot's data files changed or removed (``_gone``, and
+        ``FileSource._verify_listed`` finding them changed since the snapshot was opened)."""
+        return (f"the data files of {self._at()} were cleaned up or rewritten (vacuum, snapshot expiry); "
+                "read a newer snapshot, or resume from a newer state")
+
+    def _at(self) -> str:
+        return f"{self.table['format']} table {self.table['uri']} at {self.snapshot_field} " \
+               f"{self.table.get(self.snapshot_field)}"
 
     def __getstate__(self):
         state = super().__getstate__()
