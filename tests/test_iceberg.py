@@ -587,6 +587,36 @@ def test_current_table_reads_with_the_schema_changed_since_its_last_snapshot(tmp
     assert flat_ids(later) == whole[2 * 16:]
 
 
+
+@pytest.mark.parametrize("change", ["add", "rename"])
+def test_a_state_resumes_after_a_schema_change_that_made_no_snapshot(tmp_path, change):
+    """A state taken on the current snapshot, then a column added (or an unselected one
+    renamed): the table's snapshot stays, its current schema moves on. The same selection
+    resumes the state's snapshot as it was read, to exactly the rest of the epoch; it was
+    refused as "not the selection the state was taken with"."""
+    from pyiceberg.types import LongType
+    catalog = _catalog(tmp_path)
+    table = catalog.create_table("ns.t", schema=pa.schema([("id", pa.int64()), ("x", pa.int64())]))
+    table.append(pa.table({"id": pa.array(range(100), pa.int64()), "x": pa.array(range(100), pa.int64())}))
+
+    def loader():
+        return al.iceberg(catalog.load_table("ns.t")).select("id").loader(10, shuffle="global", seed=3)
+
+    whole = flat_ids(loader())
+    state = state_after(loader(), 3)
+    with catalog.load_table("ns.t").update_schema() as update:
+        if change == "add":
+            update.add_column("z", LongType())
+        else:
+            update.rename_column("x", "y")
+    moved = catalog.load_table("ns.t")
+    assert moved.current_snapshot().snapshot_id == table.current_snapshot().snapshot_id
+    assert moved.metadata.current_schema_id != table.metadata.current_schema_id
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert flat_ids(resumed) == whole[30:] and sorted(whole) == list(range(100))
+
+
 _EVOLVE = st.lists(st.sampled_from(["append", "rename", "add", "widen", "drop"]), min_size=1, max_size=6)
 
 

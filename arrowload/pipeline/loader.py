@@ -641,7 +641,7 @@ class Loader:
         loader is built; ``snapshot_id`` says which it reads. States of versions 1 and 2 hold
         no file list and resume only on the data they were taken on."""
         version = state_version(state)
-        if version >= 3 and state["snapshot"] != self._dataset.snapshot_id:
+        if version >= 3 and not self._reads_as(state):
             self._go_to_snapshot(state, version)
         at = read_state(state, self._identity(version), self.world_size, self.rank)
         end_iterations(self._active, ENDED_BY_LOAD)  # (its batches would move the loaded position)
@@ -652,6 +652,16 @@ class Loader:
         self._segments = self._next_segments = at.segments
         self._loads += 1
         post(self)
+
+    def _reads_as(self, state: Mapping[str, Any]) -> bool:
+        """Whether this loader reads the snapshot of ``state`` (version 3 and later) as the
+        state's loader read it."""
+        if state["snapshot"] != self._dataset.snapshot_id:
+            return False
+        found = scans(self._dataset.plan)
+        sources = state.get("sources")
+        return not isinstance(sources, list) or len(sources) != len(found) or all(
+            not isinstance(doc, Mapping) or s.source.reads_as(doc) for s, doc in zip(found, sources))
 
     def _go_to_snapshot(self, state: Mapping[str, Any], version: int) -> None:
         """Rebind this loader to the snapshot of ``state`` (checked first: the plan and

@@ -143,13 +143,18 @@ class Source:
         what :meth:`at_snapshot` needs to read that snapshot again."""
         return {"snapshot": self.snapshot_id}
 
+    def reads_as(self, doc: Mapping) -> bool:
+        """Whether this source reads the snapshot ``doc`` (a :meth:`state_snapshot`) as it
+        was read then: :meth:`at_snapshot` gives itself."""
+        return doc.get("snapshot") == self.snapshot_id
+
     def at_snapshot(self, doc: Mapping) -> "Source":
         """This source as it was at the snapshot ``doc`` (a :meth:`state_snapshot` of the
         same data, possibly older): itself when it is that snapshot, else a source bound to
         it. Raises ``LookupError`` with the reason when this source cannot go back to it
         (the loader reports it as a state mismatch), ``SnapshotChangedError`` naming the
         file when the snapshot's data is no longer there."""
-        if doc.get("snapshot") == self.snapshot_id:
+        if self.reads_as(doc):
             return self
         raise LookupError(f"{self.display} holds other data than the state's snapshot "
                           f"{doc.get('snapshot')!r} and cannot reopen it (in-memory data is not kept)")

@@ -748,7 +748,7 @@ class FileSource(PicklableLock, Source):
         against this source's listing (size, modification time, identity): a file of the
         snapshot that is gone or differs raises ``SnapshotChangedError`` naming it. Files
         listed now but not in the snapshot (appended since) are left out."""
-        if doc.get("snapshot") == self.snapshot_id:
+        if self.reads_as(doc):
             return self
         if "files" not in doc:
             raise LookupError(f"the state's snapshot {doc.get('snapshot')!r} is not a file list, and "

@@ -254,12 +254,18 @@ class TableFileSource(FileSource):
     def state_snapshot(self) -> dict:
         return {"snapshot": self.snapshot_id, "table": dict(self.table)}
 
+    def reads_as(self, doc) -> bool:
+        """The snapshot ``doc`` read the same way: an Iceberg schema change makes no snapshot,
+        so the current table may read the state's snapshot with another schema
+        (``table["schema_id"]``)."""
+        return doc.get("snapshot") == self.snapshot_id and doc.get("table", self.table) == self.table
+
     def at_snapshot(self, doc) -> "TableFileSource":
         """The same table at the state's snapshot (``doc["table"]``), opened through the
         table's log / metadata with this source's storage options: ``LookupError`` for another
         table, ``SnapshotChangedError`` naming the table when that snapshot is gone."""
         from ..errors import ArrowloadError, SnapshotChangedError
-        if doc.get("snapshot") == self.snapshot_id:
+        if self.reads_as(doc):
             return self
         fmt, uri = self.table["format"], self.table["uri"]
         t = doc.get("table")
