@@ -502,13 +502,39 @@ def test_unsupported_reader_feature_is_a_typed_error_naming_it(tmp_path):
     from deltalake import DeltaTable
     root = _protocol(str(tmp_path / "t"), ["timestampNtz"])
     assert al.delta(root).to_arrow()["id"].to_pylist() == [1, 2]  # a feature it honours
-    root = _protocol(str(tmp_path / "t"), ["variantType"])
+    root = _protocol(str(tmp_path / "t"), ["variantShredding-preview"])
     DeltaTable(root)  # the log itself loads
     for open_ in (al.delta, al.dataset):
         with pytest.raises(al.UnsupportedTableFeatureError) as info:
             open_(root)
-        assert info.value.feature == "variantType" and "variantType" in str(info.value)
+        assert info.value.feature == "variantShredding-preview" and "variantShredding-preview" in str(info.value)
         assert isinstance(info.value, NotImplementedError) and isinstance(info.value, al.ArrowloadError)
+
+
+def test_a_type_feature_without_a_column_of_its_type_reads(tmp_path):
+    """deltalake names ``variantType`` among the reader features of every table it writes
+    with deletion vectors enabled: a table without a variant column reads as deltalake
+    reads it (it was refused); one with a variant column is still refused."""
+    from deltalake import DeltaTable, write_deltalake
+    path = str(tmp_path / "dv")
+    data = pa.table({"id": pa.array(range(10), pa.int64()), "s": pa.array([{"a": i} for i in range(10)])})
+    write_deltalake(path, data, configuration={"delta.enableDeletionVectors": "true"})
+    DeltaTable(path).delete("id < 3")
+    table = DeltaTable(path)
+    truth = pa.table(table.scan().read_all()).sort_by("id")
+    assert al.delta(path).to_arrow().sort_by("id").equals(truth) and truth.num_rows == 7
+    assert al.dataset(path).filter("id >= 5").count() == 5
+    root = _protocol(str(tmp_path / "v"), ["variantType"])
+    log = f"{root}/_delta_log/00000000000000000000.json"
+    lines = [json.loads(x) for x in open(log)]
+    fields = [{"name": "id", "type": "long", "nullable": True, "metadata": {}},
+              {"name": "x", "type": {"type": "array", "elementType": "variant", "containsNull": True},
+               "nullable": True, "metadata": {}}]
+    lines[1]["metaData"]["schemaString"] = json.dumps({"type": "struct", "fields": fields})
+    with open(log, "w") as out:
+        out.write("\n".join(json.dumps(a) for a in lines) + "\n")
+    with pytest.raises(al.UnsupportedTableFeatureError, match="variantType"):
+        al.delta(root)
 
 
 def test_missing_table_and_missing_version(versions, tmp_path):

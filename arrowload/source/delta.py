@@ -26,6 +26,7 @@ Reader features other than those handled here raise
 from __future__ import annotations
 
 import datetime as dt
+import json
 import posixpath
 import urllib.parse
 from collections.abc import Sequence
@@ -50,6 +51,10 @@ SUPPORTED_READER_FEATURES = frozenset({
     "vacuumProtocolCheck",  # a rule for vacuum, nothing for readers
     "typeWidening",         # older files in narrower types: cast to the table's on read
 })
+#: reader features that only matter where the schema holds their type: a table without
+#: such a column reads as any other (deltalake 1.6 names ``variantType`` in every table it
+#: writes with deletion vectors)
+TYPE_READER_FEATURES = {"variantType": "variant"}
 MAX_READER_VERSION = 3
 _PHYSICAL = "delta.columnMapping.physicalName"
 _MODE = "delta.columnMapping.mode"
@@ -98,13 +103,41 @@ def _check_protocol(table, uri: str) -> None:
             f"delta table {uri!r} needs reader version {proto.min_reader_version}; arrowload reads "
             f"versions up to {MAX_READER_VERSION}: read it with an engine that supports it, or "
             "downgrade the table's protocol", feature=f"minReaderVersion {proto.min_reader_version}")
+    types = None
     for feature in proto.reader_features or ():
+        if feature in TYPE_READER_FEATURES:
+            types = _schema_types(table) if types is None else types
+            if TYPE_READER_FEATURES[feature] not in types:
+                continue
         if feature not in SUPPORTED_READER_FEATURES:
             raise UnsupportedTableFeatureError(
                 f"delta table {uri!r} uses the reader feature {feature!r}, which arrowload cannot "
                 f"honour (it reads {', '.join(sorted(SUPPORTED_READER_FEATURES))}); reading its files "
                 "without it could return wrong rows: read the table with an engine that supports "
                 f"{feature!r}, or rewrite it without the feature", feature=feature)
+
+
+def _schema_types(table) -> set[str]:
+    """Every type name in the table's schema (``"long"``, ``"variant"``, ...), nested ones
+    included; ``{"variant"}`` where the schema cannot be walked (read as holding one)."""
+    found: set[str] = set()
+
+    def walk(t) -> None:
+        if isinstance(t, str):
+            found.add(t)
+        elif isinstance(t, dict):
+            found.add(str(t.get("type")))
+            for f in t.get("fields") or ():
+                walk(f.get("type") if isinstance(f, dict) else None)
+            for key in ("elementType", "keyType", "valueType"):
+                if key in t:
+                    walk(t[key])
+
+    try:
+        walk(json.loads(table.schema().to_json()))
+    except (ValueError, TypeError, AttributeError):
+        return {"variant"}
+    return found
 
 
 def _logical_schema(table, uri: str) -> tuple[pa.Schema, dict[str, str]]:
