@@ -689,6 +689,31 @@ def test_files_written_by_other_libraries(tmp_path, writer, assert_tables_equal)
     assert "Dataset" in repr(d) and "scan 0" in d.explain()
 
 
+def test_not_null_columns_read_whole_and_in_part(tmp_path):
+    """DuckDB's COPY writes a table's NOT NULL columns as REQUIRED, and pyarrow keeps the
+    flag beside a nullable file: `select(...).head(n)` and `limit(n).to_arrow()` raised
+    ArrowInvalid (the scan's projected schema said nullable, its batches not null)."""
+    import duckdb
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (id BIGINT NOT NULL, s VARCHAR NOT NULL, f DOUBLE)")
+    con.execute("INSERT INTO t SELECT i, 'v' || i, i / 2 FROM range(50) r(i)")
+    con.execute(f"COPY t TO '{tmp_path / 'required.parquet'}' (FORMAT parquet)")
+    pq.write_table(pa.table({"id": pa.array([50, None], pa.int64()), "s": ["w", None], "f": [1.0, None]}),
+                   str(tmp_path / "optional.parquet"))
+    assert not pq.read_schema(str(tmp_path / "required.parquet")).field("id").nullable
+    key = str  # None beside numbers
+    for path in (str(tmp_path / "required.parquet"), str(tmp_path)):
+        every = sorted(con.execute(f"SELECT id, s FROM read_parquet('{path}')").fetchall(), key=key)
+        small = sorted(con.execute(f"SELECT id, s FROM read_parquet('{path}') WHERE id < 7").fetchall(), key=key)
+        d = al.dataset(path)
+        for got, want in ((d.select("id", "s").head(100), every), (d.select("id", "s").limit(100).to_arrow(), every),
+                          (d.select("s", "id").filter("id < 7").head(20).select(["id", "s"]), small),
+                          (d.select(k="id", s="s").head(100).rename_columns(["id", "s"]), every),
+                          (d.select("id", "s").head(3), None)):
+            rows = list(zip(*got.to_pydict().values()))
+            assert (sorted(rows, key=key) == want) if want is not None else (len(rows) == 3 and set(rows) <= set(every))
+
+
 def test_hive_partitioned_ipc_streams(tmp_path, assert_tables_equal):
     """Stream files in hive folders: the partition column comes from the folder names, and
     a filter on it returns what pyarrow's hive reading of the same rows gives."""

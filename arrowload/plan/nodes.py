@@ -93,8 +93,9 @@ class Scan(Plan):
     @cached_property
     def schema(self) -> pa.Schema:
         src = self.source.schema
-        if self.projection is not None:
-            return pa.schema([pa.field(n, e.output_type(src)) for n, e in self.projection])
+        if self.projection is not None:  # a column passed through keeps its field (not null), as in Project
+            return pa.schema([src.field(e.column_name()).with_name(n) if e.column_name() is not None
+                              else pa.field(n, e.output_type(src)) for n, e in self.projection])
         if self.columns is not None:
             return pa.schema([src.field(c) for c in self.columns])
         return src
