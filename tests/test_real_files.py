@@ -829,3 +829,47 @@ def test_generated_int64_and_double_shards_read_as_duckdb_reads_them(tmp_path_fa
     assert list(zip(got["k"].to_pylist(), got["x"].to_pylist())) == want
     assert ds.filter(f"x > {cut!r}").count() == above
 
+
+
+@pytest.mark.parametrize("shuffle", [False, "block", "global", "global-spilled"])
+def test_view_typed_columns_in_every_shuffle_and_mixture(tmp_path, shuffle):
+    """string_view / binary_view columns (and lists of them): pyarrow has no take kernel for
+    them, so every shuffle's gather raised ArrowNotImplementedError. Rows and types as
+    pyarrow reads the file, in every shuffle and in a mixture."""
+    n = 300
+    table = pa.table({"id": pa.array(range(n), pa.int64()),
+                      "s": pa.array([None if i % 7 == 0 else f"v{i}" * (i % 5) for i in range(n)], pa.string_view()),
+                      "b": pa.array([str(i).encode() for i in range(n)], pa.binary_view()),
+                      "l": pa.array([[f"x{i}", "y"] for i in range(n)], pa.list_(pa.string_view()))})
+    path = str(tmp_path / "views.parquet")
+    pq.write_table(table, path, row_group_size=40)
+    truth = pq.read_table(path)
+    assert truth.schema.field("s").type == pa.string_view()
+    by_id = {r["id"]: r for r in truth.to_pylist()}
+    kind = "global" if shuffle == "global-spilled" else shuffle
+    extra = {"memory_budget": 1} if shuffle == "global-spilled" else {}
+    d = al.dataset(path).filter("id % 3 <> 1")
+    want = sorted(i for i in range(n) if i % 3 != 1)
+    loader = d.loader(16, shuffle=kind, seed=4, output="arrow", cache_dir=str(tmp_path / "cache"), **extra)
+    rows = [r for b in loader for r in b.to_pylist()]
+    assert sorted(r["id"] for r in rows) == want and all(r == by_id[r["id"]] for r in rows)
+    assert next(iter(loader)).schema == truth.schema
+    if shuffle in (False, "global"):
+        m = al.mix({"a": d.filter("id < 150"), "b": d.filter("id >= 150")}, weights={"a": 1, "b": 1},
+                   cache_dir=str(tmp_path / "cache"))
+        rows = [r for b in m.loader(16, shuffle=kind, output="arrow") for r in b.to_pylist()]
+        assert rows and all(r == by_id[r["id"]] for r in rows) and len({r["id"] for r in rows}) == len(rows)
+
+
+def test_polars_ipc_files_shuffle_globally(tmp_path):
+    """polars writes Arrow IPC files with string_view columns: a global shuffle of such a lake
+    (a random-access source read in place) raised ArrowNotImplementedError."""
+    import polars as pl
+    for k in range(2):
+        pl.DataFrame({"id": range(k * 500, (k + 1) * 500),
+                      "s": [f"v{i}" for i in range(k * 500, (k + 1) * 500)]}).write_ipc(str(tmp_path / f"p{k}.arrow"))
+    d = al.dataset(str(tmp_path))
+    assert d.schema.field("s").type == pa.string_view()
+    rows = [r for b in d.loader(64, shuffle="global", seed=1, output="arrow") for r in b.to_pylist()]
+    assert sorted(r["id"] for r in rows) == list(range(1000)) and all(r["s"] == f"v{r['id']}" for r in rows)
+    assert [r["id"] for r in rows] != list(range(1000))

@@ -41,6 +41,7 @@ from ..order.mixture import (MIXTURE_ORDER_SINCE, MIXTURE_ORDER_VERSION, Compone
                              component_key, rank_blocks, units_key)
 from ..order.tasks import READ_SHARE, read_rows
 from ..pipeline import arguments as _arguments
+from ..plan.rowselect import take_rows
 from ..convert.host import array_valued
 from ..pipeline.board import Board, post, shared, torch_batches
 from ..pipeline.chunks import HostChunk, _varlist
@@ -495,7 +496,7 @@ class MixtureLoader:
         target = tables[0].schema
         tables = [t if t.schema.equals(target) else t.cast(target) for t in tables]
         joined = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        return _parts(joined.take(pa.array(idx, pa.int64())), conv)
+        return _parts(take_rows(joined, pa.array(idx, pa.int64())), conv)
 
     # -- state -------------------------------------------------------------------------
     def _identity(self) -> dict:

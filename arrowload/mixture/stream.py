@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..plan.rowselect import take_rows
 from ..pipeline.chunks import HostChunk, _row_items, _scatter_rows, _take_rows
 from ..pipeline.streamreads import merge_ranges
 from ..scan.decoders import recoverable
@@ -344,7 +345,7 @@ class Rows:
         return Rows(self.batch.slice(offset, n), self.host.slice(offset, n) if self.host is not None else None)
 
     def arrow(self) -> pa.RecordBatch:
-        return self.batch if self.idx is None else self.batch.take(pa.array(self.idx, pa.int64()))
+        return self.batch if self.idx is None else take_rows(self.batch, pa.array(self.idx, pa.int64()))
 
 
 def gather(found: list[list], base: np.ndarray, idx: np.ndarray, pool) -> HostChunk | None:

@@ -49,6 +49,7 @@ from ..convert import convert_host
 from ..convert.host import array_valued, to_host
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError
+from ..plan.rowselect import take_rows
 from .collate import BufferPool, StackSpec, resolve_stack, stack_batch
 from .rabuild import stacked_members
 
@@ -358,7 +359,7 @@ class WindowLayout:
             try:
                 host = to_host(table, self.conv.opts)
             except ConversionError:  # a null among rows it does not pick: its rows taken first
-                table, rows = table.take(pa.array(rows, pa.int64())), None
+                table, rows = take_rows(table, pa.array(rows, pa.int64())), None
         if rows is None:
             try:
                 host = to_host(table, self.conv.opts)

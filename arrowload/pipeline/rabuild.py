@@ -44,6 +44,7 @@ from .. import progress as _progress
 from ..convert.host import valid_bits
 from ..errors import ArrowloadError
 from ..options import usable_cores
+from ..plan.rowselect import take_rows
 from ..scan.decoders import recoverable
 from ..scan.stream import polars_ready
 from .collate import resolve_stack, write_by_row_blocks
@@ -447,7 +448,7 @@ def _put_picked(layout: Layout, schema: pa.Schema, picked: Picked, at: int) -> t
             target.put(column.chunk(0), at, picked.rows)
     if not rest:
         return 0, {}
-    return _put(layout, schema, picked.table.select(rest).take(picked.rows), at)
+    return _put(layout, schema, take_rows(picked.table.select(rest), picked.rows), at)
 
 
 def _put(layout: Layout, schema: pa.Schema, table: pa.Table, at: int) -> tuple[int, dict[str, list]]:

@@ -42,6 +42,7 @@ from ..optimize import optimize
 from ..order.tasks import TaskKind
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, has_map, scans, transform_up, walk
+from ..plan.rowselect import take_rows, with_views, without_views
 from ..scan import execute
 from ..scan.decoders import recoverable
 from ..scan.stream import WINDOW_DECODER, forked_with_polars, polars_ready, polars_threads
@@ -230,7 +231,7 @@ class ScanRowSource:
                                  self.counts[i], self.source, has_map(self.plan),
                                  "the loader")
         if not picked and isinstance(table, rabuild.Picked):
-            return table.table.take(pa.array(table.rows, pa.int64()))
+            return take_rows(table.table, pa.array(table.rows, pa.int64()))
         return table
 
     # -- one task of the pipeline (order.tasks) ----------------------------------------
@@ -274,10 +275,10 @@ class ScanRowSource:
         def load_window() -> pa.Table:
             parts = self._window_tables(units) or (map_units or _serial)(self.read_unit, units)
             # one contiguous chunk: Arrow's take over many chunks concatenates per call
-            return pa.concat_tables(parts).combine_chunks()
+            return without_views(pa.concat_tables(parts).combine_chunks())
 
-        window = cache(("window-arrow", task.window), load_window)
-        return _parts(window.take(pa.array(local, pa.int64())), conv)
+        window, views = cache(("window-arrow", task.window), load_window)
+        return _parts(with_views(window.take(pa.array(local, pa.int64())), views), conv)
 
     def placed(self, window: int, order, conv, map_units=None):
         """Window ``window`` of ``order`` read into a ``chunks.WindowLayout`` in its shuffled
@@ -381,12 +382,14 @@ class TableRowSource:
         n = table.num_rows
         self.counts = tuple(min(unit_rows, n - s) for s in range(0, n, unit_rows))
         self.units = tuple(range(len(self.counts)))
-        chunks = [c.num_chunks for c in table.columns]
+        # what gathers take from: view-typed columns cast once (Arrow cannot take them)
+        self._taken, self._views = without_views(table)
+        chunks = [c.num_chunks for c in self._taken.columns]
         self._single = all(c <= 1 for c in chunks)
         if not self._single:
-            lengths = [b.num_rows for b in table.to_batches()]
+            lengths = [b.num_rows for b in self._taken.to_batches()]
             self._chunk_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            self._batches = table.to_batches()
+            self._batches = self._taken.to_batches()
 
     @property
     def row_bytes(self) -> float:
@@ -424,7 +427,7 @@ class TableRowSource:
     def gather(self, rows: np.ndarray) -> pa.Table:
         """Rows ``rows`` (source-order numbers) in that order, in the plan's columns."""
         if self._single:
-            return self._columns(self.table.take(pa.array(rows, pa.int64())))
+            return self._columns(with_views(self._taken.take(pa.array(rows, pa.int64())), self._views))
         # Chunked (memory-mapped cache): take within each chunk, then restore the order.
         which = np.searchsorted(self._chunk_offsets, rows, side="right") - 1
         order = np.argsort(which, kind="stable")
@@ -437,10 +440,10 @@ class TableRowSource:
             c = int(which[part[0]])
             local = rows[part] - self._chunk_offsets[c]
             pieces.append(self._batches[c].take(pa.array(local, pa.int64())))
-        grouped = pa.Table.from_batches(pieces, schema=self.table.schema).combine_chunks()
+        grouped = pa.Table.from_batches(pieces, schema=self._taken.schema).combine_chunks()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
-        return self._columns(grouped.take(pa.array(inverse, pa.int64())))
+        return self._columns(with_views(grouped.take(pa.array(inverse, pa.int64())), self._views))
 
     # -- one task of the pipeline (order.tasks) ----------------------------------------
     def read(self, task, order, conv=None, *, cache=None, map_units=None) -> tuple[list, float]:

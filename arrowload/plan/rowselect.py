@@ -2,8 +2,9 @@
 
 pyarrow (26) has no ``filter`` / ``take`` kernel for ``string_view`` / ``binary_view``
 columns (nor for lists of them), so a filter on any other column of a file holding one
-would fail. Such columns go through their large (offset) equivalent and back, which
-keeps the values and the type the user sees.
+would fail, and so would every shuffle. Such columns go through their large (offset)
+equivalent and back, which keeps the values and the type the user sees. Data taken from
+many times (a shuffle's random-access table) is cast once: ``without_views``.
 """
 
 from __future__ import annotations
@@ -77,3 +78,24 @@ def _select_plain(data, how):
 def filter_rows(data, mask):
     """``data.filter(mask)`` (null drops the row) for any column types."""
     return _select(data, lambda d: d.filter(mask))
+
+
+def take_rows(data, indices):
+    """``data.take(indices)`` (a table or batch) for any column types."""
+    return _select(data, lambda d: d.take(indices))
+
+
+def without_views(table: pa.Table) -> tuple[pa.Table, pa.Schema | None]:
+    """``table`` with its view-typed columns cast to their large equivalents (one copy of
+    those columns), and the schema to cast rows taken from it back to (None: no view
+    columns, ``table`` itself)."""
+    plain = [_plain(f.type) for f in table.schema]
+    if all(p is None for p in plain):
+        return table, None
+    cols = [c.cast(p) if p is not None else c for c, p in zip(table.columns, plain)]
+    return pa.Table.from_arrays(cols, names=table.schema.names), table.schema
+
+
+def with_views(data, schema: pa.Schema | None):
+    """Rows taken from a ``without_views`` table in the original ``schema``'s types."""
+    return data if schema is None else data.cast(schema)
