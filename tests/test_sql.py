@@ -1136,3 +1136,37 @@ def test_a_trailing_comma_keeps_the_expressions_as_written(tmp_path, query):
     want = sorted(con.sql(query).fetchall())
     got = al.sql(query, t=al.dataset(path)).to_arrow()
     assert sorted(tuple(r.values()) for r in got.to_pylist()) == want
+
+
+def test_types_duckdb_reads_only_cast_or_not_at_all(tmp_path):
+    """float16 columns reach DuckDB as float (exact, as DuckDB reads Parquet FLOAT16); a
+    filter on a UUID column runs in DuckDB, not as a pyarrow expression pushed into a
+    dataset (no kernel for the extension type); decimal256, which DuckDB cannot read, is
+    an UnsupportedError naming the column. All three leaked DuckDB's or pyarrow's own
+    exceptions."""
+    import uuid
+    import duckdb
+    import numpy as np
+    ids = [uuid.UUID(int=i * 7919 + 1) for i in range(6)]
+    table = pa.table({"id": pa.array(range(6), pa.int64()),
+                      "h": pa.array(np.array([1.5, -2.0, 7.25, 65504, 0.099975586, 3], np.float16)),
+                      "u": pa.array([None if i == 2 else ids[i].bytes for i in range(6)], pa.uuid())})
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(table, path)
+    truth = table.set_column(1, "h", table["h"].cast(pa.float32()))
+    con = duckdb.connect()
+    con.register("truth", truth)
+    d = al.dataset(path)
+    for q in ["SELECT id, h FROM t WHERE h > 1 ORDER BY id", "SELECT sum(h) AS s, count(u) AS n FROM t",
+              "SELECT id FROM t WHERE u IS NOT NULL AND id > 0 ORDER BY id", "SELECT u FROM t ORDER BY id"]:
+        got = al.sql(q, t=d).to_arrow()
+        want = con.sql(q.replace("FROM t", "FROM truth")).to_arrow_table()
+        assert got.to_pylist() == want.to_pylist(), q
+    wide = str(tmp_path / "wide.parquet")
+    import decimal
+    pq.write_table(pa.table({"id": [0, 1], "x": pa.array([decimal.Decimal(1), None], pa.decimal256(50, 2))}), wide)
+    assert al.sql("SELECT x FROM t", t=al.dataset(wide)).to_arrow().equals(pq.read_table(wide).select(["x"]))
+    for q in ["SELECT max(x) AS m FROM t", "SELECT count(*) FROM t WHERE x IS NOT NULL"]:  # run in DuckDB
+        with pytest.raises(al.UnsupportedError, match=r"t\.x \(decimal256\(50, 2\)\)"):
+            al.sql(q, t=al.dataset(wide)).to_arrow()
+    assert al.sql("SELECT id FROM t", t=al.dataset(wide).select("id")).to_arrow()["id"].to_pylist() == [0, 1]

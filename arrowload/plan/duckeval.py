@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.types as pat
 
 from ..errors import ExpressionError, UnsupportedError
-from .rowselect import filter_rows, map_leaf_types
+from .ducktypes import duck_type
+from .rowselect import filter_rows
 from .sandbox import DUCKDB_SANDBOX
 
 _ROW = "__arrowload_row"
@@ -66,26 +67,13 @@ def close_thread() -> None:
         _local.conn = None
 
 
-# ---------------------------------------------------------------------------
-# Arrow types DuckDB reads: adapt what it cannot (losslessly) before handing over
-
-def _duck_leaf(t: pa.DataType) -> pa.DataType | None:
-    # exact: every half float is a float; DuckDB reads Parquet FLOAT16 as FLOAT
-    return pa.float32() if pat.is_float16(t) else None
-
-
-def _duck_type(t: pa.DataType) -> pa.DataType | None:
-    """The type to cast ``t`` to before DuckDB scans it; None when it needs nothing."""
-    return map_leaf_types(t, _duck_leaf)
-
-
 def _input(data, columns) -> pa.Table:
     """The ``columns`` of ``data`` (a RecordBatch or Table) as a Table DuckDB can scan."""
     arrays, fields = [], []
     for n in [n for n in data.schema.names if n in columns]:
         arr = data.column(n)
         f = data.schema.field(n)
-        target = _duck_type(f.type)
+        target = duck_type(f.type)
         if target is not None:
             arr = arr.cast(target)
             f = f.with_type(target)

@@ -25,8 +25,9 @@ from typing import NamedTuple
 import pyarrow as pa
 
 from ..errors import (ArrowloadError, ColumnNotFoundError, ExpressionError, ExternalAccessError, PathNotFoundError,
-                      QueryError, ScanError, TableNotFoundError)
+                      QueryError, ScanError, TableNotFoundError, UnsupportedError)
 from ..options import Options
+from ..plan.ducktypes import duck_schema
 from ..plan.nodes import Plan, Scan, SqlQuery, scans
 
 _BATCH_ROWS = 65_536
@@ -63,9 +64,12 @@ def arrow_source(plan: Plan, options: Options, reader: PlanReader):
     DuckDB then pushes its own projection and filters into it — else a stream of the
     plan's batches."""
     # a pushed predicate streams: as a pyarrow dataset filter it would prune row groups by
-    # statistics unsound for it (NaN left out of min/max, corrupt footers)
+    # statistics unsound for it (NaN left out of min/max, corrupt footers); so do columns
+    # DuckDB is given cast (float16) or whose filters pyarrow cannot run (extension types:
+    # DuckDB pushes its own filters into a dataset as pyarrow expressions)
     if isinstance(plan, Scan) and plan.projection is None and plan.limit is None and plan.predicate is None \
-            and not plan.source.rewrites_rows \
+            and not plan.source.rewrites_rows and duck_schema(plan.schema) is None \
+            and not any(isinstance(f.type, pa.BaseExtensionType) for f in plan.schema) \
             and plan.source.dataset_reads_as(options.scan):  # (else: streamed, as the options say)
         src = plan.source
         dataset = src.dataset(plan.units)
@@ -82,13 +86,22 @@ class _PlanStream:
 
     def __init__(self, plan: Plan, options: Options, reader: PlanReader) -> None:
         self.plan, self.options, self.reader = plan, options, reader
+        self.cast = duck_schema(plan.schema)  # what DuckDB is given, where a column is cast
+        self.schema = self.cast or plan.schema
 
     def __arrow_c_schema__(self):
-        return self.plan.schema.__arrow_c_schema__()
+        return self.schema.__arrow_c_schema__()
 
     def __arrow_c_stream__(self, requested_schema=None):
-        batches = pa.RecordBatchReader.from_batches(self.plan.schema, self.reader.batches(self.plan, self.options))
-        return batches.__arrow_c_stream__(requested_schema)
+        batches = self.reader.batches(self.plan, self.options)
+        if self.cast is not None:
+            batches = (b.cast(self.cast) for b in batches)
+        return pa.RecordBatchReader.from_batches(self.schema, batches).__arrow_c_stream__(requested_schema)
+
+
+def _bound_empty(schema: pa.Schema) -> pa.Table:
+    """An empty table of ``schema`` as DuckDB is given it (binding needs types only)."""
+    return (duck_schema(schema) or schema).empty_table()
 
 
 def connect(external_access: bool = True):
@@ -105,6 +118,9 @@ def _connect(node: SqlQuery | Query, options: Options, reader: PlanReader):
     try:
         for name, child in zip(node.names, node.tables):
             con.register(name, arrow_source(child, options, reader))
+    except _errors() as exc:
+        con.close()
+        raise translate(exc, node, reader) from None
     except BaseException:
         con.close()
         raise
@@ -156,6 +172,11 @@ def translate(exc: Exception, node: SqlQuery | Query, reader: PlanReader) -> Exc
             f"only the bound tables ({', '.join(node.names)}), not files, the network, extensions, "
             "settings or the environment. Bind the data as a table (al.sql(query, name=...)); "
             "external_access=True allows the rest, for SQL you trust")
+    unreadable = _UNREADABLE.search(msg) and _unreadable_columns(node)
+    if unreadable:
+        return UnsupportedError(
+            f"DuckDB cannot read the column(s) {', '.join(unreadable)} of the bound table(s) ({msg.strip()}); "
+            "select the other columns before binding the table, or cast the column in a map() first")
     if isinstance(exc, duckdb.BinderException):
         m = re.search(r'column "?([^"\s]+)"? not found', msg, re.IGNORECASE) or \
             re.search(r'Referenced column "([^"]+)"', msg) or \
@@ -188,6 +209,26 @@ def translate(exc: Exception, node: SqlQuery | Query, reader: PlanReader) -> Exc
                 f"the query reads {m.group(1)!r}, which matches no file; fix the path, or bind the "
                 f"data as a table: al.sql('SELECT ... FROM t', t=al.dataset(PATH))", m.group(1))
     return QueryError(f"DuckDB failed running the query: {msg}")
+
+
+_UNREADABLE = re.compile(r"Unsupported (?:Internal )?Arrow Type", re.IGNORECASE)
+
+
+def _unreadable_columns(node: SqlQuery | Query) -> list[str]:
+    """``table.column (type)`` for each column of the bound tables DuckDB cannot be given."""
+    found = []
+    con = connect(external_access=False)
+    try:
+        for name, child in zip(node.names, node.tables):
+            for f in child.schema:
+                try:
+                    con.register("_probe", _bound_empty(pa.schema([f])))
+                    con.unregister("_probe")
+                except _errors():
+                    found.append(f"{name}.{f.name} ({f.type})")
+    finally:
+        con.close()
+    return found
 
 
 def _errors():
@@ -257,7 +298,10 @@ def result_schema(node: Query, reader: PlanReader) -> pa.Schema:
     con = connect(node.external_access)
     try:
         for name, child in zip(node.names, node.tables):
-            con.register(name, child.schema.empty_table())
+            con.register(name, _bound_empty(child.schema))
+    except _errors() as exc:
+        con.close()
+        raise translate(exc, node, reader) from None
     except BaseException:
         con.close()
         raise
@@ -286,7 +330,7 @@ def output_names(tree, schema: pa.Schema, query: str | None = None) -> list[str]
     table = tree.find(exp.Table)
     con = connect(external_access=False)  # binding needs nothing outside the empty table
     try:
-        con.register(table.name, schema.empty_table())
+        con.register(table.name, _bound_empty(schema))
         return list(con.sql(query if query is not None else tree.sql(DIALECT)).columns)
     except _errors():
         return None
