@@ -544,3 +544,19 @@ def test_incompatible_shards_raise_schema_mismatch(tmp_path):
     # reading either shard alone works
     assert al.dataset(a).to_arrow().column("code").to_pylist() == [1, 2]
     assert al.dataset(b).to_arrow().column("code").to_pylist() == ["x", "y"]
+
+
+def test_schema_mismatch_names_each_files_own_type(tmp_path):
+    """Three shards whose first two unify (decimal(5, 2) and decimal(10, 3) to (10, 3)) and
+    a third that does not: the error gave the first file the unified type, not its own."""
+    from decimal import Decimal
+    paths = [_write(tmp_path / f"f{k}.parquet", pa.table({"x": pa.array([v], t)}))
+             for k, (v, t) in enumerate([(Decimal("1.25"), pa.decimal128(5, 2)), (Decimal("1.250"), pa.decimal128(10, 3)),
+                                         (Decimal("7"), pa.decimal128(38, 0))])]
+    assert [pq.read_schema(p).field("x").type for p in paths] == \
+        [pa.decimal128(5, 2), pa.decimal128(10, 3), pa.decimal128(38, 0)]
+    with pytest.raises(al.SchemaMismatchError) as info:
+        al.dataset(str(tmp_path)).schema
+    msg = str(info.value)
+    assert f"decimal128(5, 2) in {paths[0]!r}" in msg and f"decimal128(38, 0) in {paths[2]!r}" in msg, msg
+    assert f"decimal128(10, 3) in {paths[0]!r}" not in msg

@@ -89,20 +89,22 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
     if schemas and all(s.equals(schemas[0][1]) for _, s in schemas[1:]):
         return pa.schema([f.remove_metadata() for f in schemas[0][1]])  # the common case
     fields: dict[str, pa.Field] = {}
-    origin: dict[str, str] = {}
+    origin: dict[str, tuple[str, pa.DataType]] = {}  # the first file with the column, and its type there
     for path, schema in schemas:
         for f in schema:
             if f.name not in fields:
                 fields[f.name] = f.remove_metadata()
-                origin[f.name] = path
+                origin[f.name] = (path, f.type)
                 continue
             have = fields[f.name]
             merged = merge_types(have.type, f.type)
             if merged is None:
+                first, own = origin[f.name]
+                before = f"{own} in {first!r}" if own == have.type else \
+                    f"{have.type} in the files before it ({own} in {first!r}, widened by later files)"
                 raise SchemaMismatchError(
-                    f"column {f.name!r} is {have.type} in {origin[f.name]!r} but {f.type} in "
-                    f"{path!r}, and the two cannot be unified safely; rewrite one shard or select "
-                    "a subset of files")
+                    f"column {f.name!r} is {before} but {f.type} in {path!r}, and the two cannot be "
+                    "unified safely; rewrite one shard or select a subset of files")
             fields[f.name] = pa.field(f.name, merged, have.nullable or f.nullable)
     out = []
     for name, f in fields.items():
