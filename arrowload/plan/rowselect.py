@@ -64,15 +64,8 @@ def _select(data, how):
 
 
 def _select_plain(data, how):
-    schema = data.schema
-    plain = [_plain(f.type) for f in schema]
-    if all(p is None for p in plain):
-        return how(data)
-    cols = [c.cast(p) if p is not None else c for c, p in zip(data.columns, plain)]
-    tmp = type(data).from_arrays(cols, names=schema.names)
-    out = how(tmp)
-    cols = [c.cast(f.type) if p is not None else c for c, p, f in zip(out.columns, plain, schema)]
-    return type(data).from_arrays(cols, schema=schema)
+    plain, views = without_views(data)
+    return with_views(how(plain), views)
 
 
 def filter_rows(data, mask):
@@ -85,17 +78,21 @@ def take_rows(data, indices):
     return _select(data, lambda d: d.take(indices))
 
 
-def without_views(table: pa.Table) -> tuple[pa.Table, pa.Schema | None]:
-    """``table`` with its view-typed columns cast to their large equivalents (one copy of
-    those columns), and the schema to cast rows taken from it back to (None: no view
-    columns, ``table`` itself)."""
-    plain = [_plain(f.type) for f in table.schema]
+def without_views(data):
+    """``data`` (a table or batch) with its view-typed columns cast to their large
+    equivalents (one copy of those columns), and the schema to cast rows kept from it back
+    to (None: no view columns, ``data`` itself)."""
+    schema = data.schema
+    plain = [_plain(f.type) for f in schema]
     if all(p is None for p in plain):
-        return table, None
-    cols = [c.cast(p) if p is not None else c for c, p in zip(table.columns, plain)]
-    return pa.Table.from_arrays(cols, names=table.schema.names), table.schema
+        return data, None
+    cols = [c.cast(p) if p is not None else c for c, p in zip(data.columns, plain)]
+    return type(data).from_arrays(cols, names=schema.names), schema
 
 
 def with_views(data, schema: pa.Schema | None):
-    """Rows taken from a ``without_views`` table in the original ``schema``'s types."""
-    return data if schema is None else data.cast(schema)
+    """Rows kept from a ``without_views`` table or batch, in the original ``schema``'s types."""
+    if schema is None:
+        return data
+    cols = [c.cast(f.type) if c.type != f.type else c for c, f in zip(data.columns, schema)]
+    return type(data).from_arrays(cols, schema=schema)
