@@ -459,7 +459,11 @@ class Dataset:
         return to_ray(self, parallelism)
 
     def to_pandas(self):
-        return self.to_arrow().to_pandas()
+        """The selection as a pandas DataFrame (pyarrow's ``to_pandas``; string / binary
+        view columns, and lists of them, as their large equivalents, which pyarrow converts
+        inside lists too)."""
+        from .plan.rowselect import without_views
+        return without_views(self.to_arrow())[0].to_pandas()
 
     def describe(self, columns: list[str] | str | None = None, *, exact: bool = False):
         """Per-column statistics as a ``polars.DataFrame`` (one row per column: type, rows,

@@ -873,3 +873,52 @@ def test_polars_ipc_files_shuffle_globally(tmp_path):
     rows = [r for b in d.loader(64, shuffle="global", seed=1, output="arrow") for r in b.to_pylist()]
     assert sorted(r["id"] for r in rows) == list(range(1000)) and all(r["s"] == f"v{r['id']}" for r in rows)
     assert [r["id"] for r in rows] != list(range(1000))
+
+
+def test_rare_arrow_types_in_shuffles_maps_caches_and_pandas(tmp_path):
+    """Types pyarrow reads but has no take / empty-array / Parquet-writer support for:
+    run-end encoded columns, maps of string views, dictionaries of string views (polars'
+    categoricals through write_ipc), lists of string views. Shuffles, map(), al.sql,
+    cache() and to_pandas() raised bare pyarrow errors; now they give the values pyarrow
+    reads (checked by id), or a typed error naming what to do."""
+    import pyarrow.compute as pc
+    n = 40
+    table = pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "r": pc.run_end_encode(pa.array([i // 7 for i in range(n)], pa.int64())),
+        "m": pa.array([[("k", f"v{i}")] for i in range(n)], pa.map_(pa.string(), pa.string_view())),
+        "d": pa.array([f"c{i % 3}" for i in range(n)], pa.string_view()).dictionary_encode(),
+        "l": pa.array([[f"x{i}"] for i in range(n)], pa.list_(pa.string_view())),
+    })
+    path = str(tmp_path / "rare.arrow")
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    truth = {r["id"]: r for r in pa.ipc.open_file(path).read_all().to_pylist()}
+    for d in (al.dataset(path), al.dataset(table)):
+        for shuffle in (False, "block", "global"):
+            batches = list(d.loader(6, shuffle=shuffle, seed=2, output="arrow", cache_dir=str(tmp_path / "c")))
+            rows = [r for b in batches for r in b.to_pylist()]
+            assert sorted(r["id"] for r in rows) == list(range(n)) and all(r == truth[r["id"]] for r in rows)
+            assert batches[0].schema == table.schema
+        assert d.map(lambda b: b, name="same").to_arrow().to_pylist() == table.to_pylist()
+        assert al.sql("SELECT id, r FROM t ORDER BY id DESC LIMIT 3", t=d.select("id", "r")).to_arrow()["r"].to_pylist() \
+            == [5, 5, 5]
+        frame = d.select("id", "l").to_pandas()
+        assert [list(v) for v in frame["l"]] == [[f"x{i}"] for i in range(n)]
+    with pytest.raises(al.SchemaMismatchError, match=r"format='ipc'"):
+        al.dataset(path).cache(str(tmp_path / "plans")).to_arrow()
+    assert al.dataset(path).cache(str(tmp_path / "plans"), format="ipc").to_arrow().to_pylist() == table.to_pylist()
+    nested = pa.table({"id": [0, 1], "s": pa.StructArray.from_arrays([pc.run_end_encode(pa.array([1, 2]))], names=["x"])})
+    with pytest.raises(al.UnsupportedError, match="column 's'"):
+        list(al.dataset(nested).loader(1, shuffle="global", output="arrow"))
+
+
+def test_polars_expression_errors_are_expression_errors():
+    """A polars expression polars refuses over the columns' types raised polars' own
+    exception; every error is an al.ArrowloadError."""
+    import polars as pl
+    d = al.dataset(pa.table({"id": [1, 2], "l": [[1, 2], [3]]}))
+    with pytest.raises(pl.exceptions.PolarsError):
+        pl.from_arrow(d.to_arrow()).filter(pl.col("l").cast(pl.String).str.len_chars() > 3)
+    with pytest.raises(al.ExpressionError, match="polars expression"):
+        d.filter(pl.col("l").cast(pl.String).str.len_chars() > 3).to_arrow()

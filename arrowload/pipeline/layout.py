@@ -72,10 +72,11 @@ def predicted(loader) -> list[KeyLayout]:
     from ..convert.batches import BatchOutput
     from .collate import BufferPool
     from .preflight import unpadded_lists
+    from ..plan.rowselect import empty_batch
 
     o = loader.options
     schema = loader._plan.schema
-    empty = pa.RecordBatch.from_pylist([], schema=schema)
+    empty = empty_batch(schema)
     unknown: set[str] = set()
     if o.transform is not None:
         try:

@@ -278,7 +278,7 @@ class ScanRowSource:
             return without_views(pa.concat_tables(parts).combine_chunks())
 
         window, views = cache(("window-arrow", task.window), load_window)
-        return _parts(with_views(window.take(pa.array(local, pa.int64())), views), conv)
+        return _parts(with_views(take_rows(window, pa.array(local, pa.int64())), views), conv)
 
     def placed(self, window: int, order, conv, map_units=None):
         """Window ``window`` of ``order`` read into a ``chunks.WindowLayout`` in its shuffled
@@ -427,7 +427,7 @@ class TableRowSource:
     def gather(self, rows: np.ndarray) -> pa.Table:
         """Rows ``rows`` (source-order numbers) in that order, in the plan's columns."""
         if self._single:
-            return self._columns(with_views(self._taken.take(pa.array(rows, pa.int64())), self._views))
+            return self._columns(with_views(take_rows(self._taken, pa.array(rows, pa.int64())), self._views))
         # Chunked (memory-mapped cache): take within each chunk, then restore the order.
         which = np.searchsorted(self._chunk_offsets, rows, side="right") - 1
         order = np.argsort(which, kind="stable")
@@ -439,11 +439,11 @@ class TableRowSource:
                 continue
             c = int(which[part[0]])
             local = rows[part] - self._chunk_offsets[c]
-            pieces.append(self._batches[c].take(pa.array(local, pa.int64())))
+            pieces.append(take_rows(self._batches[c], pa.array(local, pa.int64())))
         grouped = pa.Table.from_batches(pieces, schema=self._taken.schema).combine_chunks()
         inverse = np.empty_like(order)
         inverse[order] = np.arange(order.size)
-        return self._columns(with_views(grouped.take(pa.array(inverse, pa.int64())), self._views))
+        return self._columns(with_views(take_rows(grouped, pa.array(inverse, pa.int64())), self._views))
 
     # -- one task of the pipeline (order.tasks) ----------------------------------------
     def read(self, task, order, conv=None, *, cache=None, map_units=None) -> tuple[list, float]:

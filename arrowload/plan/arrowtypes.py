@@ -7,11 +7,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from ..errors import ExpressionError
+from .rowselect import empty_table
 
 
 def type_of(expr: pc.Expression, schema: pa.Schema) -> pa.DataType:
     """The output type of ``expr`` over ``schema`` (evaluated on zero rows)."""
-    empty = schema.empty_table()
+    empty = empty_table(schema)
     try:
         return ds.dataset(empty).to_table(columns={"_": expr}).schema.field("_").type
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:

@@ -22,7 +22,7 @@ import pyarrow.types as pat
 
 from ..errors import ExpressionError, UnsupportedError
 from .ducktypes import duck_type
-from .rowselect import filter_rows
+from .rowselect import empty_table, filter_rows
 from .sandbox import DUCKDB_SANDBOX
 
 _ROW = "__arrowload_row"
@@ -188,7 +188,7 @@ def _empty(schema: pa.Schema, columns) -> pa.RecordBatch:
     """No rows of the ``columns`` of ``schema`` (any type, unions included)."""
     sub = pa.schema([f for f in schema if f.name in columns])
     try:
-        table = sub.empty_table()
+        table = empty_table(sub)
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
         bad = ", ".join(f"{f.name!r} ({f.type})" for f in sub)
         raise UnsupportedError(f"expressions over the column types {bad} are not supported ({e}); "

@@ -22,7 +22,7 @@ import pyarrow.types as pat
 from ..errors import ArgumentTypeError, ColumnNotFoundError, ExpressionError
 from . import pushable, simplesql, sqlexpr
 from .arrowtypes import type_of
-from .rowselect import filter_rows
+from .rowselect import empty_batch, empty_table, filter_rows
 
 
 class Expr:
@@ -351,7 +351,7 @@ def _arrow_columns(expr: pc.Expression, schema: pa.Schema) -> frozenset[str]:
 
     def binds(s: pa.Schema) -> str | None:
         try:
-            ds.dataset(s.empty_table()).scanner(columns={"_": expr})
+            ds.dataset(empty_table(s)).scanner(columns={"_": expr})
             return None
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
             return str(e)
@@ -443,7 +443,11 @@ class PolarsExpr(Expr):
             frame = pl.from_arrow(inputs)
         else:  # a constant: one row per input row
             frame = pl.DataFrame({"__arrowload_row": pl.zeros(data.num_rows, eager=True)})
-        out = frame.select(self.expr.alias("_")).to_series().to_arrow()
+        try:
+            out = frame.select(self.expr.alias("_")).to_series().to_arrow()
+        except pl.exceptions.PolarsError as exc:
+            raise ExpressionError(f"the polars expression {self} failed: {exc}; fix the expression "
+                                  "(polars refuses it over these columns' types)") from None
         if isinstance(out, pa.ChunkedArray):
             out = out.combine_chunks()
         if len(out) == 1 and data.num_rows != 1:  # a scalar result broadcasts
@@ -466,7 +470,7 @@ class PolarsExpr(Expr):
 
     def output_type(self, schema: pa.Schema) -> pa.DataType:
         used = pa.schema([f for f in schema if f.name in self.columns])
-        return self.evaluate(pa.RecordBatch.from_pylist([], schema=used)).type
+        return self.evaluate(empty_batch(used)).type
 
     def __str__(self) -> str:
         return f"polars({self.expr})"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ..errors import ArgumentTypeError, SchemaMismatchError
+from .rowselect import empty_batch
 
 
 def as_record_batch(out, what: str) -> pa.RecordBatch:
@@ -18,7 +19,7 @@ def as_record_batch(out, what: str) -> pa.RecordBatch:
         out = out.to_arrow()
     if isinstance(out, pa.Table):
         return out.combine_chunks().to_batches()[0] if out.num_rows else \
-            pa.RecordBatch.from_pylist([], schema=out.schema)
+            empty_batch(out.schema)
     if not isinstance(out, pa.RecordBatch):
         raise ArgumentTypeError(f"{what} must return a pyarrow RecordBatch (or Table / polars DataFrame), "
                                 f"got {type(out).__name__}; return e.g. batch.append_column(...) or "

@@ -17,6 +17,7 @@ from ..errors import AmbiguousColumnError, ArgumentTypeError, ColumnNotFoundErro
 from ..source import Source
 from .expr import Expr
 from .mapfn import apply_map
+from .rowselect import empty_batch
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,7 +231,7 @@ class Map(Plan):
     def schema(self):
         if self.output_schema is not None:
             return self.output_schema
-        return apply_map(self, pa.RecordBatch.from_pylist([], schema=self.input_schema)).schema
+        return apply_map(self, empty_batch(self.input_schema)).schema
 
 
 @dataclass(frozen=True, eq=False)

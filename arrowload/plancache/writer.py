@@ -9,9 +9,11 @@ file holds ``FILE_BYTES`` of Arrow data. Only one group is held in memory at a t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import pyarrow as pa
 
+from ..errors import SchemaMismatchError
 from .documents import CachedFile
 from .store import Store
 
@@ -27,7 +29,8 @@ class _FileWriter:
         self.sink = store.open_output(path)
         if fmt == "parquet":
             import pyarrow.parquet as pq
-            self.writer = pq.ParquetWriter(self.sink, schema, store_schema=True)
+            with _parquet_types(schema):
+                self.writer = pq.ParquetWriter(self.sink, schema, store_schema=True)
         else:
             self.writer = pa.ipc.new_file(self.sink, schema)
         self.fmt = fmt
@@ -36,7 +39,8 @@ class _FileWriter:
 
     def write(self, table: pa.Table) -> None:
         if self.fmt == "parquet":
-            self.writer.write_table(table, row_group_size=max(1, table.num_rows))
+            with _parquet_types(table.schema):
+                self.writer.write_table(table, row_group_size=max(1, table.num_rows))
         else:
             for batch in table.combine_chunks().to_batches(max_chunksize=max(1, table.num_rows)):
                 self.writer.write_batch(batch)
@@ -49,6 +53,19 @@ class _FileWriter:
         size = self.sink.tell()
         self.sink.close()
         return int(size)
+
+
+@contextmanager
+def _parquet_types(schema: pa.Schema):
+    """pyarrow refusing to write a column type to Parquet (intervals, run-end encoded,
+    dictionaries of string views) as the error that says to cache as IPC."""
+    try:
+        yield
+    except pa.ArrowNotImplementedError as exc:
+        raise SchemaMismatchError(
+            f"Parquet cannot store some column types of the plan ({exc}; columns: "
+            f"{', '.join(f'{f.name} ({f.type})' for f in schema)}); use cache(format='ipc'), which "
+            "stores every Arrow type") from None
 
 
 def write_files(batches: Iterable[pa.RecordBatch], schema: pa.Schema, store: Store, folder: str,

@@ -29,6 +29,7 @@ from ..errors import (ArrowloadError, ColumnNotFoundError, ExpressionError, Exte
 from ..options import Options
 from ..plan.ducktypes import duck_schema
 from ..plan.nodes import Plan, Scan, SqlQuery, scans
+from ..plan.rowselect import empty_table
 
 _BATCH_ROWS = 65_536
 
@@ -101,7 +102,7 @@ class _PlanStream:
 
 def _bound_empty(schema: pa.Schema) -> pa.Table:
     """An empty table of ``schema`` as DuckDB is given it (binding needs types only)."""
-    return (duck_schema(schema) or schema).empty_table()
+    return empty_table(duck_schema(schema) or schema)
 
 
 def connect(external_access: bool = True):

@@ -42,7 +42,7 @@ from ..errors import AmbiguousColumnError, InternalError, InvalidArgumentError
 from ..options import Options
 from ..plan.expr import SqlExpr
 from ..plan.nodes import Filter, Map, Plan, Project, Scan, scans
-from ..plan.rowselect import filter_rows
+from ..plan.rowselect import empty_table, filter_rows
 from ..source import FileSource
 from ..source.retry import retry
 from . import execute, memory
@@ -426,7 +426,7 @@ class UnitReader:
         else:
             mask = self.keep_mask(table, masks)
             if not self._project_first and _trues(mask) == 0:
-                out = self._scan_schema.empty_table()
+                out = empty_table(self._scan_schema)
             else:
                 out = self._output(table, mask)
         return self._finish(out)
@@ -575,7 +575,7 @@ class UnitReader:
             first = dec.read(unit, self._pred_cols, m)
             mask = _evaluate(first, [self._pred], ["_"])[0]
             if not self._project_first and _trues(mask) == 0:
-                return self._scan_schema.empty_table()
+                return empty_table(self._scan_schema)
             rest = dec.read(unit, self._rest, m)
             pick = {c: first.column(c) for c in self._pred_cols}
             table = pa.Table.from_arrays([pick[c] if c in pick else rest.column(c) for c in self._need],
