@@ -385,6 +385,39 @@ def test_cycle_runs_steps_and_counts_passes():
 
 
 @pytest.mark.parametrize("shuffle", [True, "block", False])
+def test_a_one_row_component_keeps_read_tasks_short_and_rows_exact(lake_ds, shuffle):
+    """A one-row component drawn several times a batch: a read task sized by bytes alone
+    spanned 1,024 batches, about 7,000 passes of it, each its own order and reads, so the
+    first batch and every resume waited seconds (51 s in one review run). Tasks now span
+    at most TASK_PASSES passes of any component; the rows stay those of the schedule."""
+    from arrowload.mixture.loader import TASK_PASSES
+    lake, ds = lake_ds
+    one = duck_ids(lake, "country = 'US'")
+    target = min(one)
+    comps = {"us": ds.filter(f"country = 'US' AND id <> {target}").select("id", comp="'us'"),
+             "one": ds.filter(f"id = {target}").select("id", comp="'one'")}
+    m = al.mix(comps, weights={"us": 8, "one": 1}, stopping="cycle", seed=2)
+    loader = m.loader(64, shuffle=shuffle, steps=300)
+    tasks = list(loader._tasks(range(300)))
+    w = 1 / 9
+    assert sum(t.stop - t.first for t in tasks) == 300
+    assert all((t.stop - t.first) * 64 * w <= TASK_PASSES + 1 for t in tasks), [t.stop - t.first for t in tasks]
+    bs = batches(loader)
+    assert len(bs) == 300
+    for b in bs:
+        n = collections.Counter(b["comp"])
+        assert abs(n["one"] - 64 * w) <= 1 and {i for i, c in zip(b["id"], b["comp"]) if c == "one"} == {target}
+    resumed = m.loader(64, shuffle=shuffle, steps=300)
+    it = iter(resumed)
+    for _ in range(123):
+        next(it)
+    state = resumed.state_dict()
+    again = m.loader(64, shuffle=shuffle, steps=300)
+    again.load_state_dict(state)
+    assert batches(again) == bs[123:]
+
+
+@pytest.mark.parametrize("shuffle", [True, "block", False])
 def test_profile_profiling_and_progress_as_a_single_loaders(shuffle):
     """A mixture loader profiles as a loader does: the whole epoch's batches and rows
     counted (truth: an uninterrupted run's), the loader left where it was (a loaded,

@@ -61,6 +61,8 @@ STATE_VERSION = 1
 _STEP_LIMIT = 32
 #: reads of a component's units / windows kept for the next tasks (per component)
 _KEPT_READS = 4
+#: passes of one component a read task may span at most (``MixtureLoader._blocks_per_task``)
+TASK_PASSES = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,11 +342,22 @@ class MixtureLoader:
     def _tasks(self, blocks: range) -> Iterator[MixTask]:
         b = self.options.batch_size
         row_bytes = self._row_bytes()
-        per = max(1, read_rows(self.options.prefetch, row_bytes, b) // b)
+        per = min(max(1, read_rows(self.options.prefetch, row_bytes, b) // b), self._blocks_per_task())
         n = len(blocks)
         for i in range(0, n, per):
             j = min(n, i + per)
             yield MixTask(rows=(j - i) * b, est_bytes=max(1, int(3 * (j - i) * b * row_bytes)), first=i, stop=j)
+
+    def _blocks_per_task(self) -> int:
+        """The most blocks one read task may hold: a task reads each component's passes
+        one by one (each its own order and reads), so a component much smaller than its
+        share of a task (one row, drawn a few times a batch) would make the first batch,
+        and every resume, wait for thousands of passes; at most ``TASK_PASSES`` of any
+        component per task."""
+        b = self.options.batch_size
+        most = [max(w) for w in zip(*(p.weights for p in self._phases))]
+        caps = [int(TASK_PASSES * n / (b * w)) for n, w in zip(self.sizes, most) if n and w > 0]
+        return max(1, min(caps, default=1 << 62))
 
     def _locate(self, sched: Schedule, blocks: range) -> tuple[np.ndarray, np.ndarray]:
         """Stream index and rows of each component for each of ``blocks``."""
