@@ -922,3 +922,35 @@ def test_polars_expression_errors_are_expression_errors():
         pl.from_arrow(d.to_arrow()).filter(pl.col("l").cast(pl.String).str.len_chars() > 3)
     with pytest.raises(al.ExpressionError, match="polars expression"):
         d.filter(pl.col("l").cast(pl.String).str.len_chars() > 3).to_arrow()
+
+
+@pytest.mark.parametrize("decoder", [None, "pyarrow", "polars", "dataset", "polars-stream"])
+def test_parquet_uuid_and_json_logical_types_read_as_pyarrow_reads_them(tmp_path, monkeypatch, decoder):
+    """DuckDB writes UUID and JSON columns as Parquet logical types without a stored Arrow
+    schema. pyarrow's readers give them as arrow.uuid / arrow.json; arrowload gave their
+    storage types, so `CAST(u AS VARCHAR)` was 16 raw bytes where DuckDB and pyarrow give
+    the UUID's text. Every decoder, filter, SQL and loader path now reads them as pyarrow."""
+    import duckdb
+    if decoder is not None:
+        monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    path = str(tmp_path / "duck.parquet")
+    con = duckdb.connect()
+    con.execute(f"""COPY (SELECT i AS id, ('00000000-0000-0000-0000-' || lpad(i::VARCHAR, 12, '0'))::UUID AS u,
+                     ('{{"k": ' || i || '}}')::JSON AS j FROM range(3000) r(i))
+                    TO '{path}' (FORMAT parquet, ROW_GROUP_SIZE 500)""")
+    truth = pq.read_table(path)
+    assert isinstance(truth.schema.field("u").type, pa.UuidType)
+    d = al.dataset(path)
+    assert d.schema == truth.schema
+    assert d.to_arrow().equals(truth)
+    text = d.filter("id % 7 = 3").select("id", s="CAST(u AS VARCHAR)").to_arrow().sort_by("id")
+    want = con.sql(f"SELECT id, CAST(u AS VARCHAR) AS s FROM read_parquet('{path}') WHERE id % 7 = 3 ORDER BY id")
+    assert text.to_pylist() == want.to_arrow_table().to_pylist()
+    q = "SELECT CAST(u AS VARCHAR) AS s, count(*) AS n FROM t WHERE id < 20 GROUP BY ALL ORDER BY s"
+    assert al.sql(q, t=d).to_arrow().to_pylist() == \
+        con.sql(q.replace("FROM t", f"FROM read_parquet('{path}')")).to_arrow_table().to_pylist()
+    uuids = dict(zip(truth["id"].to_pylist(), truth["u"].to_pylist()))
+    for shuffle in (False, "block", "global"):
+        with d.loader(256, shuffle=shuffle, seed=1, output="arrow", cache_dir=str(tmp_path / "cache")) as loader:
+            seen = {r["id"]: r["u"] for b in loader for r in b.to_pylist()}
+        assert seen == uuids, shuffle

@@ -207,6 +207,37 @@ class _LazySizes(Mapping):
         return self._d().get(key, default)
 
 
+#: Parquet logical types pyarrow's own readers give as canonical extension types (DuckDB
+#: writes them without a stored Arrow schema; the dataset API gives their storage types)
+_LOGICAL_EXTENSIONS = {"UUID": (pa.binary(16), pa.uuid), "JSON": (pa.string(), lambda: pa.json_(pa.string()))}
+
+
+def logical_extensions(schema: pa.Schema, meta) -> pa.Schema:
+    """``schema`` (a Parquet fragment's physical schema) with each top-level column whose
+    Parquet logical type is UUID or JSON as ``pq.read_table`` types it (``arrow.uuid``,
+    ``arrow.json``), where it came through as the plain storage type: a UUID read as 16
+    raw bytes casts to text as bytes, not as DuckDB's and pyarrow's UUID text."""
+    found = {}
+    try:
+        for c in range(meta.num_columns):
+            col = meta.schema.column(c)
+            name = col.path
+            kind = str(getattr(col.logical_type, "type", ""))
+            if "." not in name and kind in _LOGICAL_EXTENSIONS:
+                found[name] = kind
+    except (UnicodeDecodeError, ValueError):
+        return schema
+    if not found:
+        return schema
+    fields = []
+    for f in schema:
+        kind = found.get(f.name)
+        if kind is not None and f.type == _LOGICAL_EXTENSIONS[kind][0]:
+            f = f.with_type(_LOGICAL_EXTENSIONS[kind][1]())
+        fields.append(f)
+    return pa.schema(fields, schema.metadata)
+
+
 def _encrypted(path: str, exc: BaseException) -> CorruptFileError | None:
     """The error for a Parquet file whose footer is encrypted (pyarrow says so), else None."""
     if "encrypt" not in str(exc).lower():
@@ -299,7 +330,7 @@ class FileSource(PicklableLock, Source):
                 if self._scan.check_footers and known_check(self._version(i)) is None:
                     self._footers[i] = read_footer_bytes(self.filesystem, path, self.entries[i].size,
                                                          meta.serialized_size)
-                return frag.physical_schema, meta
+                return logical_extensions(frag.physical_schema, meta), meta
             if self.kind == "ipc":
                 try:
                     return frag.physical_schema, frag.count_rows()
