@@ -154,8 +154,9 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                 check = src.footer_check(f) if src.kind == "parquet" else None
                 if check is not None and not check.ok:  # say which column, and why
                     return CorruptFileError(f"cannot read {path!r}: {check.reason()}; {check.fix()}", path)
-                return CorruptFileError(f"cannot read {path!r}: {inner}; the file is truncated or "
-                                        "corrupt; remove or rewrite it", path)
+                return CorruptFileError(f"cannot read {path!r}: {inner}; pyarrow cannot decode it: the file "
+                                        "is truncated or corrupt, or laid out in a way pyarrow does not read "
+                                        "(another reader, e.g. DuckDB, may); rewrite it", path)
     if is_transient(exc):
         return StorageRetryError(f"scanning {src.display} kept failing with transient storage errors: "
                                  f"{exc}. Try again later, or "
