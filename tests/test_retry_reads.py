@@ -103,3 +103,31 @@ def test_a_read_failure_no_file_reproduces_is_a_scan_error(lake):
     assert fs.injected == 1
     # the truth: read again, every row is there
     assert ds.select("id").to_arrow().equals(pads.dataset(lake).to_table(columns=["id"]))
+
+
+@pytest.mark.parametrize("read", ["filtered count", "limit", "sql"])
+def test_one_transient_fault_in_counts_limits_and_sql(lake, read):
+    """One transient fault while counting a filter, reading a limit or streaming a table
+    into DuckDB: the count and the limit retry their read (idempotent) and answer as the
+    clean read does; al.sql says the table's read failed (a ScanError, an OSError: run it
+    again), not that a value could not be computed (ExpressionError). The count and the
+    limit raised StorageRetryError ("kept failing") after a single fault."""
+    import duckdb
+    truth = {
+        "filtered count": duckdb.sql(f"SELECT count(*) FROM '{lake}/*.parquet' WHERE label = 1 AND id > 17").fetchall()[0][0],
+        "limit": list(range(2_500)),
+    }
+    ds, fs = _flaky_after_footers(lake, faults=1)
+    if read == "filtered count":
+        assert ds.filter("label = 1 AND id > 17").count() == truth[read]
+    elif read == "limit":
+        assert ds.select("id").limit(2_500).to_arrow()["id"].to_pylist() == truth[read]
+    else:
+        try:
+            got = al.sql("SELECT label, count(*) AS n FROM t GROUP BY ALL ORDER BY label", t=ds).to_arrow()
+        except al.ScanError as exc:
+            assert isinstance(exc, OSError) and "run the query again" in str(exc)
+        else:  # the fault hit a read DuckDB's scan retried itself
+            want = duckdb.sql(f"SELECT label, count(*) AS n FROM '{lake}/*.parquet' GROUP BY ALL ORDER BY label")
+            assert got.to_pylist() == want.to_arrow_table().to_pylist()
+    assert fs.injected == 1

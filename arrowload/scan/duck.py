@@ -142,16 +142,26 @@ def _table_read_error(msg: str, node: SqlQuery | Query, reader: PlanReader) -> E
     """A failure while DuckDB read a bound table is the table's, not the query's: re-read
     the table's scans to name the file at fault and why (a corrupt page, a checksum that
     does not match, storage refusing access) with the error the same read outside SQL
-    raises. None when the re-read finds nothing wrong with the files."""
+    raises; where the re-read finds nothing wrong with the files (a transient storage
+    error), a ``ScanError`` saying so. None when the failure was not a table's read (a
+    value DuckDB could not compute: the caller's)."""
     m = _TABLE_READ.search(msg)
     if m is None or m.group(1) not in node.names:
         return None
+    unfound = None
     for scan in scans(node.tables[node.names.index(m.group(1))]):
         typed = reader.read_error(scan, RuntimeError(msg))
         if not isinstance(typed, ScanError):  # the re-read named the file and the cause
             return typed
-    return None
+        unfound = unfound or typed
+    if unfound is None or not _READ_FAILURE.search(msg):
+        return None  # the stream failed evaluating the table's own filters or expressions
+    return ScanError(f"reading the bound table {m.group(1)!r} failed: {msg.strip()}; reading its files again "
+                     "did not fail, so no file is at fault (a transient storage error): run the query again")
 
+
+# the read failures (not a value's) a bound table's stream passes on: I/O, storage, Arrow's IO errors
+_READ_FAILURE = re.compile(r"failed: (?:IOError|OSError|ConnectionError|TimeoutError|\[Errno)", re.IGNORECASE)
 
 # DuckDB's error kinds a failing value raises (a cast, an overflow ...), as its messages open
 _RUNTIME_FAILURES = re.compile(r"(Conversion|Invalid Input|Out of Range|Type Mismatch|Not implemented) Error:",

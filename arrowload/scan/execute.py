@@ -158,8 +158,8 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                                         "is truncated or corrupt, or laid out in a way pyarrow does not read "
                                         "(another reader, e.g. DuckDB, may); rewrite it", path)
     if is_transient(exc):
-        return StorageRetryError(f"scanning {src.display} kept failing with transient storage errors: "
-                                 f"{exc}. Try again later, or "
+        return StorageRetryError(f"scanning {src.display} failed with a transient storage error: {exc} "
+                                 "(reading each file again did not fail). Try again later, or "
                                  "retry longer with al.ScanOptions(retries=..., retry_backoff_s=...)")
     return ScanError(f"scanning {src.display} failed: {exc}; reading each file again on its own did not "
                      "fail, so no file is at fault: retry the read")
@@ -377,7 +377,16 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
             if typed is None:
                 raise
             raise typed from exc
-    return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
+    # a transient storage error the stream could not retry in place (it reads ahead and
+    # yields as it goes): the whole read, deterministic, again
+    again = options.scan.retries
+    while True:
+        try:
+            return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
+        except StorageRetryError:
+            if again <= 0:
+                raise
+            again -= 1
 
 
 def _renamed(src, file_of: dict, fragment) -> Collection[str]:
@@ -430,8 +439,9 @@ def _count_scan(scan: Scan, options: Options) -> int:
     which is wrong where those statistics leave out NaN or are corrupt."""
     src = scan.source
     frag_opts = _fragment_options(src, options)
+    again = dict(retries=options.scan.retries, backoff_s=options.scan.retry_backoff_s)  # reads are idempotent
     if scan.predicate is None:
-        return src.dataset(scan.units, columns=()).count_rows(**frag_opts)
+        return retry(lambda: src.dataset(scan.units, columns=()).count_rows(**frag_opts), **again)
     expr = scan.predicate.to_arrow(src.schema, predicate=True)
     decided = _decided_by_statistics(scan, src.statistics_dataset(scan.units), expr)
     counted = 0
@@ -445,7 +455,7 @@ def _count_scan(scan: Scan, options: Options) -> int:
                   batch_size=_batch_rows(scan, options), **frag_opts)
     # one bool column: small even whole; to_table decodes on pyarrow's threads without
     # handing each batch to Python in order
-    keep = ds.Scanner.from_dataset(dataset, **kwargs).to_table().column(0)
+    keep = retry(lambda: ds.Scanner.from_dataset(dataset, **kwargs).to_table(), **again).column(0)
     return counted + int(pc.sum(keep).as_py() or 0)
 
 
