@@ -26,7 +26,7 @@ from ..options import Options, ScanOptions
 from ..plan.expr import SqlExpr
 from ..plan.rowselect import filter_rows
 from ..plan.mapfn import apply_map, as_record_batch  # noqa: F401 - as_record_batch: the loader's
-from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery
+from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, walk
 from ..source import FileSource
 from ..source.filesystem import storage_error
 from ..source.retry import is_transient, retry
@@ -378,8 +378,9 @@ def to_table(plan: Plan, options: Options) -> pa.Table:
                 raise
             raise typed from exc
     # a transient storage error the stream could not retry in place (it reads ahead and
-    # yields as it goes): the whole read, deterministic, again
-    again = options.scan.retries
+    # yields as it goes): the whole read, deterministic, again; never a DuckDB query, which
+    # can hang scanning a Python filesystem's dataset again after a failed scan
+    again = 0 if any(isinstance(n, SqlQuery) for n in walk(plan)) else options.scan.retries
     while True:
         try:
             return pa.Table.from_batches(list(iter_batches(plan, options)), schema=plan.schema)
