@@ -94,9 +94,8 @@ class Scan(Plan):
     @cached_property
     def schema(self) -> pa.Schema:
         src = self.source.schema
-        if self.projection is not None:  # a column passed through keeps its field (not null), as in Project
-            return pa.schema([src.field(e.column_name()).with_name(n) if e.column_name() is not None
-                              else pa.field(n, e.output_type(src)) for n, e in self.projection])
+        if self.projection is not None:
+            return pa.schema([_item_field(n, e, src) for n, e in self.projection])
         if self.columns is not None:
             return pa.schema([src.field(c) for c in self.columns])
         return src
@@ -120,6 +119,13 @@ class Scan(Plan):
         if len(kept) == len(self.selected_units()):
             return self
         return self.replace(units=kept, notes=self.notes + ((rule, what),))
+
+
+def _item_field(name: str, e: Expr, src: pa.Schema) -> pa.Field:
+    """The field of projection item ``name = e`` over ``src``: a column passed through
+    keeps its field (NOT NULL included, as its batches carry it), a computed one its type."""
+    ref = e.column_name()
+    return src.field(ref).with_name(name) if ref is not None else pa.field(name, e.output_type(src))
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,12 +179,7 @@ class Project(Plan):
     @cached_property
     def schema(self):
         src = self.child.schema
-        fields = []
-        for name, e in self.items:
-            ref = e.column_name()
-            fields.append(src.field(ref).with_name(name) if ref is not None
-                          else pa.field(name, e.output_type(src)))
-        return pa.schema(fields)
+        return pa.schema([_item_field(name, e, src) for name, e in self.items])
 
     @property
     def mapping(self) -> dict[str, Expr]:

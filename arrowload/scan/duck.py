@@ -115,10 +115,16 @@ def connect(external_access: bool = True):
 
 
 def _connect(node: SqlQuery | Query, options: Options, reader: PlanReader):
+    return _registered(node, reader, lambda child: arrow_source(child, options, reader))
+
+
+def _registered(node: SqlQuery | Query, reader: PlanReader, table: Callable[[Plan], object]):
+    """A connection of ``node``'s access with each bound table registered as ``table(plan)``;
+    closed again, the error translated, when one cannot be."""
     con = connect(node.external_access)
     try:
         for name, child in zip(node.names, node.tables):
-            con.register(name, arrow_source(child, options, reader))
+            con.register(name, table(child))
     except _errors() as exc:
         con.close()
         raise translate(exc, node, reader) from None
@@ -306,16 +312,7 @@ def result_schema(node: Query, reader: PlanReader) -> pa.Schema:
     errors (unknown columns, types) raise here, at the call that wrote the query. Each
     table is bound as an empty table of its schema: binding needs types only, so no source
     is opened (no footer fetched, no cached dataset written) before the query runs."""
-    con = connect(node.external_access)
-    try:
-        for name, child in zip(node.names, node.tables):
-            con.register(name, _bound_empty(child.schema))
-    except _errors() as exc:
-        con.close()
-        raise translate(exc, node, reader) from None
-    except BaseException:
-        con.close()
-        raise
+    con = _registered(node, reader, lambda child: _bound_empty(child.schema))
     try:
         schema = con.sql(f"SELECT * FROM ({node.query}) AS q LIMIT 0").to_arrow_table().schema
         # the subquery renamed repeated names (``user_id_1``); the stream keeps DuckDB's own

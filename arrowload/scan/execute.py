@@ -440,9 +440,9 @@ def _count_scan(scan: Scan, options: Options) -> int:
     which is wrong where those statistics leave out NaN or are corrupt."""
     src = scan.source
     frag_opts = _fragment_options(src, options)
-    again = dict(retries=options.scan.retries, backoff_s=options.scan.retry_backoff_s)  # reads are idempotent
+    retrying = dict(retries=options.scan.retries, backoff_s=options.scan.retry_backoff_s)  # reads are idempotent
     if scan.predicate is None:
-        return retry(lambda: src.dataset(scan.units, columns=()).count_rows(**frag_opts), **again)
+        return retry(lambda: src.dataset(scan.units, columns=()).count_rows(**frag_opts), **retrying)
     expr = scan.predicate.to_arrow(src.schema, predicate=True)
     decided = _decided_by_statistics(scan, src.statistics_dataset(scan.units), expr)
     counted = 0
@@ -456,7 +456,7 @@ def _count_scan(scan: Scan, options: Options) -> int:
                   batch_size=_batch_rows(scan, options), **frag_opts)
     # one bool column: small even whole; to_table decodes on pyarrow's threads without
     # handing each batch to Python in order
-    keep = retry(lambda: ds.Scanner.from_dataset(dataset, **kwargs).to_table(), **again).column(0)
+    keep = retry(lambda: ds.Scanner.from_dataset(dataset, **kwargs).to_table(), **retrying).column(0)
     return counted + int(pc.sum(keep).as_py() or 0)
 
 
