@@ -134,20 +134,65 @@ def _arrow(batch: pa.RecordBatch | pa.Table, opts: ConvertOptions) -> pa.RecordB
     changed = False
     for i, field in enumerate(batch.schema):
         fill = _fill_for(field.name, field.type, opts)
-        if fill is None or not columns[i].null_count:
+        if fill is None:
             continue
         if leaf_type(field.type) != field.type and not pa.types.is_dictionary(field.type):
-            if field.name in opts.fill_null:
+            if field.name in opts.fill_null and _holds_nulls(columns[i]):
                 raise UnsupportedError(f"fill_null[{field.name!r}]: output='arrow' does not fill nulls inside "
                                        f"the nested column {field.name!r} ({field.type}); Arrow holds them "
                                        "as they are. Use output='numpy' / 'torch' / 'jax', or fill in the plan")
             continue  # '*' leaves nested columns as Arrow has them
+        col = columns[i]
         try:
-            columns[i] = pc.fill_null(columns[i], arrow_scalar(field.name, fill, field.type, "fill_null"))
+            if pa.types.is_dictionary(field.type) and _dictionary_nulls(col):
+                # a null among the dictionary's values (the indices are valid): filled there
+                value = arrow_scalar(field.name, fill, field.type.value_type, "fill_null")
+                col = pa.chunked_array([pa.DictionaryArray.from_arrays(c.indices, pc.fill_null(c.dictionary, value))
+                                        for c in _chunks(col)], field.type)
+            if col.null_count:
+                col = pc.fill_null(col, arrow_scalar(field.name, fill, field.type, "fill_null"))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise ConversionError(f"fill_null[{field.name!r}] cannot fill column {field.name!r} of type "
                                   f"{field.type}: {exc}", column=field.name) from exc
-        changed = True
+        if col is not columns[i]:
+            columns[i] = col if isinstance(batch, pa.Table) else _one_array(col)
+            changed = True
     if not changed:
         return batch
     return type(batch).from_arrays(columns, schema=batch.schema)
+
+
+def _chunks(col) -> list:
+    return col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+
+
+def _one_array(col):
+    """A batch's column back as one array (a batch holds arrays, not chunked ones)."""
+    if isinstance(col, pa.ChunkedArray):
+        return col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
+    return col
+
+
+def _dictionary_nulls(col) -> bool:
+    return any(c.dictionary.null_count for c in _chunks(col))
+
+
+def _holds_nulls(col) -> bool:
+    """Whether a column holds a null anywhere: its rows, list values, struct fields, or a
+    dictionary's values."""
+    for c in _chunks(col):
+        if c.null_count:
+            return True
+        t = c.type
+        if isinstance(t, pa.BaseExtensionType):
+            c, t = c.storage, t.storage_type
+        if pa.types.is_dictionary(t):
+            if c.dictionary.null_count:
+                return True
+        elif pa.types.is_struct(t):
+            if any(_holds_nulls(f) for f in c.flatten()):
+                return True
+        elif hasattr(c, "flatten") and hasattr(t, "value_type"):
+            if _holds_nulls(c.flatten()):
+                return True
+    return False

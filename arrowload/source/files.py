@@ -43,6 +43,9 @@ _EXTENSIONS = {
     ".csv": "csv", ".json": "json", ".jsonl": "json", ".ndjson": "json",
 }
 _COMPRESSION = (".gz", ".bz2", ".zst", ".lz4")
+#: a read meeting a transient fault is tried again where it failed up to this many times
+#: (at most ``ScanOptions.retries``) before the reader's retry of the whole unit or file
+_READ_RETRIES = 2
 
 
 def format_of_path(path: str) -> str | None:
@@ -259,7 +262,9 @@ class FileSource(PicklableLock, Source):
                  base: str, display: str, partitioning=None,
                  scan_options: ScanOptions | None = None, *, root: str | None = None) -> None:
         self.entries = tuple(sorted(entries, key=lambda e: e.path))
-        self.filesystem = bind_listing(filesystem, self.entries)
+        scan = scan_options or ScanOptions()
+        self.filesystem = bind_listing(filesystem, self.entries, min(scan.retries, _READ_RETRIES),
+                                       scan.retry_backoff_s)
         #: where hive folders start, as the filesystem spells it; snapshots name files relative to it
         self.base = base
         #: ``base`` as a URI (``s3://bucket/lake``; a local path as it is): a manifest's ``root``

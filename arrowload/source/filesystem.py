@@ -11,7 +11,9 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import os
+import random
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,7 @@ import pyarrow.fs as pafs
 from ..errors import (ArgumentTypeError, InvalidArgumentError, MissingDependencyError,
                       PathEncodingError, PathNotFoundError, SnapshotChangedError, StorageAccessError,
                       StorageEndpointError)
-from .retry import DENIED, ENDPOINT, PERMANENT, classify, retry
+from .retry import DENIED, ENDPOINT, PERMANENT, TRANSIENT, classify, retry
 from .identity import identity_from_info, identity_of
 
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
@@ -59,19 +61,25 @@ class _Handler(pafs.FSSpecHandler):
     against 195 KB without it (moto's S3 server, bytes s3fs fetched)."""
 
     def __init__(self, fs, cache_type: str | None = "none",
-                 listed: dict[str, tuple[int | None, str | None, int | None]] | None = None) -> None:
+                 listed: dict[str, tuple[int | None, str | None, int | None]] | None = None,
+                 read_retries: int = 0, backoff_s: float = 0.0) -> None:
         super().__init__(fs)
         self.cache_type = cache_type
+        #: transient faults in a read retried where they happen (``_RetryingFile``)
+        self.read_retries, self.backoff_s = read_retries, backoff_s
         #: the version each listed file had when listed, by path: (size, identity, mtime_ns)
         self.listed = listed or {}
         #: identities (``identity.identity_from_info``) of the files this handler's listings
         #: found, by path: a listing reports them, so no request per file asks again
         self.identities: dict[str, str | None] = {}
 
-    def bound(self, entries) -> "_Handler":
+    def bound(self, entries, read_retries: int = 0, backoff_s: float = 0.0) -> "_Handler":
         """This handler for one listing (``FileEntry`` s): opening a listed file checks that it
-        is still the version listed (a fresh ``info``), as a cached footer describes only it."""
-        return _Handler(self.fs, self.cache_type, {e.path: (e.size, e.identity, e.mtime_ns) for e in entries})
+        is still the version listed (a fresh ``info``), as a cached footer describes only it;
+        a read of one meeting a transient fault reopens it and reads again, up to
+        ``read_retries`` times (see ``_RetryingFile``)."""
+        return _Handler(self.fs, self.cache_type, {e.path: (e.size, e.identity, e.mtime_ns) for e in entries},
+                        read_retries, backoff_s)
 
     def _open(self, path):
         from pyarrow import PythonFile
@@ -90,18 +98,25 @@ class _Handler(pafs.FSSpecHandler):
         size = {"size": info["size"]} if isinstance(info.get("size"), int) else {}
         # (the size known: no second request for it; a filesystem whose files take no size
         # or no cache_type is asked without them)
-        for kwargs in ({**cache, **size}, cache, {}):
-            try:
-                f = self.fs.open(path, mode="rb", **kwargs)
-                break
-            except TypeError:
-                if not kwargs:
-                    raise
-        if type(getattr(type(f), "details", None)) is property and getattr(f, "_details", 0) is None:
-            try:  # what its first read would ask the store again (s3fs: one HEAD per open)
-                f.details = info
-            except (AttributeError, KeyError, TypeError):
-                pass
+
+        def open_file():
+            for kwargs in ({**cache, **size}, cache, {}):
+                try:
+                    f = self.fs.open(path, mode="rb", **kwargs)
+                    break
+                except TypeError:
+                    if not kwargs:
+                        raise
+            if type(getattr(type(f), "details", None)) is property and getattr(f, "_details", 0) is None:
+                try:  # what its first read would ask the store again (s3fs: one HEAD per open)
+                    f.details = info
+                except (AttributeError, KeyError, TypeError):
+                    pass
+            return f
+
+        f = open_file()
+        if listed is not None and self.read_retries:
+            f = _RetryingFile(f, open_file, self.read_retries, self.backoff_s)
         return PythonFile(f, mode="r")
 
     def get_file_info_selector(self, selector):
@@ -132,6 +147,54 @@ class _Handler(pafs.FSSpecHandler):
         return self._open(path)
 
 
+class _RetryingFile:
+    """An fsspec file whose reads meeting a transient fault (``retry.classify``: a connection
+    reset, a timeout, a 5xx) are tried again, up to ``retries`` times with backoff, on the
+    file opened afresh at the same position. Other errors, and the last fault, propagate.
+
+    Readers above retry whole units too; this retries the one range where it failed, and it
+    is the only retry for what other libraries scan through arrowload's filesystem: DuckDB,
+    given a pyarrow dataset by ``al.sql``, can hang after one failed read (README).
+    """
+
+    def __init__(self, f, reopen, retries: int, backoff_s: float) -> None:
+        self._f, self._reopen, self._retries, self._backoff_s = f, reopen, retries, backoff_s
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def _again(self, call):
+        pos = self._f.tell()
+        attempt = 0
+        while True:
+            try:
+                return call(self._f)
+            except Exception as exc:  # noqa: BLE001 - filtered by classify
+                if attempt >= self._retries or classify(exc) != TRANSIENT:
+                    raise
+                time.sleep(self._backoff_s * (2 ** attempt) * (0.5 + random.random()))
+                attempt += 1
+                try:
+                    self._f.close()
+                except Exception:  # noqa: BLE001 - a broken connection may not close cleanly
+                    pass
+                self._f = self._reopen()
+                self._f.seek(pos)
+
+    def read(self, size=-1):
+        return self._again(lambda f: f.read(size))
+
+    def readinto(self, buf):
+        return self._again(lambda f: f.readinto(buf))
+
+    def close(self):
+        return self._f.close()
+
+    @property
+    def closed(self):
+        return self._f.closed
+
+
 def _check_listed(path: str, listed: tuple[int | None, str | None, int | None], info: dict,
                   mtime_ns: int | None) -> None:
     """Raise SnapshotChangedError where ``info`` (the object now; ``mtime_ns`` its modification
@@ -158,13 +221,15 @@ def files_changed_error(changed: Sequence[str], under: str, since: str, fix: str
                                 f"after {since}; {fix}", changed[0])
 
 
-def bind_listing(filesystem: pafs.FileSystem, entries) -> pafs.FileSystem:
+def bind_listing(filesystem: pafs.FileSystem, entries, read_retries: int = 0,
+                 backoff_s: float = 0.0) -> pafs.FileSystem:
     """``filesystem`` for reading the files ``entries`` listed: where it reaches an fsspec
     filesystem through arrowload's handler, a handler of its own that refuses a listed file
-    rewritten since (its footer, read and cached then, would misread the new bytes)."""
+    rewritten since (its footer, read and cached then, would misread the new bytes), and
+    retries a read that meets a transient fault (``read_retries``, ``_RetryingFile``)."""
     handler = getattr(filesystem, "handler", None)
     if isinstance(handler, _Handler):
-        return pafs.PyFileSystem(handler.bound(entries))
+        return pafs.PyFileSystem(handler.bound(entries, read_retries, backoff_s))
     return filesystem
 
 
