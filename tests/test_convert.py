@@ -729,3 +729,98 @@ def test_lists_of_one_length_fill_value_nulls_and_refuse_null_lists():
     with pytest.raises(ConversionError, match="'e'.*null list") as info:
         convert_batch(batch(e=pa.array([[1.0, 2.0], None], pa.list_(pa.float64()))), ConvertOptions())
     assert "IS NOT NULL" in str(info.value) and "pad_lists=True" in str(info.value)
+
+
+# -- review findings: outputs beside stack= / fill_null, parts of other widths, devices --------
+
+def _odd_types_table() -> pa.Table:
+    return pa.table({
+        "f": np.arange(4, dtype=np.float32), "g": np.arange(4, dtype=np.float32),
+        "ts": pa.array([0, 1, 2, 3], pa.timestamp("us", tz="America/New_York")),
+        "tm": pa.array([0, 1, 2, 3], pa.time64("us")),
+        "d64": pa.array([0, 86_400_000, 2 * 86_400_000, 3 * 86_400_000], pa.date64()),
+        "ls": pa.array(["a", "b", None, "d"], pa.large_string()),
+        "dec": pa.array([Decimal("1.50")] * 4, pa.decimal128(12, 2)),
+        "img": pa.FixedSizeListArray.from_arrays(
+            pa.FixedSizeListArray.from_arrays(pa.array(np.arange(16, dtype=np.float32)), 2), 2),
+    })
+
+
+@pytest.mark.parametrize("shuffle", [False, "global"])
+def test_arrow_output_with_stack_keeps_the_other_columns_types(shuffle):
+    """output='arrow' with stack= rebuilt every other column from host arrays: time zones
+    dropped, time64 -> duration, date64 -> timestamp, decimals re-guessed per batch, and a
+    3-D column raised ArrowInvalid. They are Arrow's columns as they are without stack=."""
+    t = _odd_types_table()
+    got = pa.Table.from_batches(list(al.dataset(t).loader(4, output="arrow", stack={"x": ["f", "g"]},
+                                                          shuffle=shuffle, seed=1)))
+    assert got.schema.names == ["x", "ts", "tm", "d64", "ls", "dec", "img"]
+    for name in ["ts", "tm", "d64", "ls", "dec", "img"]:
+        assert got.schema.field(name).type == t.schema.field(name).type, name
+    truth = {r["tm"]: r for r in t.to_pylist()}
+    for row in got.to_pylist():
+        want = truth[row["tm"]]
+        assert row["x"] == [want["f"], want["g"]]
+        assert {k: row[k] for k in ["ts", "d64", "ls", "dec", "img"]} == \
+            {k: want[k] for k in ["ts", "d64", "ls", "dec", "img"]}
+
+
+def test_loader_fills_nulls_of_strings_and_decimals_and_refuses_a_value_of_another_type():
+    """The loader refused fill_null on string and decimal columns at build ('no array
+    form'), which convert_batch fills; a number for a string column was cast to text."""
+    t = pa.table({"id": [1, 2, 3], "s": ["a", None, "c"],
+                  "dec": pa.array([Decimal("1.5"), None, Decimal("2.5")], pa.decimal128(5, 1))})
+    batch = next(iter(al.dataset(t).loader(3, fill_null={"s": "?", "dec": Decimal("0.0")})))
+    assert batch["s"] == ["a", "?", "c"]
+    assert batch["dec"] == [Decimal("1.5"), Decimal("0.0"), Decimal("2.5")]
+    with pytest.raises(al.InvalidArgumentError, match="give a str value"):
+        al.dataset(t).loader(3, fill_null={"s": 5})
+
+
+def test_fill_null_star_with_a_fraction_fills_the_float_columns_only():
+    """'*': 0.5 was refused for any integer column, even one without nulls (the CLI's
+    --fill-null passes a float): it fills the floating-point columns."""
+    t = pa.table({"id": [0, 1, 2], "score": [0.1, None, 0.3]})
+    batch = next(iter(al.dataset(t).loader(3, fill_null={"*": 0.5})))
+    assert batch["score"].tolist() == [0.1, 0.5, 0.3] and batch["id"].tolist() == [0, 1, 2]
+    t2 = pa.table({"id": [0, None, 2], "score": [0.1, None, 0.3]})
+    with pytest.raises(al.ConversionError, match="'id'"):  # the integer column's null stays refused
+        list(al.dataset(t2).loader(3, fill_null={"*": 0.5}))
+
+
+def test_a_batch_across_parts_of_other_list_widths_is_a_conversion_error():
+    """A batch that spans two reads whose uniform lists have other widths raised numpy's
+    ValueError from the concatenation; it is the ConversionError naming the column."""
+    a = pa.table({"id": np.arange(100), "emb": pa.array([[1.0] * 4] * 100, pa.list_(pa.float32()))})
+    b = pa.table({"id": np.arange(100, 200), "emb": pa.array([[2.0] * 5] * 100, pa.list_(pa.float32()))})
+    ds = al.dataset(pa.concat_tables([a, b]))
+    for size in (50, 64):
+        with pytest.raises(al.ConversionError, match="'emb'"):
+            list(ds.loader(size))
+
+
+def test_arrow_output_fill_null_refuses_nested_nulls_and_fills_dictionary_values():
+    """output='arrow' skipped any column without top-level nulls: nulls inside a named
+    fixed-size list stayed (documented as refused), and a null among a dictionary's values
+    stayed where numpy output fills it."""
+    emb = pa.FixedSizeListArray.from_arrays(pa.array([1.0, None, 3.0, 4.0], pa.float32()), 2)
+    d = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), pa.array([1.5, None]))
+    t = pa.table({"emb": emb, "d": d})
+    with pytest.raises(al.UnsupportedError, match="inside the nested column 'emb'"):
+        list(al.dataset(t).loader(2, output="arrow", fill_null={"emb": 0.0}))
+    got = next(iter(al.dataset(t).loader(2, output="arrow", fill_null={"d": 0.0})))
+    assert got.column("d").to_pylist() == [1.5, 0.0]
+    assert got.schema.field("d").type == t.schema.field("d").type
+    numpy = next(iter(al.dataset(t.select(["d"])).loader(2, fill_null={"d": 0.0})))
+    assert numpy["d"].tolist() == [1.5, 0.0]
+
+
+def test_torch_devices_this_build_lacks_are_refused_when_the_loader_is_built():
+    """device='xpu' on a torch build without it was accepted and failed at the first batch
+    with a bare AssertionError; 'meta' gave tensors with no data."""
+    pytest.importorskip("torch")
+    ds = al.dataset(pa.table({"a": [1.0, 2.0]}))
+    with pytest.raises(al.DeviceUnavailableError, match="xpu"):
+        ds.loader(2, output="torch", device="xpu")
+    with pytest.raises(al.ArrowloadError, match="meta tensors hold no data"):
+        ds.loader(2, output="torch", device="meta")

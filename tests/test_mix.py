@@ -718,8 +718,7 @@ def test_global_tables_of_plain_components_from_the_union_stream(parquet_lake, t
                                                                fill_null=fill, cache_dir=cache)
         if output == "arrow":
             return list(loader)
-        from arrowload.convert.batches import host_to_arrow
-        return [host_to_arrow({k: (list(v) if k == "price" else v) for k, v in b.items()}) for b in loader]
+        return [_host_batch({k: (list(v) if k == "price" else v) for k, v in b.items()}) for b in loader]
 
     streamed = epoch("1", str(tmp_path / "a"))
     assert len(calls) == 1 and picked  # built from the stream, by position
@@ -1473,3 +1472,10 @@ def test_a_child_forked_during_a_look_ahead_does_not_wait_for_it():
     finally:
         release.set()
         cache.close()
+
+
+def _host_batch(host: dict) -> pa.RecordBatch:
+    """Host arrays as one Arrow batch (a ``[rows, k]`` array as a fixed-size list), to compare."""
+    arrays = [pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
+              if isinstance(v, np.ndarray) and v.ndim == 2 else pa.array(v) for v in host.values()]
+    return pa.RecordBatch.from_arrays(arrays, names=list(host))

@@ -12,7 +12,7 @@ emits batches, in order:
   batch's longest, a read that did not convert whole): :meth:`BatchOutput.arrow` converts
   one ``pyarrow.RecordBatch`` -- ``stack=`` columns written once into pooled buffers,
   other columns as host arrays -- then the same :meth:`host` step; ``output="arrow"`` with
-  ``stack=`` comes back as Arrow (``host_to_arrow``).
+  ``stack=`` comes back as Arrow, the groups as fixed-size lists (``_arrow_stacked``).
 
 Where a batch's memory comes from and how long it lives: see ``pipeline.collate``
 (``BufferPool``) and ``pipeline.chunks``.
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..pipeline.collate import BufferPool, resolve_stack, stack_batch
+from ..pipeline.collate import BufferPool, resolve_stack, stack_batch, stacked_arrays
 from . import convert_batch, convert_host
-from .host import to_host
+from .host import restricted, to_host
 from .options import ConvertOptions
 
 
@@ -76,12 +76,32 @@ class BatchOutput:
             spec = self._stack_spec
             if spec is None or not spec.stacked <= set(batch.schema.names):
                 spec = self._stack_spec = resolve_stack(self.stack, batch.schema)
+            if output == "arrow":
+                return self._arrow_stacked(batch, spec)
             host = stack_batch(batch, spec, self.pool, self.convert)
         else:
             host = to_host(batch, self.convert, self.pool.take)
-        if output == "arrow":
-            return host_to_arrow(host)
         return self.host(host)
+
+    def _arrow_stacked(self, batch: pa.RecordBatch, spec) -> pa.RecordBatch:
+        """``output="arrow"`` with ``stack=``: each group a fixed-size list column in the
+        place of its first column; the other columns as Arrow has them (their types kept,
+        ``fill_null`` applied as without ``stack=``)."""
+        names = batch.schema.names
+        rest = [n for n in names if n not in spec.stacked]
+        plain = convert_batch(batch.select(rest), restricted(self.convert, rest)) if rest else None
+        stacked = stacked_arrays(batch, spec, self.pool, self.convert)
+        arrays, out_names = [], []
+        for name in names:
+            g = spec.first.get(name)
+            if g is not None:
+                out, view = stacked[g]
+                arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(view.reshape(-1)), view.shape[1]))
+                out_names.append(out)
+            elif name not in spec.stacked:
+                arrays.append(plain.column(name))
+                out_names.append(name)
+        return pa.RecordBatch.from_arrays(arrays, names=out_names)
 
     def host(self, host: dict) -> Any:
         """Host arrays of one batch -> what the user gets; with a CUDA device the copies start
@@ -96,21 +116,9 @@ class BatchOutput:
         return out
 
 
-def host_to_arrow(host: dict) -> pa.RecordBatch:
-    """Host arrays (a stacked ``[rows, k]`` array becomes a fixed-size list) as one batch."""
-    arrays, names = [], []
-    for name, value in host.items():
-        if isinstance(value, np.ndarray) and value.ndim == 2:
-            arrays.append(pa.FixedSizeListArray.from_arrays(pa.array(value.reshape(-1)), value.shape[1]))
-        else:
-            arrays.append(pa.array(value))
-        names.append(name)
-    return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
 def concat_arrow(parts: Sequence[pa.RecordBatch]) -> pa.RecordBatch:
     """Consecutive Arrow parts of one batch as one batch (a copy only when there are several)."""
     return parts[0] if len(parts) == 1 else pa.concat_batches(list(parts))
 
 
-__all__ = ["BatchOutput", "concat_arrow", "host_to_arrow"]
+__all__ = ["BatchOutput", "concat_arrow"]

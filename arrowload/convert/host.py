@@ -169,7 +169,10 @@ def _fill_for(name: str, t: pa.DataType, opts: ConvertOptions) -> Any:
         return fills[name]
     leaf = leaf_type(t)
     if ALL_NUMERIC in fills and (pa.types.is_integer(leaf) or pa.types.is_floating(leaf)):
-        return fills[ALL_NUMERIC]
+        value = fills[ALL_NUMERIC]
+        if pa.types.is_integer(leaf) and isinstance(value, (float, np.floating)) and not float(value).is_integer():
+            return None  # '*': 0.5 fills the float columns; an integer column's nulls stay refused
+        return value
     return None
 
 
@@ -484,6 +487,12 @@ def arrow_scalar(name: str, value: Any, t: pa.DataType, what: str) -> pa.Scalar:
     if pa.types.is_boolean(t) and not isinstance(value, (bool, np.bool_)) and value not in (0, 1):
         raise ConversionError(f"{what} value {value!r} for column {name!r} does not fit its type bool: give "
                               "True / False (or 1 / 0)", column=name)
+    textual = pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+    binary = pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t) \
+        or pa.types.is_fixed_size_binary(t)
+    if (textual and not isinstance(value, str)) or (binary and not isinstance(value, (bytes, bytearray))):
+        raise ConversionError(f"{what} value {value!r} for column {name!r} does not fit its type {t}: give "
+                              f"a {'str' if textual else 'bytes'} value", column=name)
     try:
         if pa.types.is_decimal(t) and isinstance(value, int) and not isinstance(value, bool):
             return pa.scalar(value, type=t)  # checked: 10**9 does not fit decimal(10, 2)

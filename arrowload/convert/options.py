@@ -34,7 +34,8 @@ class ConvertOptions:
     ``pad_to``     pad to this fixed length instead of the batch's longest list (fixed shapes
                    spare jax recompilation); a longer list is an error.
     ``fill_null``  column -> value put where the column is null; key ``"*"`` covers every
-                   integer / floating-point column (and lists of them) not named. Without
+                   integer / floating-point column (and lists of them) not named; a value
+                   with a fraction (0.5) fills the floating-point ones only. Without
                    it a null in an array-valued column is an error.
     ``device``     ``None`` keeps arrays in host memory. torch: a device string
                    (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...) or ``torch.device``; jax: a

@@ -47,10 +47,22 @@ def target_device(device: Any):
             f"device={device!r} asks for CUDA, but torch.cuda.is_available() is False in this process "
             f"(torch {torch.__version__}); install a CUDA build of torch, check CUDA_VISIBLE_DEVICES, "
             "or pass device=None to keep batches in host memory")
-    backend = getattr(torch.backends, dev.type, None) if dev.type != "cuda" else None
-    if backend is not None and hasattr(backend, "is_available") and not backend.is_available():
-        raise DeviceUnavailableError(f"device={device!r} is not available in this process "
-                                     f"(torch.backends.{dev.type}.is_available() is False)")
+    if dev.type == "cuda":
+        return dev
+    if dev.type == "meta":
+        raise ConversionError(f"device={device!r}: meta tensors hold no data; pass a device that does "
+                              "('cpu', 'cuda', ...) or device=None")
+    for where, backend in ((f"torch.backends.{dev.type}", getattr(torch.backends, dev.type, None)),
+                           (f"torch.{dev.type}", getattr(torch, dev.type, None))):
+        available = getattr(backend, "is_available", None)
+        if callable(available) and not available():
+            raise DeviceUnavailableError(f"device={device!r} is not available in this process "
+                                         f"({where}.is_available() is False)")
+    try:  # a backend this torch build lacks answers only when used (xpu: an AssertionError)
+        torch.empty(1, device=dev)
+    except (AssertionError, RuntimeError, NotImplementedError) as exc:
+        raise DeviceUnavailableError(f"device={device!r} is not usable in this process (torch "
+                                     f"{torch.__version__}: {exc})") from exc
     return dev
 
 

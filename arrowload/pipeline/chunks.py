@@ -196,6 +196,9 @@ class ChunkConverter(PicklableLock):
         for name, first in chunks[0].columns.items():
             values = [c.columns[name] for c in chunks]
             if isinstance(first, np.ndarray):
+                for v in values:
+                    if v.shape[1:] != first.shape[1:]:
+                        _widths_differ(name, first.shape, v.shape)
                 out = self.pool.take((n, *first.shape[1:]), first.dtype)
                 np.concatenate(values, out=out)
                 columns[name] = out
@@ -478,3 +481,11 @@ def _take_into(out: np.ndarray, views: list[np.ndarray], groups) -> None:
                 out[...] = np.take(view, local, axis=0, mode="clip")
         elif len(pos):
             out[pos] = np.take(view, local, axis=0, mode="clip")
+
+def _widths_differ(name: str, a: tuple, b: tuple) -> None:
+    """Refuse a batch whose parts' lists of column ``name`` have other widths (shapes ``a``,
+    ``b``): the same error as between batches (``preflight.ListWidths``)."""
+    from .preflight import _fix
+    raise ConversionError(f"column {name!r} is a variable-length list whose lists have {b[1]} values in one "
+                          f"part of this batch and {a[1]} in another, which gives no rectangular batch; "
+                          f"{_fix(name, max(a[1], b[1]))}", column=name)

@@ -186,16 +186,12 @@ def _owner(arr: np.ndarray):
     return arr
 
 
-def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
-                opts: ConvertOptions) -> dict:
-    """Host arrays for ``batch`` with ``spec``'s columns stacked into pooled buffers;
-    the other columns converted by ``to_host`` (zero-copy where possible)."""
+def stacked_arrays(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
+                   opts: ConvertOptions) -> list[tuple[str, np.ndarray]]:
+    """``(output name, [rows, k] array)`` of each of ``spec``'s groups of ``batch``, written
+    into pooled buffers (read-only for numpy output)."""
     n = batch.num_rows
-    names = batch.schema.names  # looked up once: name lookups on a batch cost microseconds each
-    arrays = dict(zip(names, batch.columns))
-    stacked_names = spec.stacked
-    rest_names = [name for name in names if name not in stacked_names]
-    host_rest = to_host(batch.select(rest_names), restricted(opts, rest_names), pool.take) if rest_names else {}
+    arrays = dict(zip(batch.schema.names, batch.columns))
     stacked = []
     for (out, cols), dtype in zip(spec.groups, spec.dtypes):
         buf = pool.take((n, len(cols)), dtype)
@@ -216,6 +212,18 @@ def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
         if opts.output == "numpy":
             view.flags.writeable = False
         stacked.append((out, view))
+    return stacked
+
+
+def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
+                opts: ConvertOptions) -> dict:
+    """Host arrays for ``batch`` with ``spec``'s columns stacked into pooled buffers;
+    the other columns converted by ``to_host`` (zero-copy where possible)."""
+    names = batch.schema.names  # looked up once: name lookups on a batch cost microseconds each
+    stacked_names = spec.stacked
+    rest_names = [name for name in names if name not in stacked_names]
+    host_rest = to_host(batch.select(rest_names), restricted(opts, rest_names), pool.take) if rest_names else {}
+    stacked = stacked_arrays(batch, spec, pool, opts)
     # each stacked array takes the place of its first column
     result: dict = {}
     first = spec.first

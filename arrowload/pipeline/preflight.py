@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..convert.host import _check_names, _fill_for, array_valued, host_scalar, leaf_type, null_fix
+from ..convert.host import _check_names, _fill_for, array_valued, arrow_scalar, host_scalar, leaf_type, null_fix
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError, InvalidArgumentError
 from ..plan.nodes import Plan, Scan
@@ -67,8 +67,12 @@ def _check_fills(schema: pa.Schema, opts: ConvertOptions) -> None:
         fill = _fill_for(field.name, field.type, opts)
         if fill is None:
             continue
+        leaf = leaf_type(field.type)
         try:
-            host_scalar(field.name, fill, leaf_type(field.type), "fill_null")
+            if array_valued(leaf):
+                host_scalar(field.name, fill, leaf, "fill_null")
+            else:  # strings, decimals, structs: filled as Python objects (``host._objects``)
+                arrow_scalar(field.name, fill, leaf, "fill_null")
         except ConversionError as exc:
             raise InvalidArgumentError(str(exc), "fill_null") from None
 
