@@ -1079,6 +1079,36 @@ def test_a_cache_dir_that_cannot_be_written_is_never_fatal(tmp_path, monkeypatch
         ds.loader(100, shuffle="global", cache_dir=cache, memory_budget=1)
 
 
+_FULL_DISK = """
+import glob, os, resource, signal
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+import arrowload as al
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+table = pa.table({{"id": np.arange(400_000), "x": np.random.default_rng(0).random(400_000)}})
+pq.write_table(table, {lake!r}, row_group_size=50_000)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+try:
+    al.dataset({lake!r}).loader(1000, shuffle="global", memory_budget=64 << 10, cache_dir={cache!r})
+except al.MemoryBudgetError as exc:
+    assert "writing it to" in str(exc) and {cache!r} in str(exc), exc
+    print("MemoryBudgetError")
+print(sorted(os.listdir({cache!r})))
+"""
+
+
+def test_a_spill_the_disk_cannot_take_is_a_memory_budget_error(tmp_path):
+    """A global-shuffle spill that ran out of disk (ENOSPC, a file size limit: EFBIG here)
+    raised IndexError from the writer's cleanup, the OSError only chained; it is a
+    MemoryBudgetError naming the directory, and the partial spill is removed."""
+    import subprocess
+    import sys
+    cache = str(tmp_path / "cache")
+    code = _FULL_DISK.format(lake=str(tmp_path / "t.parquet"), cache=cache)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["MemoryBudgetError", "[]"], out.stdout
+
+
 @pytest.mark.parametrize("shuffle", [False, "block", "global"])
 def test_a_filter_over_a_maps_columns_counts_through_the_map(tmp_path, shuffle):
     """The loader counts a selection with its maps stripped (they keep one row per row):

@@ -566,8 +566,8 @@ def materialize(plan: Plan, options: Options, *, memory_budget: int, cache_dir: 
         assert opened is not None
         return opened
     finally:
-        if writer is not None and not writer.closed:
-            writer.close()
+        if writer is not None:
+            writer.abort()  # (a build that failed: nothing pending is written)
         if tmp_path is not None and os.path.exists(tmp_path):
             os.remove(tmp_path)
 
@@ -718,6 +718,7 @@ class _ChunkWriter:
     only where a chunk spans several of them)."""
 
     def __init__(self, path: str, schema: pa.Schema, memory_budget: int) -> None:
+        self.path = path
         self._writer = pa.ipc.new_file(path, schema)
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
@@ -728,6 +729,30 @@ class _ChunkWriter:
         self.schema = schema
 
     def write(self, batch: pa.RecordBatch) -> None:
+        try:
+            self._write(batch)
+        except OSError as exc:
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: OSError) -> MemoryBudgetError:
+        """A spill the disk cannot take (full, a file size limit): the budget's error, saying where."""
+        self.abort()
+        return MemoryBudgetError(f"the selection needs more than memory_budget={self._budget} bytes for random "
+                                 f"access, and writing it to {os.path.dirname(self.path)!r} failed after "
+                                 f"{self.rows} rows ({exc}); free space there, pass another cache_dir= or raise "
+                                 "memory_budget")
+
+    def abort(self) -> None:
+        """Close the file without writing what is pending (a failed build: it is removed)."""
+        self._pending, self._pending_rows = [], 0
+        if not self.closed:
+            self.closed = True
+            try:
+                self._writer.close()
+            except OSError:
+                pass
+
+    def _write(self, batch: pa.RecordBatch) -> None:
         if not batch.num_rows:
             return
         if not self.chunk_rows:
@@ -755,9 +780,12 @@ class _ChunkWriter:
         pa.default_memory_pool().release_unused()
 
     def close(self) -> None:
-        if self._pending_rows:
-            self._write_rows(self._pending_rows)
-        self._writer.close()
+        try:
+            if self._pending_rows:
+                self._write_rows(self._pending_rows)
+            self._writer.close()
+        except OSError as exc:
+            raise self._failed(exc) from exc
         self.closed = True
 
 
