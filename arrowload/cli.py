@@ -16,6 +16,7 @@ stderr, ``arrowload: error: ...``), 1 on an unexpected error (``--traceback`` sh
 from __future__ import annotations
 
 import argparse
+import logging
 import json
 import os
 import re
@@ -31,10 +32,12 @@ from .tables import fit_table, fmt_count, shown_path, terminal_width, wrap_lines
 
 def _columns(values: list[str] | None) -> list[str] | None:
     """``--columns a,b --columns c`` -> ["a", "b", "c"]."""
-    if not values:
+    if values is None:
         return None
     out = [c.strip() for v in values for c in v.split(",") if c.strip()]
-    return out or None
+    if not out:  # `--columns "$COLS"` with COLS unset: not every column, silently
+        raise _UsageError(f"--columns {' '.join(map(repr, values))} names no column")
+    return out
 
 
 def _positive_int(text: str, least: int = 1) -> int:
@@ -79,7 +82,7 @@ def _open(path: str, fmt: str | None, args: argparse.Namespace | None = None):
 
 def _selection(args: argparse.Namespace):
     ds = _open(args.path, args.format, args)
-    if getattr(args, "filter", None):
+    if getattr(args, "filter", None) is not None:  # (an empty one is refused by filter())
         ds = ds.filter(args.filter)
     cols = _columns(getattr(args, "columns", None))
     if cols:
@@ -117,6 +120,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     lake = args.dir
     marker = os.path.join(lake, ".arrowload-demo")
+    if os.path.exists(lake) and not os.path.isdir(lake):
+        raise _UsageError(f"--dir {lake!r} is a file, not a folder to write the demo lake into")
     if not os.path.exists(marker):
         print(f"writing a synthetic lake of {args.rows:,} rows to {lake}/ ...", flush=True)
         t0 = time.perf_counter()
@@ -664,6 +669,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # usage errors exit 2 here, with the usage line
+    # a client library's retry log (gcsfs' logger.exception) would print its traceback
+    # through logging's last-resort handler before the one-line error
+    logging.getLogger().addHandler(logging.NullHandler())
     if getattr(args, "action", None) == "clear" and args.uri is not None and _looks_like_key(args.uri):
         args.keys, args.uri = [args.uri, *args.keys], None  # `cache clear KEY`: the default root
     try:

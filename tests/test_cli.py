@@ -153,11 +153,51 @@ def test_arrowload_errors_exit_2_with_one_line(run, parquet_lake):
     # the second binding silently replaced the first
     (["sql", "SELECT count(*) FROM ev", "--table", "ev=LAKE", "--table", "ev=LAKE/other"], "given twice"),
     (["inspect", "LAKE/nothing-here"], "nothing-here"),
+    # an empty --filter / --columns (a shell variable unset) gave every row, exit 0
+    (["head", "LAKE", "--filter", ""], "empty filter"),
+    (["head", "LAKE", "--columns", ""], "names no column"),
+    (["head", "LAKE", "--columns", ","], "names no column"),
+    (["demo", "--dir", "LAKE/part-00000.parquet", "--rows", "1000"], "is a file"),
 ])
 def test_more_arrowload_errors(capsys, parquet_lake, argv, says):
     assert cli.main([a.replace("LAKE", parquet_lake) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("arrowload: error: ") and says in err and "Traceback" not in err
+
+
+_LOGGED_TRACEBACK = """
+import logging, sys
+from arrowload import StorageRetryError, cli
+
+def logs_and_fails(args):
+    try:
+        raise ConnectionError("connection reset")
+    except ConnectionError:
+        logging.getLogger("gcsfs").exception("_request out of retries on exception")
+    raise StorageRetryError("kept failing")
+
+parser = cli.build_parser()
+parse = parser.parse_args
+
+def parse_args(argv=None):
+    args = parse(argv)
+    args.func = logs_and_fails
+    return args
+
+parser.parse_args = parse_args
+cli.build_parser = lambda: parser
+sys.exit(cli.main(["head", sys.argv[1]]))
+"""
+
+
+def test_a_client_librarys_logged_traceback_is_not_printed(parquet_lake):
+    """gcsfs logs each failed request with logger.exception; with no handler configured,
+    logging's last-resort handler printed a 51-line traceback before the one-line error.
+    (In a fresh process: pytest's own log handlers would hide it.)"""
+    proc = subprocess.run([sys.executable, "-c", _LOGGED_TRACEBACK, parquet_lake], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["arrowload: error: kept failing"], proc.stderr
 
 
 def test_usage_errors_exit_2(run, capsys):

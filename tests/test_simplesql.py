@@ -325,9 +325,21 @@ def test_errors_are_sqlglots(small_file):
     with pytest.raises(KeyError):
         ds.filter("nope = 1")
     with pytest.raises(KeyError):
-        ds.filter('"ID" = 1')  # a quoted name is exact
+        ds.filter('"nope" = 1')
     with pytest.raises(ExpressionError, match="not boolean"):
         ds.filter("id")
+
+
+def test_a_quoted_name_matches_case_insensitively_as_in_duckdb(small_file):
+    """A quoted name matched only exactly ('"ID" = 1' raised ColumnNotFoundError, and
+    al.sql left such a query unlowered); DuckDB's identifiers, quoted or not, match
+    case-insensitively. Truth: DuckDB on the same file."""
+    import duckdb
+    ds = al.dataset(small_file)
+    want = duckdb.sql(f"SELECT count(*) FROM '{small_file}' WHERE \"ID\" < 40").fetchall()[0][0]
+    assert ds.filter('"ID" < 40').count() == want
+    q = al.sql('SELECT "Id" FROM t WHERE "ID" < 40', t=ds)
+    assert q.count() == want and "Sql" not in q.explain()  # lowered to the plan
 
 
 # ---------------------------------------------------------------------------

@@ -171,13 +171,13 @@ def _unterminated_at(text: str) -> tuple[int, int]:
 
 
 def resolve_column(name: str, schema: pa.Schema, quoted: bool = False) -> str:
-    """Exact match first; unquoted identifiers also match case-insensitively (as in SQL)."""
+    """Exact match first, then the one column whose name matches case-insensitively, quoted
+    or not: DuckDB's identifiers ("Label" reads a column label)."""
     if name in schema.names:
         return name
-    if not quoted:
-        matches = [n for n in schema.names if n.lower() == name.lower()]
-        if len(matches) == 1:
-            return matches[0]
+    matches = [n for n in schema.names if n.lower() == name.lower()]
+    if len(matches) == 1:
+        return matches[0]
     hint = (f"double quotes name a column in SQL; for the string write '{name}'" if quoted else "")
     raise ColumnNotFoundError(name, schema.names, hint=hint)
 
