@@ -439,6 +439,26 @@ def test_hive_keys_in_another_order_in_some_folders_match_duckdb(tmp_path, duck)
         al.dataset(str(tmp_path))
 
 
+def test_a_partitions_folder_or_files_keep_the_lakes_partition_columns_as_duckdb(tmp_path, duck):
+    """A dataset naming one partition's folder (``lake/n=1/``), a file in it, or a list of
+    files from one leaf lost the partition columns above where the paths start, while a
+    list spanning partitions had them all: a schema that depended on which files a
+    pipeline passed. Truth: DuckDB's hive_partitioning on the same files."""
+    for n, d in [(1, "2024-01-01"), (1, "2024-01-02"), (2, "2024-01-01")]:
+        os.makedirs(tmp_path / f"n={n}" / f"d={d}")
+        pq.write_table(pa.table({"v": [n * 10, n * 10 + 1]}), str(tmp_path / f"n={n}" / f"d={d}" / "f.parquet"))
+    f1 = str(tmp_path / "n=1" / "d=2024-01-01" / "f.parquet")
+    f2 = str(tmp_path / "n=2" / "d=2024-01-01" / "f.parquet")
+    for spec, glob_ in [(str(tmp_path / "n=1"), f"{tmp_path}/n=1/**/*.parquet"), (f1, f1), ([f1], f1),
+                        ([f1, f2], [f1, f2]), (f"{tmp_path}/n=1/**/*.parquet", f"{tmp_path}/n=1/**/*.parquet")]:
+        ds = al.dataset(spec)
+        want = duck(f"SELECT v, n, d FROM read_parquet({glob_!r}, hive_partitioning=true) ORDER BY v")
+        assert ds.schema.names == ["v", "n", "d"], spec
+        assert ds.to_arrow().sort_by("v").to_pylist() == want.to_pylist(), spec
+        assert ds.filter("n = 1").count() == duck(
+            f"SELECT count(*) AS c FROM read_parquet({glob_!r}, hive_partitioning=true) WHERE n = 1")["c"][0].as_py()
+
+
 def test_hive_partition_schema_given(tmp_path):
     """``partitioning=<pyarrow.Schema>`` fixes the types; ``partitioning=False`` ignores folders."""
     _write_partitioned(tmp_path, ["k=1", "k=2"])

@@ -22,7 +22,7 @@ from .base import Source, Unit
 from .filesystem import FileEntry, bind_listing, storage_error
 from .footer import (FooterCheck, check_footer, known_check, leaf_columns, read_footer_bytes,
                      recall_checks, remember_check)
-from .hive import discover_partitions, partition_expression
+from .hive import discover_partitions, hive_base, partition_expression
 from .identity import identity_of
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .retry import is_transient, retry
@@ -299,7 +299,7 @@ class FileSource(PicklableLock, Source):
             self._partition_schema, self._partition_values = pa.schema([]), [{} for _ in paths]
         else:
             types = partitioning if isinstance(partitioning, pa.Schema) else None
-            self._partition_schema, self._partition_values = discover_partitions(base, paths, types)
+            self._partition_schema, self._partition_values = discover_partitions(hive_base(base), paths, types)
 
     # -- facts from footers -------------------------------------------------
     @property
@@ -759,7 +759,7 @@ class FileSource(PicklableLock, Source):
             sub._partition_values = [{} for _ in paths]
         else:
             types = self._partitioning if isinstance(self._partitioning, pa.Schema) else None
-            sub._partition_schema, sub._partition_values = discover_partitions(self.base, paths, types)
+            sub._partition_schema, sub._partition_values = discover_partitions(hive_base(self.base), paths, types)
         same = sub._partition_schema.equals(self._partition_schema)
         sub._facts = None
         sub._checks = {}

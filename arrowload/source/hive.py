@@ -26,6 +26,17 @@ _BIGINT = re.compile(r"^\s*(-\d+|0|[1-9]\d*|-?0[xX][0-9a-fA-F]+|-?0[bB][01]+)\s*
 _TIME = re.compile(r"[T ]\d|:")
 
 
+def hive_base(base: str) -> str:
+    """``base`` above the ``key=value`` folders it ends in: where a lake's partition folders
+    start when the dataset names one partition's folder or files (``lake/n=1/``,
+    ``lake/n=1/d=x/f.parquet``). Its partition columns are then the same as the whole
+    lake's, as DuckDB gives them, whichever part of it the paths name."""
+    parts = base.rstrip("/").split("/")
+    while len(parts) > 1 and "=" in parts[-1] and not parts[-1].startswith("="):
+        parts.pop()
+    return "/".join(parts) if base.rstrip("/") else base
+
+
 def parse_partition(base: str, path: str) -> list[tuple[str, str | None]]:
     """``key=value`` folders between ``base`` and the file, outermost first; values as
     they stand in the path (still URL-encoded), the default partition None."""
