@@ -131,6 +131,7 @@ def fit_frame(frame, width: int, *, dtypes: bool = True, str_len: int = 32,
     if not isinstance(frame, pl.DataFrame):
         from .convert.polars_frame import displayable
         frame = pl.from_arrow(displayable(frame))
+    frame = _visible(frame)
     total = frame.width
     if total == 0:
         return _render(frame, cols=-1, dtypes=dtypes, str_len=str_len, list_len=list_len), 0
@@ -153,6 +154,28 @@ def fit_frame(frame, width: int, *, dtypes: bool = True, str_len: int = 32,
         if best is not None:
             return best
     return text, 1  # pragma: no cover - one column of 8 characters fits 40 columns
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(text: str | None) -> str | None:
+    """``text`` with control characters as escapes (``\\n``, ``\\x1b``): printed raw, a newline
+    split a row in two and an ANSI escape recoloured the terminal."""
+    if text is None or not _CONTROL.search(text):
+        return text
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def _visible(frame):
+    """``frame`` with control characters in its names and top-level string cells escaped."""
+    import polars as pl
+    strings = [c for c, t in frame.schema.items() if t == pl.String]
+    if strings:
+        frame = frame.with_columns(pl.col(c).map_elements(_escaped, return_dtype=pl.String, skip_nulls=True)
+                                   for c in strings)
+    names = {c: _escaped(c) for c in frame.columns if _CONTROL.search(c)}
+    return frame.rename(names) if names else frame
 
 
 def fit_table(frame, width: int, *, drop: tuple[str, ...] = (), drop_late: tuple[str, ...] = (),

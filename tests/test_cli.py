@@ -430,3 +430,17 @@ def test_cli_error_lines_speak_cli(run, parquet_lake):
     assert not any(ord(ch) < 32 for ch in err) and len(err) < 1000
     err = _error_line(run("sql", "SELECT id FROM events WHERE", "--table", f"events={parquet_lake}", rc=2))
     assert "WHERE needs a condition after it" in err
+
+
+def test_head_prints_control_characters_as_escapes(capsys, tmp_path):
+    """Cells went to the terminal raw: an ANSI escape recoloured it and a newline split one
+    row into two lines that looked like two rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(pa.table({"s": ["ok", "red\x1b[31mX", "two\nlines", None], "n": [1, 2, 3, 4]}), path)
+    assert cli.main(["head", path]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "red\\x1b[31mX" in out and "two\\nlines" in out
+    rows = [line for line in out.splitlines() if line.startswith("│") and line.rstrip("│ ").split("┆")[-1].strip().isdigit()]
+    assert len(rows) == 4, out
