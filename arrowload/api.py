@@ -363,9 +363,13 @@ class Dataset:
         lines += ["", "== rules (al.OptimizerOptions flags) ==", "  applied: " + (", ".join(changed) or "none")]
         if off:
             lines.append("  switched off: " + ", ".join(off))
+        under_duckdb = {id(s) for node in walk(final) if isinstance(node, SqlQuery) for s in scans(node)}
         for i, s in enumerate(scans(final)):
             lines += ["", f"== scan {i} ({s.source.kind}: {s.source.display}) =="]
             lines += _explain.render_scan_stats(s)
+            if id(s) in under_duckdb and s.projection is None and s.predicate is None:
+                lines.append("  (what the plan keeps; DuckDB pushes the query's own filters and columns into "
+                             "this scan as it runs, pruning files and row groups: see its plan below)")
         for node in walk(final):
             if isinstance(node, SqlQuery):
                 from .scan.duck import explain as duck_explain

@@ -112,7 +112,8 @@ def render_scan_stats(scan: Scan) -> list[str]:
         f"  files       {s['files'][0]:,} of {s['files'][1]:,}",
         f"  {unit_name:<11} {s['units'][0]:,} of {s['units'][1]:,}",
         f"  columns     {s['columns'][0]:,} of {s['columns'][1]:,} read: {', '.join(scan.read_columns)}",
-        f"  bytes       ~{_fmt_bytes(kb)} of {_fmt_bytes(tb)}{pct} (compressed, from footers)",
+        f"  bytes       ~{_fmt_bytes(kb)} of {_fmt_bytes(tb)}{pct} "
+        + ("(compressed column chunks, from footers)" if scan.source.kind == "parquet" else "(whole files)"),
     ]
     if s["rows"] is not None:
         lines.append(f"  rows        {s['rows']:,} before the filter" if scan.predicate is not None
