@@ -307,7 +307,8 @@ def loader_lines(loader) -> list[tuple[str, str]]:
     o = loader.options
     rows: list[tuple[str, str]] = []
     try:
-        window = f", window of {o.shuffle_window} units" if loader.shuffle_kind == "block" else ""
+        from .tables import fmt_count
+        window = f", window of {fmt_count(o.shuffle_window, 'unit')}" if loader.shuffle_kind == "block" else ""
         rows.append(("shuffle", f"{loader.shuffle_kind}{window} (seed {o.seed})"))
         rows.append(("rows", f"{fmt_int(loader.num_rows)} selected; rank {loader.rank} of {loader.world_size}"))
         rows.append(("batches", f"{fmt_int(len(loader))} per epoch of {o.batch_size:,} rows "

@@ -496,7 +496,13 @@ def _take_into(out: np.ndarray, views: list[np.ndarray], groups) -> None:
 def _widths_differ(name: str, a: tuple, b: tuple) -> None:
     """Refuse a batch whose parts' lists of column ``name`` have other widths (shapes ``a``,
     ``b``): the same error as between batches (``preflight.ListWidths``)."""
-    from .preflight import _fix
     raise ConversionError(f"column {name!r} is a variable-length list whose lists have {b[1]} values in one "
                           f"part of this batch and {a[1]} in another, which gives no rectangular batch; "
-                          f"{_fix(name, max(a[1], b[1]))}", column=name)
+                          f"{pad_fix(name, max(a[1], b[1]))}", column=name)
+
+
+def pad_fix(name: str, longest: int | None = None) -> str:
+    """What to do about list column ``name`` whose lists differ in length (or are null)."""
+    width = str(longest) if longest else "N"
+    return (f"pass pad_lists=True, pad_to={width} (or pad_lists=({name!r},)) to pad it with pad_value "
+            f"and get '{name}_lengths', or make it a fixed-size list in the plan")

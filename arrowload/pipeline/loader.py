@@ -696,8 +696,9 @@ class Loader:
 
     def _describe(self) -> str:
         from ..display import loader_epoch_text, loader_layout
+        from ..tables import fmt_count
         o = self.options
-        window = f", window {o.shuffle_window} units" if self.shuffle_kind is ShuffleKind.BLOCK else ""
+        window = f", window {fmt_count(o.shuffle_window, 'unit')}" if self.shuffle_kind is ShuffleKind.BLOCK else ""
         resumed = " (a loaded state's files)" if self._dataset is not self._origin else ""
         layout = [k.text() for k in loader_layout(self)] or ["(unknown until the first batch)"]
         lines = [
@@ -709,7 +710,7 @@ class Loader:
             *(f"               {t}" for t in layout[1:]),
             f"  epoch        {loader_epoch_text(self)}",
             *self._elastic_lines(),
-            f"  source       {self.source_kind}, {len(self._source.counts):,} units",
+            f"  source       {self.source_kind}, {fmt_count(len(self._source.counts), 'unit')}",
             f"  snapshot     {self.snapshot_id}{resumed}",
             f"  output       {o.output} (device {o.device})",
             *([f"  to device    {self._device_stage.describe()}"] if self._device_stage is not None else []),

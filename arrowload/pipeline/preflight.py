@@ -30,19 +30,13 @@ from ..convert.host import _check_names, _fill_for, array_valued, arrow_scalar, 
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError, InvalidArgumentError
 from ..plan.nodes import Plan, Scan
-from .chunks import _varlist
+from .chunks import _varlist, pad_fix as _fix
 from .collate import resolve_stack
 
 
 def unpadded_lists(schema: pa.Schema, opts: ConvertOptions) -> tuple[str, ...]:
     """Variable-length list columns that convert as ``[batch, k]`` (not padded)."""
     return tuple(f.name for f in schema if _varlist(f.type) and array_valued(f.type) and not opts.pads(f.name))
-
-
-def _fix(name: str, longest: int | None = None) -> str:
-    width = str(longest) if longest else "N"
-    return (f"pass pad_lists=True, pad_to={width} (or pad_lists=({name!r},)) to pad it with pad_value "
-            f"and get '{name}_lengths', or make it a fixed-size list in the plan")
 
 
 def check_plan(schema: pa.Schema, plan: Plan, opts: ConvertOptions, stack: Mapping[str, Any] | None) -> None:
