@@ -884,3 +884,24 @@ def test_split_conjuncts_are_evaluated_as_written(tmp_path, where):
         assert sorted(ds.filter(where).to_arrow()["id"].to_pylist()) == want, optimizer
         got = al.sql(f"SELECT id FROM t WHERE {where}", t=ds).to_arrow()["id"].to_pylist()
         assert sorted(got) == want, optimizer
+
+
+@pytest.mark.parametrize("where", [
+    "x = -12345678901234567890.123456789012345678",
+    "x IN (-12345678901234567890.123456789012345678)",
+    "x NOT IN (-12345678901234567890.123456789012345678)",
+    "x < -12345678901234567890.12345678901234567",
+    "-(x) = 12345678901234567890.123456789012345678",
+])
+def test_negative_decimal_literals_keep_all_their_digits(tmp_path, where):
+    """Decimal's unary minus rounds to 28 digits: a negative DECIMAL(38, 18) literal lost
+    its last digits, so '=' found no row and NOT IN kept the row it names. Truth: DuckDB."""
+    from decimal import Decimal
+    table = pa.table({"x": pa.array([Decimal("-12345678901234567890.123456789012345678"), Decimal("1.5"),
+                                     Decimal("-12345678901234567890.123456789012345679")], pa.decimal128(38, 18))})
+    pq.write_table(table, str(tmp_path / "t.parquet"))
+    want = duckdb.sql(f"SELECT count(*) FROM '{tmp_path}/t.parquet' WHERE {where}").fetchall()[0][0]
+    for ds in (al.dataset(str(tmp_path / "t.parquet")), al.dataset(table)):
+        assert ds.filter(where).to_arrow().num_rows == want
+        assert ds.filter(where).count() == want
+    assert al.sql(f"SELECT x FROM t WHERE {where}", t=table).to_arrow().num_rows == want

@@ -88,7 +88,7 @@ def _number(node) -> Decimal | None:
         return None
     if not v.is_finite():
         return None
-    return -v if neg else v
+    return v.copy_negate() if neg else v  # (unary minus rounds to 28 digits)
 
 
 def _string(node) -> str | None:

@@ -470,7 +470,10 @@ class Compiler:
     def visit_Neg(self, node):
         inner = self.visit(node.this)
         if inner.is_literal and inner.value is not None:
-            return Typed(None, inner.type, -inner.value)
+            value = inner.value
+            # Decimal's unary minus rounds to the context's 28 digits: a DECIMAL(38, 18)
+            # literal lost its last digits and compared unequal
+            return Typed(None, inner.type, value.copy_negate() if isinstance(value, Decimal) else -value)
         e = pc.negate_checked(_as_expr(inner))
         return Typed(e, inner.type)
 
