@@ -283,6 +283,9 @@ def _sql(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    if args.batch_size is None and (args.fill_null is not None or args.shuffle != "none"):
+        given = "--fill-null" if args.fill_null is not None else "--shuffle"
+        raise _UsageError(f"{given} describes a loader: pass --batch-size N to explain one")
     ds = _selection(args)
     if args.batch_size is not None:
         with ds.loader(args.batch_size, shuffle=_shuffle(args.shuffle),

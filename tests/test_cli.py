@@ -158,6 +158,9 @@ def test_arrowload_errors_exit_2_with_one_line(run, parquet_lake):
     (["head", "LAKE", "--columns", ""], "names no column"),
     (["head", "LAKE", "--columns", ","], "names no column"),
     (["demo", "--dir", "LAKE/part-00000.parquet", "--rows", "1000"], "is a file"),
+    # loader options without a loader were ignored
+    (["explain", "LAKE", "--fill-null", "0"], "pass --batch-size N"),
+    (["explain", "LAKE", "--shuffle", "global"], "pass --batch-size N"),
 ])
 def test_more_arrowload_errors(capsys, parquet_lake, argv, says):
     assert cli.main([a.replace("LAKE", parquet_lake) for a in argv]) == 2
