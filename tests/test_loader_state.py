@@ -333,3 +333,35 @@ def test_a_state_loads_whatever_the_lake_path_spelling(lake, cache, monkeypatch,
     shutil.copytree(lake, copy)
     with pytest.raises(al.StateMismatchError, match="snapshot: the data is not"):
         build(str(copy)).load_state_dict(state)
+
+
+@pytest.mark.parametrize("shuffle", [False, "block", "global"])
+def test_a_state_resumes_after_appended_files_add_a_numeric_column(tmp_path, shuffle):
+    """Files appended after a state was taken add a numeric column: a loader over the folder
+    needs fill_null for it (the old rows have none), and loading the state then raised
+    ColumnNotFoundError from that fill_null (the state's files lack the column). The fill
+    is left out while the loader reads the state's snapshot. Truth: the uninterrupted
+    epoch over the original files."""
+    import pyarrow.parquet as pq
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    pq.write_table(pa.table({"id": np.arange(300), "v": np.arange(300) % 5}), str(lake / "a.parquet"),
+                   row_group_size=50)
+    kw = dict(shuffle=shuffle, seed=3, cache_dir=str(tmp_path / "cache"))
+    whole = [int(i) for b in al.dataset(str(lake)).loader(32, **kw) for i in b["id"]]
+    loader = al.dataset(str(lake)).loader(32, **kw)
+    it = iter(loader)
+    seen = [int(i) for _ in range(2) for i in next(it)["id"]]
+    state = loader.state_dict()
+    loader.close()
+    pq.write_table(pa.table({"id": np.arange(1000, 1010), "v": np.arange(10) % 5, "w": np.arange(10.0)}),
+                   str(lake / "b.parquet"))
+    later = al.dataset(str(lake)).loader(32, fill_null={"w": 0.0}, **kw)
+    later.load_state_dict(state)
+    rest = [int(i) for b in later for i in b["id"]]
+    assert seen + rest == whole
+    # a name the state's data cannot give is a state mismatch, not a KeyError
+    stacked = al.dataset(str(lake)).loader(32, fill_null={"w": 0.0}, stack={"x": ["v", "w"]}, **kw)
+    with pytest.raises(al.StateMismatchError, match="added since"):
+        stacked.load_state_dict(state)
+    assert sum(len(b["x"]) for b in stacked) == 310  # it still reads its own data

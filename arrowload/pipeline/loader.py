@@ -31,7 +31,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..convert.batches import BatchOutput, concat_arrow
-from ..errors import ConversionError, InvalidArgumentError, LoaderClosedError, StateMismatchError
+from ..convert.host import restricted
+from ..errors import (ColumnNotFoundError, ConversionError, InvalidArgumentError, LoaderClosedError,
+                      StateMismatchError)
 from ..options import default_cache_dir
 from ..order import (EpochOrder, ShuffleKind, SourceShape, free_ranges, lane_rows, num_batches, plan_tasks,
                      rank_range, resume_ranges)
@@ -206,6 +208,7 @@ class Loader:
                                        fill_null=options.fill_null,
                                        device=None if self._device_stage or options.sharding is not None
                                        else options.device)
+        self._convert_given = self._convert  # (a loaded state's older snapshot may lack a named column)
         if self._convert.device is not None and options.output in ("torch", "jax"):
             from ..convert import _backend
             try:
@@ -684,7 +687,30 @@ class Loader:
                                           self._shuffle_kind(dataset.optimized_plan())),
                        [k for k in identity_keys(version) if k not in DATA])
         end_iterations(self._active, ENDED_BY_LOAD)
-        self._adopt(self._bind(dataset))
+        # fill_null / pad_lists entries naming columns added to the data after the state's
+        # snapshot have nothing to fill there: left out while the loader reads that snapshot
+        previous = self._convert
+        self._use_convert(restricted(self._convert_given, dataset.schema.names))
+        try:
+            bound = self._bind(dataset)
+        except ColumnNotFoundError as exc:
+            self._use_convert(previous)
+            raise StateMismatchError(f"snapshot: the state's data has no column the loader's options name "
+                                     f"({exc}); it was added since. Build the loader without naming it "
+                                     "to resume the state") from None
+        except BaseException:
+            self._use_convert(previous)
+            raise
+        self._adopt(bound)
+
+    def _use_convert(self, conv) -> None:
+        """Convert batches by ``conv`` from now on (what a rebind to another snapshot needs)."""
+        if conv is self._convert:
+            return
+        self._convert = conv
+        self._output.convert = conv
+        if self._chunks is not None:
+            self._chunks = ChunkConverter(conv, self.options.stack, self._pool)
 
     # -- introspection -------------------------------------------------------------
     def stats(self) -> LoaderStats:
