@@ -590,7 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
     head = sub.add_parser("head", help="print the first rows of a selection",
                           description="Print the first rows, reading as little as possible.")
     _add_selection(head)
-    head.add_argument("-n", type=_positive_int, default=10, metavar="N", help="rows to print (default 10)")
+    head.add_argument("-n", type=lambda text: _positive_int(text, 0), default=10, metavar="N",
+                      help="rows to print (default 10; 0 prints the columns alone)")
     head.set_defaults(func=_head)
 
     sql = sub.add_parser("sql", help="run a SQL query over datasets bound with --table",

@@ -82,6 +82,9 @@ def test_head(run, parquet_lake):
            if line.startswith("│ ") and line.split("┆")[0].strip("│ ").isdigit()]
     assert ids == [100, 101, 102]
     assert "f0" in out and "country" not in out
+    # -n 0 (ds.head(0)): the columns alone; the CLI refused it
+    out = run("head", parquet_lake, "-n", "0", "--columns", "id,f0").stdout
+    assert "(0 rows)" in out and "f0" in out
 
 
 def test_sql_prints_the_result(run, parquet_lake):
