@@ -615,3 +615,33 @@ def test_a_hit_for_a_dataset_whose_files_changed_is_a_snapshot_change(tmp_path):
     with pytest.raises(al.SnapshotChangedError):
         ds.cache(root).to_arrow()
     assert al.dataset(str(lake)).filter("id % 2 = 0").select("id").cache(root).count() == 200
+
+
+def test_in_memory_dictionaries_are_part_of_the_cache_key(tmp_path):
+    """The key of in-memory data hashed each column's buffers, which for a dictionary
+    column are its indices only: a table of the same indices over another dictionary (two
+    polars Categorical frames) read the first one's cached rows."""
+    first = pa.table({"d": pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), pa.array(["a", "b"]))})
+    second = pa.table({"d": pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), pa.array(["x", "y"]))})
+    nested = pa.table({"s": pa.StructArray.from_arrays([second["d"].chunk(0)], ["d"])})
+    cache = str(tmp_path / "cache")
+    assert al.dataset(first).cache(cache, format="ipc").to_arrow()["d"].to_pylist() == ["a", "b", "a"]
+    assert al.dataset(second).cache(cache, format="ipc").to_arrow()["d"].to_pylist() == ["x", "y", "x"]
+    nested_first = pa.table({"s": pa.StructArray.from_arrays([first["d"].chunk(0)], ["d"])})
+    assert al.dataset(nested_first).cache(cache, format="ipc").to_arrow()["s"].to_pylist()[0] == {"d": "a"}
+    assert al.dataset(nested).cache(cache, format="ipc").to_arrow()["s"].to_pylist()[0] == {"d": "x"}
+
+
+def test_a_delta_table_written_again_is_not_read_from_the_old_tables_cache(tmp_path):
+    """A Delta table's snapshot id is its URI and version: a table deleted and written again
+    starts at version 0 once more, and its cache() read the old table's rows. The key holds
+    the table's files too. Truth: deltalake's read."""
+    import shutil
+    deltalake = pytest.importorskip("deltalake")
+    path, cache = str(tmp_path / "events"), str(tmp_path / "cache")
+    deltalake.write_deltalake(path, pa.table({"x": [1, 2, 3]}))
+    assert al.delta(path).cache(cache).to_arrow()["x"].to_pylist() == [1, 2, 3]
+    shutil.rmtree(path)
+    deltalake.write_deltalake(path, pa.table({"x": [100, 200]}))
+    want = sorted(deltalake.DeltaTable(path).to_pyarrow_table()["x"].to_pylist())
+    assert sorted(al.delta(path).cache(cache).to_arrow()["x"].to_pylist()) == want == [100, 200]

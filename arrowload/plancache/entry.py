@@ -22,6 +22,7 @@ import os
 import time
 from datetime import datetime, timezone
 
+import pyarrow as pa
 
 from ..errors import ArrowloadError, CacheLockTimeoutError, UncacheablePlanError
 from ..options import Options
@@ -78,6 +79,11 @@ def _snapshot_key(plan: Plan) -> str:
             part = "memory:" + _memory_digest(src)
         else:
             part = "source:" + src.snapshot_id
+            files = getattr(src, "files_id", None)
+            if files is not None and files != src.snapshot_id:
+                # a lake table's id is its URI and version: a table deleted and written again
+                # starts at version 0 once more, with other files
+                part += "\n" + files
         h.update(part.encode() + b"\n")
     return h.hexdigest()[:32]
 
@@ -87,10 +93,33 @@ def _memory_digest(src: MemorySource) -> str:
     h = hashlib.sha256(src.schema.to_string().encode())
     for batch in src.dataset(None).to_batches():
         for col in batch.columns:
-            h.update(f"{col.offset}:{len(col)}".encode())
-            for buf in col.buffers():
-                h.update(b"-" if buf is None else memoryview(buf))
+            _digest_array(h, col)
     return h.hexdigest()[:32]
+
+
+def _digest_array(h, arr: pa.Array) -> None:
+    """``arr``'s buffers (its children's included) and its dictionaries' into ``h``: an
+    array's ``buffers()`` holds a dictionary's indices, not its values (two tables of the
+    same indices over other dictionaries read each other's cache)."""
+    h.update(f"{arr.offset}:{len(arr)}".encode())
+    for buf in arr.buffers():
+        h.update(b"-" if buf is None else memoryview(buf))
+    for dictionary in _dictionaries(arr):
+        h.update(b"dictionary")
+        _digest_array(h, dictionary)
+
+
+def _dictionaries(arr: pa.Array):
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        yield arr.dictionary
+    elif isinstance(t, pa.BaseExtensionType):
+        yield from _dictionaries(arr.storage)
+    elif pa.types.is_struct(t):
+        for k in range(t.num_fields):
+            yield from _dictionaries(arr.field(k))
+    elif hasattr(arr, "values") and hasattr(t, "value_type"):  # lists, maps
+        yield from _dictionaries(arr.values)
 
 
 def summarize(plan: Plan, width: int = 240) -> str:

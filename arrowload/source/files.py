@@ -722,8 +722,14 @@ class FileSource(PicklableLock, Source):
         """``files:`` and a digest of the files (paths relative to the root, sizes,
         modification times, identities); see snapshot.py. No I/O."""
         if self._snapshot_id is None:
-            self._snapshot_id = snapshot_id(self.kind, self._files())
+            self._snapshot_id = self.files_id
         return self._snapshot_id
+
+    @property
+    def files_id(self) -> str:
+        """The digest of this source's files (``snapshot_id`` of plain files; a lake table's
+        snapshot id names its version instead). No I/O."""
+        return snapshot_id(self.kind, self._files())
 
     def snapshot(self) -> dict:
         """The files of this snapshot as plain data (rows where footers were read)."""
