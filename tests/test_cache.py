@@ -645,3 +645,22 @@ def test_a_delta_table_written_again_is_not_read_from_the_old_tables_cache(tmp_p
     deltalake.write_deltalake(path, pa.table({"x": [100, 200]}))
     want = sorted(deltalake.DeltaTable(path).to_pyarrow_table()["x"].to_pylist())
     assert sorted(al.delta(path).cache(cache).to_arrow()["x"].to_pylist()) == want == [100, 200]
+
+
+def test_sql_that_reads_files_itself_is_not_cached_without_a_key(tmp_path):
+    """A cached al.sql query reading files through read_parquet(...) beside its bound table
+    was keyed on the bound table alone: files appended to the folder it reads were never
+    seen (the cache answered (3, 6) where DuckDB answers (5, 36)). It is refused without
+    key=, and cached under the key the user gives."""
+    folder = tmp_path / "side"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": [1, 2, 3]}), str(folder / "a.parquet"))
+    t = al.dataset(pa.table({"k": [1]}))
+    query = f"SELECT count(*) AS n, sum(x) AS s FROM read_parquet('{folder}/*.parquet'), t"
+    cache = str(tmp_path / "cache")
+    with pytest.raises(al.UncacheablePlanError, match="reads data by itself"):
+        al.sql(query, t=t).cache(cache)
+    assert al.sql(query, t=t).cache(cache, key="v1").to_arrow().to_pylist() == [{"n": 3, "s": 6}]
+    # bound tables alone (and the sandboxed form) stay cacheable
+    assert al.sql("SELECT k + 1 AS j FROM t", t=t).cache(cache).to_arrow().to_pylist() == [{"j": 2}]
+    assert al.sql("SELECT count(*) AS n FROM t", t=t, external_access=False).cache(cache).to_arrow()["n"].to_pylist() == [1]

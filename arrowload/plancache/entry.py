@@ -49,6 +49,15 @@ def check_cacheable(plan: Plan, key: str | None) -> None:
     only (``plan/fingerprint.py``), which stays the same when its code changes."""
     if key is not None:
         return
+    from ..plan.nodes import SqlQuery
+    from ..scan.duck import reads_outside
+    outside = [n for n in walk(plan) if isinstance(n, SqlQuery) and reads_outside(n)]
+    if outside:
+        raise UncacheablePlanError(
+            "cannot cache this plan: its SQL reads data by itself (read_parquet(...), a quoted file path, "
+            "the environment ...) beside its bound tables, and a cache keyed on the bound tables would "
+            "serve stale rows when that data changes. Bind the data as a table (al.sql(query, name="
+            "al.dataset(...))), or pass the version of the whole plan: .cache(key='v1')")
     unnamed = [n for n in walk(plan) if isinstance(n, Map) and not n.name]
     if unnamed:
         fn = unnamed[0].fn

@@ -326,6 +326,25 @@ def result_schema(node: Query, reader: PlanReader) -> pa.Schema:
         con.close()
 
 
+def reads_outside(node: SqlQuery) -> bool:
+    """Whether ``node``'s query reads more than its bound tables: files through
+    ``read_parquet(...)`` or a quoted path, the environment, the network -- what DuckDB's
+    sandbox refuses where the query is bound without external access (over empty tables:
+    nothing is read). No source arrowload knows keys such a query's answer."""
+    if not node.external_access:
+        return False
+    con = connect(False)
+    try:
+        for name, child in zip(node.names, node.tables):
+            con.register(name, _bound_empty(child.schema))
+        con.sql(f"SELECT * FROM ({node.query}) AS q LIMIT 0").columns
+        return False
+    except _errors() as exc:
+        return isinstance(exc, _duckdb().PermissionException) or bool(_SANDBOX_REFUSALS.search(str(exc)))
+    finally:
+        con.close()
+
+
 def output_names(tree, schema: pa.Schema, query: str | None = None) -> list[str] | None:
     """The names DuckDB gives the select list of a one-table ``tree`` over ``schema``
     (``(price * 2)``, ``CAST("label" AS DOUBLE)`` ...), found by binding it over an empty
