@@ -664,3 +664,23 @@ def test_sql_that_reads_files_itself_is_not_cached_without_a_key(tmp_path):
     # bound tables alone (and the sandboxed form) stay cacheable
     assert al.sql("SELECT k + 1 AS j FROM t", t=t).cache(cache).to_arrow().to_pylist() == [{"j": 2}]
     assert al.sql("SELECT count(*) AS n FROM t", t=t, external_access=False).cache(cache).to_arrow()["n"].to_pylist() == [1]
+
+
+def test_a_cached_dataset_checks_its_source_before_every_read(tmp_path):
+    """The source was checked only when the cached dataset was first opened: after its file
+    was rewritten, the same cached dataset kept answering the old rows where the dataset
+    itself raises SnapshotChangedError. Truth: pyarrow's read of the rewritten file."""
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    pq.write_table(pa.table({"x": [1, 2, 3]}), str(lake / "p0.parquet"))
+    cache = str(tmp_path / "cache")
+    cached = al.dataset(str(lake)).filter("x > 1").cache(cache)
+    assert cached.to_arrow()["x"].to_pylist() == [2, 3]
+    time.sleep(0.01)  # (a distinct modification time)
+    pq.write_table(pa.table({"x": [5, 6, 7]}), str(lake / "p0.parquet"))
+    with pytest.raises(al.SnapshotChangedError, match="p0.parquet"):
+        cached.to_arrow()
+    with pytest.raises(al.SnapshotChangedError):
+        cached.count()
+    want = [x for x in pq.read_table(str(lake / "p0.parquet"))["x"].to_pylist() if x > 1]
+    assert al.dataset(str(lake)).filter("x > 1").cache(cache).to_arrow()["x"].to_pylist() == want

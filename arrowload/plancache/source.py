@@ -98,6 +98,18 @@ class CachedSource(FileSource):
             self._opened = True
             return commit
 
+    def verify(self) -> None:
+        """Before every read (``Dataset._verify``), not only the first: the data the entry is
+        keyed by is still there, as the plan's own reads check it (a cached dataset kept
+        answering from the old rows after its source's files were rewritten, where the
+        dataset itself raises ``SnapshotChangedError``); then the entry's own files."""
+        for scan in scans(self.entry.plan):
+            verify = getattr(scan.source, "verify", None)
+            if verify is not None:
+                verify()
+        if self._opened:
+            FileSource.verify(self)
+
     def _label(self) -> str:
         return f"plan cache {self.entry.key[:12]} ({self.entry.url})"
 
