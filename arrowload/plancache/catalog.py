@@ -109,6 +109,8 @@ def clear_cache(uri: str | None = None, *, keys: list[str] | tuple[str, ...] | N
             continue
         if cutoff is not None and e.state == "committed" and e.written_at is not None and e.written_at > cutoff:
             continue
+        if e.state != "committed" and looks_live(store, store.join("plans", e.key, LOCK_NAME)):
+            continue  # a writer took the crashed writer's entry over since it was listed
         store.delete(store.join("plans", e.key, COMMIT_NAME))
         store.remove_tree(store.join("plans", e.key))
         removed.append(e)
