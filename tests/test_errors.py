@@ -612,3 +612,22 @@ def test_limit_accepts_numpy_integers(small):
     assert d.limit(np.int64(2)).to_arrow().equals(pq.read_table(path).slice(0, 2))
     assert d.head(np.int32(3)).equals(pq.read_table(path).slice(0, 3))
     assert al.ScanOptions(io_threads=np.int64(2)).io_threads == 2
+
+
+def test_a_map_whose_empty_output_is_untyped_is_a_schema_mismatch_naming_the_fix(tmp_path):
+    """A map without output_schema building a column from Python lists is null-typed on
+    the empty batch the plan's schema comes from; on data it is int64, and to_arrow() raised
+    pyarrow's ArrowInvalid, cache() its ArrowNotImplementedError. Both are the
+    SchemaMismatchError that says to pass output_schema, which then works."""
+    ds = al.dataset(pa.table({"x": [1, 2, 3]}))
+
+    def fn(b):
+        return pa.RecordBatch.from_pydict({"y": [v * 100 for v in b.column("x").to_pylist()]})
+
+    untyped = ds.map(fn, name="fn-v2")
+    with pytest.raises(al.SchemaMismatchError, match="output_schema"):
+        untyped.to_arrow()
+    with pytest.raises(al.SchemaMismatchError, match="output_schema"):
+        untyped.cache(str(tmp_path / "cache")).to_arrow()
+    typed = ds.map(fn, name="fn-v2", output_schema=pa.schema([("y", pa.int64())]))
+    assert typed.to_arrow()["y"].to_pylist() == [100, 200, 300]

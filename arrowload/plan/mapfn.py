@@ -27,13 +27,26 @@ def as_record_batch(out, what: str) -> pa.RecordBatch:
     return out
 
 
-def apply_map(node, batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``node.fn`` (of a ``Map`` node) over ``batch``, checked against its ``output_schema``."""
+def apply_map(node, batch: pa.RecordBatch, inferring: bool = False) -> pa.RecordBatch:
+    """``node.fn`` (of a ``Map`` node) over ``batch``, checked against its ``output_schema``,
+    or without one against what it returned on an empty batch (the plan's schema; found
+    here with ``inferring``)."""
     if node.columns is not None:
         batch = batch.select(list(node.columns))
     what = f"map function {node.name or node.fn!r}"
     out = as_record_batch(node.fn(batch), what)
     declared = node.output_schema
+    if declared is None and not inferring:
+        inferred = node.schema
+        if not out.schema.equals(inferred):
+            if [(f.name, f.type) for f in out.schema] == [(f.name, f.type) for f in inferred]:
+                return pa.RecordBatch.from_arrays(out.columns, schema=inferred)
+            raise SchemaMismatchError(
+                f"{what} returned columns ({_fields(out.schema)}) that differ from what it returns on an "
+                f"empty batch ({_fields(inferred)}), which is the plan's schema without output_schema "
+                "(a column built from Python lists is null-typed when empty); pass "
+                "map(..., output_schema=pa.schema([...])) or build typed columns (pa.array(v, type=...))")
+        return out
     if declared is not None and not out.schema.equals(declared):
         if [(f.name, f.type) for f in out.schema] == [(f.name, f.type) for f in declared]:
             return pa.RecordBatch.from_arrays(out.columns, schema=declared)  # nullability, metadata

@@ -232,7 +232,7 @@ class Map(Plan):
     def schema(self):
         if self.output_schema is not None:
             return self.output_schema
-        return apply_map(self, empty_batch(self.input_schema)).schema
+        return apply_map(self, empty_batch(self.input_schema), inferring=True).schema
 
 
 @dataclass(frozen=True, eq=False)
