@@ -147,6 +147,39 @@ def test_jax_sharding_places_batches(ds, tmp_path):
                                   np.arange(1000) % 2)
 
 
+def test_jax_sharding_that_cannot_split_an_elastic_resumes_last_batch_is_refused_at_load(tmp_path):
+    """A 2-rank loader of batch 50 over 2,300 rows splits every batch on 2 devices; a state
+    taken at 3 ranks after one batch lays the rest out anew, with a last batch of 25 rows:
+    jax raised its IndivisibleError there, mid-epoch. The load is refused
+    (InvalidArgumentError naming sharding=), and the loader goes on as it was."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent(f"""
+        import os
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax, numpy as np, pyarrow as pa, pyarrow.parquet as pq
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+        import arrowload as al
+        pq.write_table(pa.table({{"id": np.arange(2300)}}), {str(tmp_path / "a.parquet")!r}, row_group_size=97)
+        ds = al.dataset({str(tmp_path / "a.parquet")!r})
+        cache = {str(tmp_path / "c")!r}
+        sh = NamedSharding(Mesh(np.array(jax.devices()), ("batch",)), P("batch"))
+        old = ds.loader(50, rank=0, world_size=3, cache_dir=cache)
+        it = iter(old); next(it); state = old.state_dict(); old.close()
+        loader = ds.loader(50, rank=0, world_size=2, output="jax", sharding=sh, cache_dir=cache)
+        try:
+            loader.load_state_dict(state)
+        except al.InvalidArgumentError as exc:
+            print("refused", "sharding" in str(exc))
+        print(sum(len(b["id"]) for b in loader))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["refused", "True", "1150"], out.stdout
+
+
 def test_jax_sharding_that_cannot_split_a_batch_is_refused_when_built(tmp_path):
     """A mesh of 2 devices and a batch of 255 rows, or 2,999 rows whose last batch has 183:
     jax raised its own IndivisibleError at that batch, the last one after an epoch of

@@ -818,6 +818,30 @@ def test_a_checkpoint_taken_while_dataloader_workers_read(lakes, shared_cache, k
         loader.state_dict(dataloader_batches=len(own) - loaded + 1)
 
 
+def test_a_second_checkpoint_after_a_resume_with_no_dataloader_workers(lakes, shared_cache):
+    """With num_workers=0 the DataLoader iterates the loader itself, which used up the
+    loaded position: after a resume and 3 more batches, state_dict(dataloader_batches=3)
+    said the loaded epoch's 3rd batch, not 5 + 3, and resuming it read 4 batches twice.
+    Truth: the loader iterated 8 batches in this process."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    def build():
+        return selection(lakes["small_rg"], FILTERS["some"]).loader(
+            64, shuffle="global", seed=4, output="torch", cache_dir=shared_cache)
+    own = [b["id"].clone() for b in build()]
+    loader = build()
+    loader.load_state_dict(state_after(build(), 5))
+    it = iter(DataLoader(loader.torch_dataset(), batch_size=None, num_workers=0))
+    seen = [next(it)["id"] for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(own[5:8], seen))
+    state = loader.state_dict(dataloader_batches=3)
+    assert state == state_after(build(), 8) == loader.state_dict()
+    resumed = build()
+    resumed.load_state_dict(state)
+    assert [b["id"].tolist() for b in resumed] == [b.tolist() for b in own[8:]]
+
+
 def test_persistent_dataloader_workers_follow_set_epoch(lakes, shared_cache):
     """Workers kept across epochs (persistent_workers=True) hold the loader they started
     with: they follow set_epoch (on the dataset or the loader) through shared memory, and a

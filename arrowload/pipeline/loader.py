@@ -233,6 +233,9 @@ class Loader:
                                                                       options.batch_size])
         self.epoch = 0
         self._start = 0
+        #: where the DataLoader batches ``state_dict(dataloader_batches=k)`` counts start: the
+        #: loaded position (and its segments), or where the last in-process pass began
+        self._dl_base: tuple[int, tuple] = (0, ())
         self._position = 0
         self._batches_done = 0
         #: the earlier segments of this epoch the current (or last) iteration is laid out after,
@@ -394,6 +397,7 @@ class Loader:
             self._position = 0
             self._batches_done = 0
             self._segments = self._next_segments = ()
+            self._dl_base = (0, ())
         post(self)
 
     # -- wiring the stages -------------------------------------------------------------
@@ -535,6 +539,8 @@ class Loader:
         ranges = self._rest(self._segments, self._position)
         self._batches_done = batches_for(self._position, self.options.batch_size)
         self._start = 0
+        # a DataLoader without workers iterates this loader itself: its batches count from here
+        self._dl_base = (self._position, self._segments)
         return self._iterate(list(ranges), track=True)
 
     def _lane_rows(self, segments: tuple) -> int:
@@ -614,12 +620,13 @@ class Loader:
         """The position after ``k`` batches of the DataLoader iteration ``_worker_iter``
         lays out (from the loaded position, batch by batch of the rest of the lane)."""
         b = self.options.batch_size
-        start = min(self._start, self._lane_rows(self._next_segments))
-        n = sum(q - p for p, q in self._rest(self._next_segments, start))
+        base, segments = self._dl_base
+        start = min(base, self._lane_rows(segments))
+        n = sum(q - p for p, q in self._rest(segments, start))
         k = _arguments.integer("dataloader_batches", k, low=0, high=-(-n // b),
                                what=f"the batches taken from the DataLoader this epoch (0 .. {-(-n // b)})")
         position = start + min(k * b, n)
-        return Position(self.epoch, position, batches_for(position, b), self._next_segments)
+        return Position(self.epoch, position, batches_for(position, b), segments)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields exactly the batches after ``state``'s position
@@ -647,9 +654,16 @@ class Loader:
         if version >= 3 and not self._reads_as(state):
             self._go_to_snapshot(state, version)
         at = read_state(state, self._identity(version), self.world_size, self.rank)
+        if self.options.sharding is not None and at.segments:
+            # an elastic resume lays out the rest of the epoch anew: its last batch, checked
+            # as the built loader's was (jax refused it mid-epoch)
+            b = self.options.batch_size
+            rest = sum(q - p for p, q in self._rest(at.segments, min(at.position, self._lane_rows(at.segments))))
+            check_sharding(self.options.sharding, [b] + ([rest % b or b] if rest else []))
         end_iterations(self._active, ENDED_BY_LOAD)  # (its batches would move the loaded position)
         self.epoch = at.epoch
         self._start = at.position
+        self._dl_base = (at.position, at.segments)
         self._position = at.position
         self._batches_done = at.batches
         self._segments = self._next_segments = at.segments
