@@ -134,6 +134,16 @@ def test_rank_from_a_bad_environment_is_a_typed_error(monkeypatch):
     monkeypatch.setenv("RANK", "2")
     with pytest.raises(al.InvalidArgumentError, match="RANK / WORLD_SIZE"):
         al.dataset(TABLE).loader(10)
+    # one without the other read as rank 0 (WORLD_SIZE alone: every process the same rows)
+    # or as the only process (RANK alone)
+    monkeypatch.delenv("RANK")
+    with pytest.raises(al.InvalidArgumentError, match="not RANK"):
+        al.dataset(TABLE).loader(10)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(al.InvalidArgumentError, match="not WORLD_SIZE"):
+        al.dataset(TABLE).loader(10)
+    assert al.dataset(TABLE).loader(10, rank=1, world_size=2).rank == 1  # given: the environment is not asked
 
 
 def test_set_epoch_checks_its_argument():

@@ -127,8 +127,14 @@ def _distributed_defaults() -> tuple[int, int]:
             pass
     rank = os.environ.get("RANK")
     world = os.environ.get("WORLD_SIZE")
+    if (rank is None) != (world is None):
+        # one without the other: every process would read as rank 0 (WORLD_SIZE alone: the
+        # same rows in each) or as the only one (RANK alone)
+        have, missing = ("RANK", "WORLD_SIZE") if world is None else ("WORLD_SIZE", "RANK")
+        raise InvalidArgumentError(f"the environment sets {have}={os.environ[have]} but not {missing}; set "
+                                   f"both (torchrun does), or pass rank= and world_size= to loader()", missing)
     if world is not None:
-        return _arguments.env_int("RANK", rank or "0"), _arguments.env_int("WORLD_SIZE", world)
+        return _arguments.env_int("RANK", rank), _arguments.env_int("WORLD_SIZE", world)
     return 0, 1
 
 
