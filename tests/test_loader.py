@@ -842,6 +842,31 @@ def test_a_second_checkpoint_after_a_resume_with_no_dataloader_workers(lakes, sh
     assert [b["id"].tolist() for b in resumed] == [b.tolist() for b in own[8:]]
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_second_dataloader_pass_over_a_resumed_epoch_is_the_whole_epoch(lakes, shared_cache, persistent):
+    """After load_state_dict, a DataLoader's workers each hold the loaded position: every
+    pass over that epoch started there (18 of 23 batches, then 18 again), where the loader
+    itself starts its next iteration afresh. A pass that went through the loaded position
+    says so to the workers of the next (shared memory), and dataloader_batches then counts
+    from the epoch's start. Truth: the loader's own uninterrupted epoch."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    def build():
+        return selection(lakes["small_rg"], FILTERS["some"]).loader(
+            64, shuffle="global", seed=4, output="torch", cache_dir=shared_cache)
+    own = [b["id"].clone() for b in build()]
+    loader = build()
+    loader.load_state_dict(state_after(build(), 5))
+    dl = DataLoader(loader.torch_dataset(), batch_size=None, num_workers=2, multiprocessing_context="spawn",
+                    persistent_workers=persistent)
+    first = [b["id"] for b in dl]
+    second = [b["id"] for b in dl]
+    assert [b.tolist() for b in first] == [b.tolist() for b in own[5:]]
+    assert [b.tolist() for b in second] == [b.tolist() for b in own]
+    assert loader.state_dict(dataloader_batches=3) == state_after(build(), 3)
+
+
 def test_persistent_dataloader_workers_follow_set_epoch(lakes, shared_cache):
     """Workers kept across epochs (persistent_workers=True) hold the loader they started
     with: they follow set_epoch (on the dataset or the loader) through shared memory, and a

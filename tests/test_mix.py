@@ -365,6 +365,12 @@ def test_torch_dataloader_workers_give_the_mixture_loaders_batches(tmp_path, shu
     assert resumed.state_dict(dataloader_batches=len(rest)) == state_after(build(), len(own[0]))
     with pytest.raises(al.InvalidArgumentError, match="dataloader_batches"):
         resumed.state_dict(dataloader_batches=len(rest) + 1)
+    # a later pass over the resumed epoch is the whole epoch (its workers started at the
+    # loaded position again), and its checkpoints count from the epoch's start
+    again = [b["id"] for b in DataLoader(resumed.torch_dataset(), batch_size=None, num_workers=2,
+                                         multiprocessing_context="spawn")]
+    assert len(again) == len(own[0]) and all(torch.equal(a, b) for a, b in zip(own[0], again))
+    assert resumed.state_dict(dataloader_batches=7) == state_after(build(), 7)
 
 
 def test_cycle_runs_steps_and_counts_passes():

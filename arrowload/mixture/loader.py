@@ -122,6 +122,9 @@ class MixtureLoader:
         self.epoch = 0
         self._lay_out()
         self._start = 0
+        #: where ``state_dict(dataloader_batches=k)`` counts from: the loaded position, or
+        #: where the last in-process pass began (a DataLoader without workers)
+        self._dl_start = 0
         self._position = 0
         self._batches_done = 0
         self._loaded = False
@@ -174,6 +177,7 @@ class MixtureLoader:
             self.epoch = epoch
             self._lay_out()
             self._start = self._position = self._batches_done = 0
+            self._dl_start = 0
             self._loaded = False
         post(self)
 
@@ -210,9 +214,13 @@ class MixtureLoader:
             self._lay_out()
         self._loaded = False
         position, self._start = self._start, 0
-        self._position = position
+        self._position = self._dl_start = position
         self._batches_done = 0
         return self._iterate(rank_blocks(position, self._blocks, self.world_size, self.rank), self._advance)
+
+    def _drop_resume(self) -> None:
+        """In a DataLoader worker's copy: the loaded position was used by an earlier pass."""
+        self._start, self._loaded = 0, False
 
     def _worker_iter(self, worker: int, workers: int):
         """Batches ``worker, worker + workers, ...`` of this rank's rest of the epoch (torch
@@ -533,10 +541,13 @@ class MixtureLoader:
         loader), as :meth:`Loader.state_dict <arrowload.Loader.state_dict>`."""
         position = self._position
         if dataloader_batches is not None:
-            left = len(rank_blocks(self._start, self._blocks, self.world_size, self.rank))
+            start = self._dl_start
+            if self._board is not None and self._board.afresh() == self._loads:
+                start = 0  # a DataLoader pass after the resumed one started the epoch afresh
+            left = len(rank_blocks(start, self._blocks, self.world_size, self.rank))
             k = _arguments.integer("dataloader_batches", dataloader_batches, low=0, high=left,
                                    what=f"the batches taken from the DataLoader this epoch (0 .. {left})")
-            position = self._start + k * self.world_size
+            position = start + k * self.world_size
         sched = self._schedule()
         drawn = sched.stream_index(position)
         return {"format": STATE_FORMAT, "version": STATE_VERSION, **self._identity(),
@@ -616,7 +627,7 @@ class MixtureLoader:
             self.weights = phases[-1].weights
         self._phases = phases
         self._blocks = blocks
-        self._start = self._position = position
+        self._start = self._position = self._dl_start = position
         self._batches_done = 0
         self._loaded = True
         self._loads += 1
@@ -646,7 +657,8 @@ class MixtureLoader:
         return "/".join(dict.fromkeys(c.shuffle_kind.value for c in self._components))
 
     # what profile() puts back: the position, and the epoch's lay-out (a loaded state's phases)
-    _PROFILE_FIELDS = ("epoch", "_start", "_position", "_batches_done", "_loaded", "_phases", "_blocks", "_stats")
+    _PROFILE_FIELDS = ("epoch", "_start", "_dl_start", "_position", "_batches_done", "_loaded", "_phases", "_blocks",
+                       "_stats")
     _stats = None
     _profiling = None  # a profile.Profiling recording the next iteration
     _last_profile = None

@@ -15,16 +15,33 @@ import multiprocessing as mp
 from multiprocessing.context import get_spawning_popen
 
 class Board:
-    """``[epoch, loads]`` in shared memory (two int64s, no lock: each is written whole)."""
+    """``[epoch, loads, used, afresh]`` in shared memory (int64s, no lock: each is written
+    whole). ``used``: the ``loads`` count whose loaded position a DataLoader pass went
+    through to its end (its workers mark it); ``afresh``: the ``loads`` count for which a
+    later pass started the epoch afresh, as an iteration of the loader itself does after
+    one that resumed (-1: none). The training process reads ``afresh`` to count
+    ``dataloader_batches`` from the epoch's start."""
 
     def __init__(self, epoch: int, loads: int) -> None:
-        self._values = mp.RawArray("q", [epoch, loads])
+        self._values = mp.RawArray("q", [epoch, loads, -1, -1])
 
     def post(self, epoch: int, loads: int) -> None:
         self._values[0], self._values[1] = epoch, loads
 
     def read(self) -> tuple[int, int]:
         return int(self._values[0]), int(self._values[1])
+
+    def mark_used(self, loads: int) -> None:
+        self._values[2] = loads
+
+    def used(self) -> int:
+        return int(self._values[2])
+
+    def mark_afresh(self, loads: int) -> None:
+        self._values[3] = loads
+
+    def afresh(self) -> int:
+        return int(self._values[3])
 
 
 def post(loader) -> None:

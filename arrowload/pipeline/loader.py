@@ -558,6 +558,10 @@ class Loader:
         free = sum(b - a for a, b in free_ranges(self.num_rows, segments, o.batch_size, o.drop_last))
         return lane_rows(free, self.world_size, o.batch_size, o.drop_last)
 
+    def _drop_resume(self) -> None:
+        """In a DataLoader worker's copy: the loaded position was used by an earlier pass."""
+        self._start, self._next_segments = 0, ()
+
     def _worker_iter(self, worker: int, workers: int) -> EpochIterator:
         """Batches ``worker, worker + workers, ...`` of this epoch (for torch DataLoader workers)."""
         b = self.options.batch_size
@@ -627,6 +631,8 @@ class Loader:
         lays out (from the loaded position, batch by batch of the rest of the lane)."""
         b = self.options.batch_size
         base, segments = self._dl_base
+        if self._board is not None and self._board.afresh() == self._loads:
+            base, segments = 0, ()  # a DataLoader pass after the resumed one started the epoch afresh
         start = min(base, self._lane_rows(segments))
         n = sum(q - p for p, q in self._rest(segments, start))
         k = _arguments.integer("dataloader_batches", k, low=0, high=-(-n // b),

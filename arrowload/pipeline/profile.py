@@ -720,7 +720,7 @@ def _batches_argument(given: Any) -> int | None:
     return n
 
 
-_POSITION_FIELDS = ("epoch", "_start", "_position", "_batches_done", "_segments", "_next_segments", "_stats")
+_POSITION_FIELDS = ("epoch", "_start", "_dl_base", "_position", "_batches_done", "_segments", "_next_segments", "_stats")
 
 
 def profile(loader, n_batches: int | None = None, *, step_fn: Callable[[Any], Any] | None = None,

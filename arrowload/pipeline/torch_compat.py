@@ -40,8 +40,17 @@ class TorchBatches(tud.IterableDataset):
     def _in_worker(self, worker: int, workers: int):
         # at the first batch, not in iter(): the DataLoader re-raises a batch's error in
         # the training process (an error in iter() only kills the worker)
-        follow(self.loader)  # the epoch the training process set last
-        yield from iter(self.loader) if workers <= 1 else self.loader._worker_iter(worker, workers)
+        loader = self.loader
+        follow(loader)  # the epoch the training process set last
+        board = loader._board
+        if board is not None and board.used() == loader._loads:
+            # an earlier pass went through the loaded position: this one starts the epoch
+            # afresh (this worker's copy of the loader still holds the position)
+            loader._drop_resume()
+            board.mark_afresh(loader._loads)
+        yield from iter(loader) if workers <= 1 else loader._worker_iter(worker, workers)
+        if board is not None:
+            board.mark_used(loader._loads)
 
 
 def follow(loader) -> None:
