@@ -818,6 +818,17 @@ def test_a_checkpoint_taken_while_dataloader_workers_read(lakes, shared_cache, k
         loader.state_dict(dataloader_batches=len(own) - loaded + 1)
 
 
+def _resumed_at_5(lakes, shared_cache):
+    """(how to build the loader, its own epoch's batches, a loader resumed after 5 of them)."""
+    def build():
+        return selection(lakes["small_rg"], FILTERS["some"]).loader(
+            64, shuffle="global", seed=4, output="torch", cache_dir=shared_cache)
+    own = [b["id"].clone() for b in build()]
+    loader = build()
+    loader.load_state_dict(state_after(build(), 5))
+    return build, own, loader
+
+
 def test_a_second_checkpoint_after_a_resume_with_no_dataloader_workers(lakes, shared_cache):
     """With num_workers=0 the DataLoader iterates the loader itself, which used up the
     loaded position: after a resume and 3 more batches, state_dict(dataloader_batches=3)
@@ -826,12 +837,7 @@ def test_a_second_checkpoint_after_a_resume_with_no_dataloader_workers(lakes, sh
     import torch
     from torch.utils.data import DataLoader
 
-    def build():
-        return selection(lakes["small_rg"], FILTERS["some"]).loader(
-            64, shuffle="global", seed=4, output="torch", cache_dir=shared_cache)
-    own = [b["id"].clone() for b in build()]
-    loader = build()
-    loader.load_state_dict(state_after(build(), 5))
+    build, own, loader = _resumed_at_5(lakes, shared_cache)
     it = iter(DataLoader(loader.torch_dataset(), batch_size=None, num_workers=0))
     seen = [next(it)["id"] for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(own[5:8], seen))
@@ -852,12 +858,7 @@ def test_a_second_dataloader_pass_over_a_resumed_epoch_is_the_whole_epoch(lakes,
     import torch
     from torch.utils.data import DataLoader
 
-    def build():
-        return selection(lakes["small_rg"], FILTERS["some"]).loader(
-            64, shuffle="global", seed=4, output="torch", cache_dir=shared_cache)
-    own = [b["id"].clone() for b in build()]
-    loader = build()
-    loader.load_state_dict(state_after(build(), 5))
+    build, own, loader = _resumed_at_5(lakes, shared_cache)
     dl = DataLoader(loader.torch_dataset(), batch_size=None, num_workers=2, multiprocessing_context="spawn",
                     persistent_workers=persistent)
     first = [b["id"] for b in dl]
