@@ -48,7 +48,15 @@ class TorchBatches(tud.IterableDataset):
             # afresh (this worker's copy of the loader still holds the position)
             loader._drop_resume()
             board.mark_afresh(loader._loads)
-        yield from iter(loader) if workers <= 1 else loader._worker_iter(worker, workers)
+        it = iter(loader) if workers <= 1 else loader._worker_iter(worker, workers)
+        try:
+            yield from it
+        finally:
+            # a worker ended early (the DataLoader dropped, a break): its reader threads and
+            # polars query stop now, not at the process's exit
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
         if board is not None:
             board.mark_used(loader._loads)
 
