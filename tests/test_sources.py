@@ -467,6 +467,9 @@ def test_hive_partition_schema_given(tmp_path):
     assert sorted(typed.to_arrow().column("k").to_pylist()) == ["1", "1", "2", "2"]
     plain = al.dataset(str(tmp_path), partitioning=False)
     assert plain.schema.names == ["id", "v"]
+    # a key no folder has (a typo) was ignored: the column silently missing
+    with pytest.raises(al.InvalidArgumentError, match="'kk'"):
+        al.dataset(str(tmp_path), partitioning=pa.schema([("kk", pa.string())])).schema
 
 
 # ---------------------------------------------------------------------------

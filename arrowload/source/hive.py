@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SchemaMismatchError
+from ..errors import InvalidArgumentError, SchemaMismatchError
 
 NULL_VALUE = "__HIVE_DEFAULT_PARTITION__"
 # DuckDB's hive typing: each folder value is the first of DATE, TIMESTAMP, BIGINT its text
@@ -123,9 +123,15 @@ def discover_partitions(base: str, paths: Sequence[str],
     in the first file's order), else the lake is ambiguous.
     """
     parsed = [parse_partition(base, p) for p in paths]
+    keys = [k for k, _ in parsed[0]] if parsed else []
+    unknown = [n for n in (types.names if types is not None else ()) if n not in keys]
+    if unknown and paths:
+        raise InvalidArgumentError(
+            f"partitioning= names {', '.join(map(repr, unknown))}, which no hive folder of the files has "
+            f"(their keys: {keys or 'none'}, e.g. {paths[0]!r}); name the keys of the `key=value/` folders",
+            "partitioning")
     if not any(parsed):
         return pa.schema([]), [{} for _ in paths]
-    keys = [k for k, _ in parsed[0]]
     for path, parts in zip(paths, parsed):
         got = [k for k, _ in parts]
         if got != keys and (sorted(got) != sorted(keys) or len(set(got)) != len(got)):
