@@ -459,6 +459,24 @@ def test_a_partitions_folder_or_files_keep_the_lakes_partition_columns_as_duckdb
             f"SELECT count(*) AS c FROM read_parquet({glob_!r}, hive_partitioning=true) WHERE n = 1")["c"][0].as_py()
 
 
+def test_columns_differing_only_in_case_across_files_are_refused(tmp_path, duck):
+    """``Id`` in one file and ``id`` in another became two half-null columns, and an
+    unquoted ``id`` one of them: count(id) gave 2 where DuckDB's union by name reads one
+    column and gives 4. Refused, naming both files; one file holding both stays two
+    columns, as its writer made them."""
+    pq.write_table(pa.table({"Id": [1, 2], "v": [1.0, 2.0]}), str(tmp_path / "a.parquet"))
+    pq.write_table(pa.table({"id": [3, 4], "v": [3.0, 4.0]}), str(tmp_path / "b.parquet"))
+    assert duck(f"SELECT count(id) AS n FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true)")["n"][0].as_py() == 4
+    with pytest.raises(al.SchemaMismatchError, match="differ only in case") as info:
+        al.dataset(str(tmp_path)).schema
+    assert "a.parquet" in str(info.value) and "b.parquet" in str(info.value)
+    both = tmp_path / "both"
+    both.mkdir()
+    pq.write_table(pa.table({"Id": [1], "id": [2]}), str(both / "a.parquet"))
+    pq.write_table(pa.table({"Id": [3], "id": [4]}), str(both / "b.parquet"))
+    assert al.dataset(str(both)).schema.names == ["Id", "id"]
+
+
 def test_hive_partition_schema_given(tmp_path):
     """``partitioning=<pyarrow.Schema>`` fixes the types; ``partitioning=False`` ignores folders."""
     _write_partitioned(tmp_path, ["k=1", "k=2"])

@@ -106,8 +106,30 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
                     f"column {f.name!r} is {before} but {f.type} in {path!r}, and the two cannot be "
                     "unified safely; rewrite one shard or select a subset of files")
             fields[f.name] = pa.field(f.name, merged, have.nullable or f.nullable)
+    _refuse_case_variants(fields, schemas)
     out = []
     for name, f in fields.items():
         missing = any(name not in s.names for _, s in schemas)
         out.append(f.with_nullable(True) if missing else f)
     return pa.schema(out)
+
+
+def _refuse_case_variants(fields: dict, schemas: Sequence[tuple[str, pa.Schema]]) -> None:
+    """Columns whose names differ only in case in different files (``Id`` here, ``id``
+    there, never both in one file) would be two half-null columns, and an unquoted ``id``
+    one of them; DuckDB's union by name reads them as one. Refused, naming both files."""
+    by_lower: dict[str, list[str]] = {}
+    for name in fields:
+        by_lower.setdefault(name.lower(), []).append(name)
+    for names in by_lower.values():
+        if len(names) < 2:
+            continue
+        if any(sum(n in s.names for n in names) > 1 for _, s in schemas):
+            continue  # one file holds both: two columns by the file's own word
+        a, b = names[:2]
+        path_a = next(p for p, s in schemas if a in s.names)
+        path_b = next(p for p, s in schemas if b in s.names)
+        raise SchemaMismatchError(
+            f"column {a!r} in {path_a!r} and {b!r} in {path_b!r} differ only in case: arrowload would read "
+            "them as two columns, each null in the other's files (DuckDB's union by name reads one); "
+            "rename one of them in its files, or open the files apart")
