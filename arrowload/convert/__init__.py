@@ -146,16 +146,14 @@ def _arrow(batch: pa.RecordBatch | pa.Table, opts: ConvertOptions) -> pa.RecordB
         try:
             if pa.types.is_dictionary(field.type) and _dictionary_nulls(col):
                 # a null among the dictionary's values (the indices are valid): filled there
-                value = arrow_scalar(field.name, fill, field.type.value_type, "fill_null")
-                col = pa.chunked_array([pa.DictionaryArray.from_arrays(c.indices, pc.fill_null(c.dictionary, value))
-                                        for c in _chunks(col)], field.type)
+                col = _fill_dictionaries(col, arrow_scalar(field.name, fill, field.type.value_type, "fill_null"))
             if col.null_count:
                 col = pc.fill_null(col, arrow_scalar(field.name, fill, field.type, "fill_null"))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise ConversionError(f"fill_null[{field.name!r}] cannot fill column {field.name!r} of type "
                                   f"{field.type}: {exc}", column=field.name) from exc
         if col is not columns[i]:
-            columns[i] = col if isinstance(batch, pa.Table) else _one_array(col)
+            columns[i] = col
             changed = True
     if not changed:
         return batch
@@ -166,11 +164,14 @@ def _chunks(col) -> list:
     return col.chunks if isinstance(col, pa.ChunkedArray) else [col]
 
 
-def _one_array(col):
-    """A batch's column back as one array (a batch holds arrays, not chunked ones)."""
+def _fill_dictionaries(col, value: pa.Scalar):
+    """``col`` (an array, or chunked: a table's) with the nulls among its dictionaries'
+    values filled by ``value``, as it came."""
+    def filled(c):
+        return pa.DictionaryArray.from_arrays(c.indices, pc.fill_null(c.dictionary, value))
     if isinstance(col, pa.ChunkedArray):
-        return col.chunk(0) if col.num_chunks == 1 else pa.concat_arrays(col.chunks)
-    return col
+        return pa.chunked_array([filled(c) for c in col.chunks], col.type)
+    return filled(col)
 
 
 def _dictionary_nulls(col) -> bool:

@@ -493,6 +493,7 @@ def _take_into(out: np.ndarray, views: list[np.ndarray], groups) -> None:
         elif len(pos):
             out[pos] = np.take(view, local, axis=0, mode="clip")
 
+
 def _widths_differ(name: str, a: tuple, b: tuple) -> None:
     """Refuse a batch whose parts' lists of column ``name`` have other widths (shapes ``a``,
     ``b``): the same error as between batches (``preflight.ListWidths``)."""

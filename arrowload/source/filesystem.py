@@ -11,9 +11,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import os
-import random
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +21,7 @@ import pyarrow.fs as pafs
 from ..errors import (ArgumentTypeError, InvalidArgumentError, MissingDependencyError,
                       PathEncodingError, PathNotFoundError, SnapshotChangedError, StorageAccessError,
                       StorageEndpointError)
-from .retry import DENIED, ENDPOINT, PERMANENT, TRANSIENT, classify, retry
+from .retry import DENIED, ENDPOINT, PERMANENT, classify, retry
 from .identity import identity_from_info, identity_of
 
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
@@ -149,8 +147,10 @@ class _Handler(pafs.FSSpecHandler):
 
 class _RetryingFile:
     """An fsspec file whose reads meeting a transient fault (``retry.classify``: a connection
-    reset, a timeout, a 5xx) are tried again, up to ``retries`` times with backoff, on the
-    file opened afresh at the same position. Other errors, and the last fault, propagate.
+    reset, a timeout, a 5xx) are tried again by ``retry.retry``, up to ``retries`` times with
+    its backoff, on the file opened afresh at the same position. Other errors, and the last
+    fault, propagate; everything else is the file's own (``close``, ``closed``: the one open
+    now).
 
     Readers above retry whole units too; this retries the one range where it failed, and it
     is the only retry for what other libraries scan through arrowload's filesystem: DuckDB,
@@ -165,34 +165,26 @@ class _RetryingFile:
 
     def _again(self, call):
         pos = self._f.tell()
-        attempt = 0
-        while True:
-            try:
-                return call(self._f)
-            except Exception as exc:  # noqa: BLE001 - filtered by classify
-                if attempt >= self._retries or classify(exc) != TRANSIENT:
-                    raise
-                time.sleep(self._backoff_s * (2 ** attempt) * (0.5 + random.random()))
-                attempt += 1
+        tries = 0
+
+        def attempt():
+            nonlocal tries
+            if tries:  # the file opened afresh where the failed read began
                 try:
                     self._f.close()
                 except Exception:  # noqa: BLE001 - a broken connection may not close cleanly
                     pass
                 self._f = self._reopen()
                 self._f.seek(pos)
+            tries += 1
+            return call(self._f)
+        return retry(attempt, retries=self._retries, backoff_s=self._backoff_s)
 
     def read(self, size=-1):
         return self._again(lambda f: f.read(size))
 
     def readinto(self, buf):
         return self._again(lambda f: f.readinto(buf))
-
-    def close(self):
-        return self._f.close()
-
-    @property
-    def closed(self):
-        return self._f.closed
 
 
 def _check_listed(path: str, listed: tuple[int | None, str | None, int | None], info: dict,
