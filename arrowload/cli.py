@@ -16,8 +16,8 @@ stderr, ``arrowload: error: ...``), 1 on an unexpected error (``--traceback`` sh
 from __future__ import annotations
 
 import argparse
-import logging
 import json
+import logging
 import os
 import re
 import sys
