@@ -178,8 +178,7 @@ def main(argv=None) -> int:
                  f"(decode included) {e_gbs:.2f} GB/s = {e_gbs / b_gbs:.2f}×")
     print(lines[-1])
     direct, staged = copied["in_memory_pinned"]
-    lines.append(f"- opt-in, `ARROWLOAD_PIN_TABLES=1` (the table page-locked in place; its batches not yet "
-                 f"compared with the CPU loader's on a GPU when this was written): a loader's second epoch "
+    lines.append(f"- opt-in, `ARROWLOAD_PIN_TABLES=1` (the table page-locked in place): a loader's second epoch "
                  f"{gbs['in_memory_pinned']:.2f} GB/s = **{gbs['in_memory_pinned'] / b_gbs:.2f}×**, "
                  f"{direct / max(1, direct + staged):.0%} of its bytes with no host copy; its first epoch, "
                  f"which page-locks the table, {statistics.median(first_pinned):.3f} s")
@@ -188,8 +187,9 @@ def main(argv=None) -> int:
     pin = "on" if os.environ.get("ARROWLOAD_PIN_TABLES", "").strip() == "1" else "off"
     lines.append(f"- where it goes: whole reads go to the device; {direct / max(1, direct + staged):.0%} of "
                  f"the in-memory table's bytes went with no host copy (`ARROWLOAD_PIN_TABLES={pin}`: "
-                 f"page-locked in place when on; a `stack=` group is always one host copy, into pinned "
-                 f"staging); the same loader with host batches only "
+                 f"page-locked in place when on; a `stack=` group of one type is stacked on the GPU, "
+                 f"its columns staged row by row or, page-locked, copied as they are); the same loader "
+                 f"with host batches only "
                  f"{gbs['host_only']:.2f} GB/s; one host copy of the same arrays on one thread "
                  f"{gbs['memcpy']:.2f} GB/s; torch's `pin_memory()` + `.to(non_blocking=True)` per array "
                  f"(what `DataLoader(pin_memory=True)` does) {gbs['pin_each']:.2f} GB/s")

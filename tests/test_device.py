@@ -475,12 +475,23 @@ def _whole_read_dataset(tmp_path, where: str):
 _LOG: list = []
 
 
+#: the stand-in's streams that waited on an event, in order
+_WAITS: list = []
+
+
 class _FakeStream:
-    def __init__(self, device=None):
+    def __init__(self, device=None, default=False):
         self.device = device
+        self.default = default  # the device's default stream (the consumer's unless set)
+
+    def __eq__(self, other):
+        return isinstance(other, _FakeStream) and self.default and other.default
+
+    __hash__ = object.__hash__
 
     def wait_event(self, event):
         assert isinstance(event, _FakeEvent) and event.recorded
+        _WAITS.append(self)
 
     def synchronize(self):
         _LOG.append(("sync", self))
@@ -511,7 +522,8 @@ def cuda_stand_in(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream(device))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream(device, default=True))
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: _FakeStream(device, default=True))
     monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
@@ -606,6 +618,30 @@ def test_whole_reads_stats_and_profile_against_a_cuda_stand_in(tmp_path, cuda_st
         assert prof is not None and "batches" in repr(prof).lower()
 
 
+@pytest.mark.parametrize("consumer", ["default", "own"])
+def test_batches_of_whole_reads_need_no_stream_calls_on_the_default_stream(tmp_path, cuda_stand_in, monkeypatch,
+                                                                            consumer):
+    """A whole read is made usable on the device's default stream once (the stream waits on
+    its copy), so a consumer there makes no stream call per batch; a consumer on a stream
+    of its own waits on each batch's copy. Either way the batches equal the CPU loader's."""
+    ds = al.dataset(_numeric_table(5000, 700))
+    cpu = list(ds.loader(96, output="torch", cache_dir=str(tmp_path)))
+    if consumer == "own":
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _FakeStream(device))
+    with ds.loader(96, output="torch", device="cuda", cache_dir=str(tmp_path)) as loader:
+        _, calls = _stand_in_stage(loader)
+        _WAITS.clear()
+        got = list(loader)
+    straddled = sum(1 for i in range(len(got)) if (96 * i) // 700 != min(96 * i + 95, 4999) // 700)
+    on_default = sum(1 for w in _WAITS if w.default)
+    assert len(calls) == 8 and straddled == 7
+    assert on_default == len(calls) + straddled  # once per read, and per batch joined on the device
+    per_batch = len(_WAITS) - on_default - 2 * straddled  # the copy stream waits on both parts joined
+    assert per_batch == (len(got) if consumer == "own" else 0)
+    for g, c in zip(got, cpu):
+        assert_same_batch(g, c, device_type="cpu")
+
+
 def test_reads_with_strings_stay_per_batch_against_a_cuda_stand_in(tmp_path, cuda_stand_in):
     """A read holding strings (Python lists) is not copied whole: its batches are staged
     one by one, and equal the CPU loader's."""
@@ -644,7 +680,7 @@ def cuda_env(request, monkeypatch):
 
 @pytest.mark.parametrize("where", ["memory", "lake"])
 @pytest.mark.parametrize("shuffle", [False, "global", "block"])
-@pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}])
+@pytest.mark.parametrize("stack", [None, {"x": ["f32", "f32b", "f64"]}, {"x": ["f32", "f32b"]}])
 @pytest.mark.parametrize("pin", [False, True])
 def test_whole_reads_equal_the_cpu_loader(cuda_env, tmp_path, monkeypatch, where, shuffle, stack, pin):
     """Reads of numeric columns go to the device whole (fewer copies than batches) and
@@ -652,8 +688,9 @@ def test_whole_reads_equal_the_cpu_loader(cuda_env, tmp_path, monkeypatch, where
     all held to the end, equals the CPU loader's. With ``ARROWLOAD_PIN_TABLES=1`` an
     in-memory table read unshuffled is page-locked in place (every buffer inside a range
     the driver holds) and its numeric columns copied with no host copy (``direct_bytes``;
-    the bool column, bit-packed in Arrow, and a stack group are staged) until the loader
-    closes."""
+    the bool column, bit-packed in Arrow, and a stack group of mixed types, stacked on the
+    host, are staged; a group of one type is stacked on the device from its page-locked
+    columns) until the loader closes."""
     from arrowload.pipeline import device
     monkeypatch.setenv("ARROWLOAD_PIN_TABLES", "1" if pin else "0")
     driver = cuda_env.driver
@@ -669,7 +706,8 @@ def test_whole_reads_equal_the_cpu_loader(cuda_env, tmp_path, monkeypatch, where
         assert (len(device.HOST_PINS.ranges()) > len(before)) == pinned
         if pinned:
             assert stage.direct_bytes > 0
-            assert stage.staged_bytes == 5000 + (0 if stack is None else 5000 * 3 * 8)
+            mixed = stack is not None and "f64" in stack["x"]
+            assert stage.staged_bytes == 5000 + (5000 * 3 * 8 if mixed else 0)
             if driver is not None:
                 assert len(device.HOST_PINS.ranges()) - len(before) == len(driver.live)
                 for col in table.columns:

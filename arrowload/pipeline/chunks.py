@@ -50,7 +50,7 @@ from ..convert.host import array_valued, to_host
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError
 from ..plan.rowselect import take_rows
-from .collate import BufferPool, StackSpec, resolve_stack, stack_batch
+from .collate import _BOOL_ID, BufferPool, StackSpec, resolve_stack, stack_batch, write_by_row_blocks
 from .rabuild import stacked_members
 
 
@@ -86,10 +86,44 @@ class ColumnRows:
 PY_OBJECT_BYTES = 64
 
 
+#: numpy dtype kinds a read may go to a device whole as (bool, integers, floats, complex,
+#: datetimes as their int64 counts)
+NUMERIC_KINDS = frozenset("biufcmM")
+
+
 class HostChunk(ColumnRows):
     """Host arrays (first axis = rows) or Python lists of ``num_rows`` rows, keyed in output order."""
 
     __slots__ = ()
+
+
+class StackParts:
+    """A ``stack=`` group of one read left as its columns: 1-D arrays of one dtype (views
+    of Arrow buffers), for a CUDA stage to stack on the device (``device.TorchDeviceStage``)
+    rather than by a strided host copy. Only the reads a CUDA stage copies whole hold one
+    (:class:`DeviceReads`); :meth:`stacked` is the host array, should one be needed."""
+
+    __slots__ = ("dtype", "members", "nbytes", "shape")
+
+    def __init__(self, members: Sequence[np.ndarray]) -> None:
+        self.members = tuple(members)
+        first = self.members[0]
+        self.dtype = first.dtype
+        self.shape = (len(first), len(self.members))
+        self.nbytes = first.nbytes * len(self.members)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> "StackParts":
+        return StackParts([m[rows] for m in self.members])
+
+    def stacked(self, take) -> np.ndarray:
+        """The ``[rows, k]`` host array, written into ``take(shape, dtype)``."""
+        n, _ = self.shape
+        out = take(self.shape, self.dtype)
+        write_by_row_blocks(out, list(enumerate(self.members)), n)
+        return out
 
 
 def _varlist(t: pa.DataType) -> bool:
@@ -191,6 +225,35 @@ class ChunkConverter(PicklableLock):
             return self._host_chunk(batch)
         except ConversionError:
             return batch  # converted when its batches are cut: the error names that batch
+
+    def device_chunk(self, batch: pa.RecordBatch) -> "HostChunk | pa.RecordBatch":
+        """As :meth:`chunk`, for a read a CUDA stage copies whole: a ``stack=`` group whose
+        columns are null-free numbers of the group's dtype stays as its columns
+        (:class:`StackParts`, views of the Arrow buffers), stacked on the device instead of
+        by a host copy. Only where every other column is a numeric host array too, so the
+        stage takes the whole read (``device._whole``); else as :meth:`chunk`."""
+        whole, spec = self._layout(batch.schema)
+        if whole and spec is not None:
+            groups = []
+            for (out, cols), dtype in zip(spec.groups, spec.dtypes):
+                members = []
+                for c in cols:
+                    col = batch.column(c)
+                    if col.null_count or col.type.id == _BOOL_ID:
+                        return self.chunk(batch)
+                    view = col.to_numpy(zero_copy_only=True)
+                    if view.dtype != dtype:
+                        return self.chunk(batch)
+                    members.append(view)
+                groups.append((out, StackParts(members)))
+            try:
+                host = stack_batch(batch, spec, self.pool, self.opts, groups)
+            except ConversionError:
+                return batch
+            if all((isinstance(v, np.ndarray) and v.dtype.kind in NUMERIC_KINDS) or isinstance(v, StackParts)
+                   for v in host.values()):
+                return HostChunk(host, batch.num_rows, self._row_bytes(batch))
+        return self.chunk(batch)
 
     # -- cutting batches -------------------------------------------------------------
     def combine(self, parts: Sequence["HostChunk | pa.RecordBatch"]) -> "HostChunk | pa.RecordBatch":
@@ -310,6 +373,23 @@ class ChunkConverter(PicklableLock):
                     _take_into(buf, [p[name] for p in parts], groups)
                 columns[name] = buf
         return HostChunk(self._finish(columns), n, table.nbytes / max(1, table.num_rows))
+
+
+class DeviceReads:
+    """A loader's converter for the reads a CUDA stage copies whole (``Loader._stages``):
+    reads convert by :meth:`ChunkConverter.device_chunk`; all else is the converter's own.
+    The converter itself stays as it is: a mixture shares it with no device stage."""
+
+    __slots__ = ("conv",)
+
+    def __init__(self, conv: ChunkConverter) -> None:
+        self.conv = conv
+
+    def chunk(self, batch: pa.RecordBatch) -> "HostChunk | pa.RecordBatch":
+        return self.conv.device_chunk(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.conv, name)
 
 
 class WindowLayout:

@@ -216,14 +216,16 @@ def stacked_arrays(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
 
 
 def stack_batch(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
-                opts: ConvertOptions) -> dict:
-    """Host arrays for ``batch`` with ``spec``'s columns stacked into pooled buffers;
-    the other columns converted by ``to_host`` (zero-copy where possible)."""
+                opts: ConvertOptions, stacked: list | None = None) -> dict:
+    """Host arrays for ``batch`` with ``spec``'s columns stacked into pooled buffers (or
+    ``stacked``, ``(output name, value)`` of each group, made by the caller); the other
+    columns converted by ``to_host`` (zero-copy where possible)."""
     names = batch.schema.names  # looked up once: name lookups on a batch cost microseconds each
     stacked_names = spec.stacked
     rest_names = [name for name in names if name not in stacked_names]
     host_rest = to_host(batch.select(rest_names), restricted(opts, rest_names), pool.take) if rest_names else {}
-    stacked = stacked_arrays(batch, spec, pool, opts)
+    if stacked is None:
+        stacked = stacked_arrays(batch, spec, pool, opts)
     # each stacked array takes the place of its first column
     result: dict = {}
     first = spec.first

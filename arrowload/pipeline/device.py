@@ -30,8 +30,14 @@ tensors (a batch straddling two reads is concatenated on the device). Arrays alr
 page-locked memory go to the device directly, with no host copy; others go through pinned
 staging, one host copy per read. With ``ARROWLOAD_PIN_TABLES=1`` the buffers of an
 in-memory Arrow table read unshuffled are page-locked in place once per loader
-(:class:`HostPins`, ``cudaHostRegister``), so its reads need no host copy at all (opt-in
-until its batches have been compared on a GPU; see ``pin_tables_setting``). On an H200
+(:class:`HostPins`, ``cudaHostRegister``), so its reads need no host copy at all (opt-in;
+see ``pin_tables_setting``). A ``stack=`` group whose columns share one type reaches the
+stage as its columns (``chunks.StackParts``) and is stacked on the device: page-locked
+columns copied as they are, others staged each into a row of one ``[k, rows]`` buffer
+(sequential copies) and transposed there; not by a strided host copy. A whole read's
+tensors are made usable on the device's default stream once (:meth:`_home`), so a
+training loop there gets their batches with no stream call per batch (each such call
+releases and retakes the GIL, which the reader threads contend for). On an H200
 host, batch 4096 over a 2M-row in-memory table (``benchmarks/RESULTS.md``): one host copy a
 batch bounds the stage at about 7-9 GB/s; whole reads staged gave 3.3 GB/s against 2.4
 staged per batch; a page-locked table copied a read at a time reached 37 GB/s in a probe,
@@ -65,7 +71,7 @@ import numpy as np
 
 from ..errors import DeviceUnavailableError, InvalidArgumentError
 from ..options import usable_cores
-from .chunks import ColumnRows, HostChunk
+from .chunks import NUMERIC_KINDS, ColumnRows, HostChunk, StackParts
 from .collate import _bucket
 
 #: A batch whose host arrays hold at least this many bytes is staged on a staging thread.
@@ -87,11 +93,6 @@ _BUSY = object()  # a staging slot handed out whose copy is not recorded yet
 #: Whether a one-device stage copies whole reads (``chunk``); off, every batch is staged
 #: on its own (``copy`` / ``to_device``).
 WHOLE_READS = True
-
-#: numpy dtype kinds a whole read may be copied to the device as (bool, integers, floats,
-#: complex, datetimes as their int64 counts)
-_ARRAY_KINDS = frozenset("biufcmM")
-
 
 class DeviceChunk(ColumnRows):
     """The rows of one read on the device: tensors (first axis rows) in output order, and
@@ -115,6 +116,7 @@ class DeviceBatch:
     parts: list[dict]          # one dict per device
     events: list[Any]
     stage: "TorchDeviceStage"
+    homed: bool = False        # cut from a device chunk: ready on the home stream already
 
 
 class TorchDeviceStage:
@@ -139,6 +141,11 @@ class TorchDeviceStage:
         self.devices = [d if d.index is not None else torch.device("cuda", torch.cuda.current_device())
                         for d in self.devices]
         self.streams = [torch.cuda.Stream(device=d) for d in self.devices]
+        #: where training steps run unless the user sets a stream: the device's default
+        #: stream. A whole read's tensors are made usable there once per read (``_home``),
+        #: so its batches need no stream calls there (each releases and retakes the GIL,
+        #: contended by the reader threads)
+        self.homes = [torch.cuda.default_stream(d) for d in self.devices]
         self._lock = threading.Lock()
         self._pinned: dict[tuple, list[list]] = {}  # key -> [[tensor, event | None], ...]
         self.copy_threads = default_copy_threads() if copy_threads is None else copy_threads
@@ -243,6 +250,13 @@ class TorchDeviceStage:
         used, columns, direct, staged = [], {}, 0, 0
         with self._copying(dev, stream, used):
             for name, value in host.columns.items():
+                if isinstance(value, StackParts):
+                    columns[name], page_locked = self._stack(value, dev, used)
+                    if page_locked:
+                        direct += value.nbytes
+                    else:
+                        staged += value.nbytes
+                    continue
                 arr = value.view(np.int64) if value.dtype.kind in "mM" else value
                 src = torch.from_dlpack(arr)
                 if src.is_pinned():
@@ -258,6 +272,7 @@ class TorchDeviceStage:
                     staged += arr.nbytes
                 columns[name] = src.to(dev, non_blocking=True)
             event = self._recorded(stream, used)
+        self._home(columns, event)
         with self._lock:
             if direct:
                 self._inflight.append((event, host))
@@ -265,6 +280,32 @@ class TorchDeviceStage:
             self.direct_bytes += direct
             self.staged_bytes += staged
         return DeviceChunk(columns, host.num_rows, host.row_bytes, event)
+
+    def _stack(self, group: StackParts, dev, used: list) -> tuple[Any, bool]:
+        """A ``stack=`` group's ``[rows, k]`` tensor made on the device from its columns, on
+        the current (copy) stream, and whether they went there with no host copy (all
+        page-locked); else each is staged into a row of one ``[k, rows]`` pinned buffer
+        (sequential copies, not a strided host stack) and transposed on the device."""
+        torch = self.torch
+        srcs = [torch.from_dlpack(m) for m in group.members]
+        if all(src.is_pinned() for src in srcs):
+            return torch.stack([src.to(dev, non_blocking=True) for src in srcs], dim=1), True
+        n, k = group.shape
+        slot = self._staging((_bucket(max(1, group.nbytes)),), np.uint8)
+        used.append(slot)
+        rows = slot[2][:group.nbytes].view(group.dtype).reshape(k, n)
+        for j, member in enumerate(group.members):
+            np.copyto(rows[j], member)
+        return torch.from_numpy(rows).to(dev, non_blocking=True).t().contiguous(), False
+
+    def _home(self, columns: dict, event) -> None:
+        """Make a device chunk's tensors (made on the copy stream) usable on the home stream,
+        once for all its batches: the home stream waits for their copy, and their memory is
+        not reused until the home stream's work queued when they are freed is done."""
+        home = self.homes[0]
+        home.wait_event(event)
+        for tensor in columns.values():
+            tensor.record_stream(home)
 
     def _collect(self) -> None:
         """Drop the host arrays of whole-read copies that have finished, oldest first."""
@@ -292,6 +333,7 @@ class TorchDeviceStage:
                 stream.wait_event(p.event)
             columns = {name: torch.cat([p.columns[name] for p in parts]) for name in parts[0].columns}
             event = self._recorded(stream, [])
+        self._home(columns, event)
         n = sum(p.num_rows for p in parts)
         return DeviceChunk(columns, n, sum(p.nbytes for p in parts) / max(1, n), event)
 
@@ -311,7 +353,7 @@ class TorchDeviceStage:
 
     def batch(self, chunk: DeviceChunk) -> DeviceBatch:
         """A device chunk cut to one batch, as ``ready`` takes it."""
-        return DeviceBatch([dict(chunk.columns)], [chunk.event], self)
+        return DeviceBatch([dict(chunk.columns)], [chunk.event], self, homed=True)
 
     def copy(self, host: dict) -> DeviceBatch:
         """Copy ``host`` into pinned staging and start its copies to the device(s), on the
@@ -386,8 +428,10 @@ class TorchDeviceStage:
         torch = self.torch
         if isinstance(batch, Future):
             batch = batch.result()
-        for dev, part, event in zip(self.devices, batch.parts, batch.events):
+        for dev, home, part, event in zip(self.devices, self.homes, batch.parts, batch.events):
             current = torch.cuda.current_stream(dev)
+            if batch.homed and current == home:
+                continue  # made usable there when its read was copied (``_home``)
             current.wait_event(event)
             for value in part.values():
                 if isinstance(value, torch.Tensor):
@@ -407,7 +451,8 @@ def _whole(item) -> bool:
     """A host chunk whose every column is a numeric host array (a read that goes to the
     device whole); Arrow batches and chunks holding Python lists do not."""
     return (isinstance(item, HostChunk) and bool(item.columns)
-            and all(isinstance(v, np.ndarray) and v.dtype.kind in _ARRAY_KINDS for v in item.columns.values()))
+            and all((isinstance(v, np.ndarray) and v.dtype.kind in NUMERIC_KINDS) or isinstance(v, StackParts)
+                    for v in item.columns.values()))
 
 
 # -- page-locking host memory in place -----------------------------------------------------
@@ -418,9 +463,11 @@ PIN_SHARE = 0.25
 
 def pin_tables_setting() -> bool:
     """``$ARROWLOAD_PIN_TABLES=1``: page-lock an in-memory table read unshuffled to a CUDA
-    device in place (:meth:`TorchDeviceStage.pin`). Off by default until its batches have
-    been checked against the CPU loader's on a GPU (``tests/test_device.py``): it has run on
-    one, its comparison not yet."""
+    device in place (:meth:`TorchDeviceStage.pin`). Its batches equal the CPU loader's on
+    an H200 (``tests/test_device.py``, 2026-11-29). Off by default: it locks the user's
+    memory (0.2 s for a 660 MB table, each loader), and it gained little there (4.7
+    against 3.9 GB/s, ``benchmarks/bench_gpu.py``), the path being bound by Python work
+    per read and per batch, not by the host copy."""
     return os.environ.get("ARROWLOAD_PIN_TABLES", "").strip() == "1"
 
 
