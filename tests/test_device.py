@@ -771,3 +771,32 @@ def test_whole_reads_two_loaders_share_pins_and_resume(cuda_env, monkeypatch):
     assert len(rest) == len(whole) - 7
     for got, want in zip(rest, whole[7:]):
         assert torch.equal(got, want)
+
+
+def test_device_reads_convert_a_read_with_strings_once_as_the_host_path_does(monkeypatch):
+    """A read the CUDA stage will not take whole (a string column) converts once, to the
+    chunk the host path makes (its stack group stacked on the host), not once for the device
+    and again for the host; the wrapper copies without recursing through ``__getattr__``."""
+    import copy
+
+    from arrowload.convert.options import ConvertOptions
+    from arrowload.pipeline import collate
+    from arrowload.pipeline.chunks import ChunkConverter, DeviceReads, HostChunk
+    n = 5000
+    rng = np.random.default_rng(0)
+    batch = pa.record_batch({"f0": rng.standard_normal(n).astype(np.float32),
+                             "name": [f"row{i}" for i in range(n)],
+                             "f1": rng.standard_normal(n).astype(np.float32)})
+    conv = ChunkConverter(ConvertOptions(output="torch"), {"x": ["f0", "f1"]}, collate.BufferPool())
+    want = conv.chunk(batch)
+    calls = []
+    to_host = collate.to_host
+    monkeypatch.setattr(collate, "to_host", lambda b, *a, **k: calls.append(b.schema.names) or to_host(b, *a, **k))
+    reads = DeviceReads(conv)
+    got = reads.chunk(batch)
+    assert calls == [["name"]]
+    assert isinstance(got, HostChunk) and list(got.columns) == list(want.columns) == ["x", "name"]
+    assert got.row_bytes == want.row_bytes
+    np.testing.assert_array_equal(got.columns["x"], want.columns["x"])
+    assert got.columns["name"] == want.columns["name"]
+    assert copy.copy(reads).conv is conv

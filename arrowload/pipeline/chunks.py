@@ -191,8 +191,10 @@ class ChunkConverter(PicklableLock):
         slower -- every torch call releases and retakes the GIL, contended by the readers)."""
         return convert_host(host, self.opts) if self.opts.output == "numpy" else host
 
-    def _host_chunk(self, batch: pa.RecordBatch) -> HostChunk:
-        host = self.host(batch)
+    def _host_chunk(self, batch: pa.RecordBatch, host: dict | None = None) -> HostChunk:
+        """``batch`` converted (or its conversion ``host``, made by the caller) as a chunk."""
+        if host is None:
+            host = self.host(batch)
         # a column converted to Python objects (strings, decimals, ...) holds an object and a
         # list slot per row beside its Arrow bytes: counted, or the prefetch budget saw a
         # short-string column's 9 bytes a row where it held about 70 (a block shuffle of one
@@ -253,6 +255,10 @@ class ChunkConverter(PicklableLock):
             if all((isinstance(v, np.ndarray) and v.dtype.kind in NUMERIC_KINDS) or isinstance(v, StackParts)
                    for v in host.values()):
                 return HostChunk(host, batch.num_rows, self._row_bytes(batch))
+            # a column the stage will not take whole (strings, ...): the groups stacked here,
+            # the rest as converted already
+            host = {k: v.stacked(self.pool.take) if isinstance(v, StackParts) else v for k, v in host.items()}
+            return self._host_chunk(batch, self._finish(host))
         return self.chunk(batch)
 
     # -- cutting batches -------------------------------------------------------------
@@ -389,6 +395,8 @@ class DeviceReads:
         return self.conv.device_chunk(batch)
 
     def __getattr__(self, name: str) -> Any:
+        if name == "conv":  # not set yet (a copy being made): no recursion through it
+            raise AttributeError(name)
         return getattr(self.conv, name)
 
 

@@ -301,7 +301,10 @@ class TorchDeviceStage:
     def _home(self, columns: dict, event) -> None:
         """Make a device chunk's tensors (made on the copy stream) usable on the home stream,
         once for all its batches: the home stream waits for their copy, and their memory is
-        not reused until the home stream's work queued when they are freed is done."""
+        not reused until the home stream's work queued when they are freed is done. The
+        wait is queued when the read is copied, ahead of its batches: default-stream work
+        queued after it (steps on earlier batches too) starts once that copy is done, which
+        prefetch keeps ahead of the step."""
         home = self.homes[0]
         home.wait_event(event)
         for tensor in columns.values():
