@@ -800,3 +800,21 @@ def test_device_reads_convert_a_read_with_strings_once_as_the_host_path_does(mon
     np.testing.assert_array_equal(got.columns["x"], want.columns["x"])
     assert got.columns["name"] == want.columns["name"]
     assert copy.copy(reads).conv is conv
+
+
+def test_a_batch_joining_reads_of_other_list_widths_on_the_device_is_a_conversion_error(cuda_stand_in):
+    """An unpadded list column whose lists have one length in one read and another in the
+    next: a batch spanning both is the ``ConversionError`` the CPU loader raises (naming the
+    column and ``pad_lists``), not torch's ``RuntimeError`` from joining them on the device."""
+    table = pa.Table.from_batches([
+        pa.record_batch({"id": pa.array([0, 1], pa.int64()), "vl": pa.array([[1], [2]], pa.list_(pa.int32()))}),
+        pa.record_batch({"id": pa.array([2, 3], pa.int64()), "vl": pa.array([[], []], pa.list_(pa.int32()))}),
+    ])
+    ds = al.dataset(table)
+    with pytest.raises(al.ConversionError, match="'vl'.*pad_lists") as cpu:
+        list(ds.loader(3, output="torch"))
+    with ds.loader(3, output="torch", device="cuda") as loader:
+        _, calls = _stand_in_stage(loader)
+        with pytest.raises(al.ConversionError, match="'vl'.*pad_lists") as gpu:
+            list(loader)
+    assert calls == [2, 2] and str(gpu.value) == str(cpu.value)

@@ -71,7 +71,7 @@ import numpy as np
 
 from ..errors import DeviceUnavailableError, InvalidArgumentError
 from ..options import usable_cores
-from .chunks import NUMERIC_KINDS, ColumnRows, HostChunk, StackParts
+from .chunks import NUMERIC_KINDS, ColumnRows, HostChunk, StackParts, _widths_differ
 from .collate import _bucket
 
 #: A batch whose host arrays hold at least this many bytes is staged on a staging thread.
@@ -331,6 +331,10 @@ class TorchDeviceStage:
         parts = [p if isinstance(p, DeviceChunk) else self.chunk(p) for p in parts]
         torch = self.torch
         dev, stream = self.devices[0], self.streams[0]
+        for name, first in parts[0].columns.items():
+            for p in parts[1:]:  # lists of other widths in each read: the host path's error
+                if p.columns[name].shape[1:] != first.shape[1:]:
+                    _widths_differ(name, tuple(first.shape), tuple(p.columns[name].shape))
         with self._copying(dev, stream, []):
             for p in parts:  # chunks copied on another thread: ordered by their events
                 stream.wait_event(p.event)
