@@ -47,8 +47,8 @@ from ..pipeline.board import Board, post, shared, torch_batches
 from ..pipeline.chunks import HostChunk, _varlist
 from ..pipeline.loader import STREAM_READERS, Loader, rank_and_world
 from ..pipeline.rowsource import _parts, slice_parts
-from ..pipeline.stages import (ENDED_BY_CLOSE, ENDED_BY_ITER, ENDED_BY_LOAD, EpochIterator, Settings, SharedCache,
-                               Stages, end_iterations)
+from ..pipeline.stages import (ENDED_BY_CLOSE, ENDED_BY_EPOCH, ENDED_BY_ITER, ENDED_BY_LOAD, EpochIterator, Settings,
+                               SharedCache, Stages, end_iterations)
 from ..options import default_cache_dir
 from ..pipeline.options import reader_bound
 from . import weights as _weights
@@ -174,6 +174,7 @@ class MixtureLoader:
     def set_epoch(self, epoch: int) -> None:
         epoch = _arguments.integer("epoch", epoch, low=0, what="an integer >= 0")
         if epoch != self.epoch:
+            end_iterations(self._active, ENDED_BY_EPOCH)  # (its batches would move the new position)
             self.epoch = epoch
             self._lay_out()
             self._start = self._position = self._batches_done = 0

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from concurrent.futures import CancelledError
 from typing import Any
 
 import numpy as np
@@ -174,8 +175,8 @@ class MixStream:
                 try:
                     return [self._take(c, ranges) for c, ranges in enumerate(pieces)]
                 except BaseException as exc:  # noqa: BLE001 - polars panics are BaseExceptions
-                    if not recoverable(exc):
-                        raise
+                    if self._closed or not recoverable(exc):
+                        raise  # closed: the read ends here, not per unit
                     self._fail(exc)
                     return None
             finally:
@@ -258,6 +259,8 @@ class MixStream:
     def _fill(self, c: int, hi: int) -> None:
         """Pull batches until component ``c`` holds its rows up to ``hi`` (lock held)."""
         while self._head[c] + self._count[c] < hi:
+            if self._closed:  # set by close() without the lock this read holds
+                raise CancelledError("the loader was closed while its mixture stream was read")
             got = next(self._it, None)
             if got is None:
                 raise _Short(f"the stream ended {hi - self._head[c] - self._count[c]} rows short of component {c}")
@@ -305,9 +308,10 @@ class MixStream:
                 source.close()  # polars' query is dropped
 
     def close(self) -> None:
-        """Stop the query and wake every task waiting for its turn. Idempotent."""
+        """Stop the query and wake every task waiting for its turn. Idempotent. A task
+        filling the queues holds the lock: it sees the flag between stream batches."""
+        self._closed = True
         with self._cond:
-            self._closed = True
             self._release()
             self._cond.notify_all()
 

@@ -52,7 +52,8 @@ from .collate import BufferPool
 from .device import TorchDeviceStage, check_sharding, jax_place, pin_tables_setting, wants_cuda
 from .options import LoaderOptions, reader_bound
 from .rowsource import ScanRowSource, TableRowSource, _one_scan, materialize, window_step
-from .stages import ENDED_BY_CLOSE, ENDED_BY_ITER, ENDED_BY_LOAD, EpochIterator, Settings, Stages, end_iterations
+from .stages import (ENDED_BY_CLOSE, ENDED_BY_EPOCH, ENDED_BY_ITER, ENDED_BY_LOAD, EpochIterator, Settings, Stages,
+                     end_iterations)
 from .streamreads import StreamReads
 from .state import (DATA, STATE_VERSION, Position, batches_for, check_identity, identity_keys, make_state,
                     read_state, state_version)
@@ -398,6 +399,7 @@ class Loader:
         epoch a loaded state was taken in keeps that state's position."""
         epoch = _arguments.integer("epoch", epoch, low=0, what="an integer >= 0")
         if epoch != self.epoch:
+            end_iterations(self._active, ENDED_BY_EPOCH)  # (its batches would move the new position)
             self.epoch = epoch
             self._start = 0
             self._position = 0

@@ -29,7 +29,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, wait
+from concurrent.futures import CancelledError, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,7 +200,11 @@ class Readers:
         on anything, so no thread waits on one that is not running."""
         items = list(items)
         if len(items) <= 1 or self.bound <= 1:
-            return [fn(x) for x in items]
+            out = []
+            for x in items:
+                self._check_open()
+                out.append(fn(x))
+            return out
         futures = [Future() for _ in items]
         with self._cond:
             if self._closed:
@@ -229,9 +233,17 @@ class Readers:
                 except BaseException as exc:  # noqa: BLE001 - re-raised by whoever waits on it
                     fut.set_exception(exc)
             del fut, f, args
-        # every one was taken by a thread (it runs to the end) or cancelled by close(): those
-        # run on the caller
-        return [fn(x) if fut.cancelled() else fut.result() for fut, x in zip(futures, items)]
+        # every one was taken by a thread (it runs to the end) or cancelled by close(), which
+        # ends the read: nobody waits for it, and running them here would hold close() up
+        # for every sub-read left (a window's units, a mixture's reads ahead)
+        if any(fut.cancelled() for fut in futures):
+            self._check_open()
+        return [fut.result() for fut in futures]
+
+    def _check_open(self) -> None:
+        """Raise ``CancelledError`` once ``close()`` was called: the read in progress ends."""
+        if self._closed:
+            raise CancelledError("the loader's readers were closed while this read ran")
 
     def wait(self, fut: Future) -> Any:
         """``fut``'s result, running queued sub-reads (``map``) on this thread meanwhile: a
@@ -265,7 +277,9 @@ class Readers:
             self._idle_from = now
         return idle
 
-    def close(self) -> None:
+    def close(self, join: bool = True) -> None:
+        """Cancel the work queued and take none after it (a read running in a sub-read's
+        ``map`` ends); with ``join``, wait for the threads to finish what they run."""
         with self._cond:
             self._closed = True
             self._subs = 0
@@ -275,6 +289,8 @@ class Readers:
                 fut.set_running_or_notify_cancel()
             self._cond.notify_all()
             threads = list(self._threads)
+        if not join:
+            return
         me = threading.current_thread()
         for t in threads:
             if t is not me:
@@ -659,10 +675,18 @@ class Pipeline:
         return sum(max(0.0, cpu - before.get(tid, 0.0)) for tid, cpu in thread_cpu().items()
                    if tid not in known)
 
+    def delivered_all(self) -> bool:
+        """Whether every batch was taken: the producer ended and left only its end marker."""
+        if self.thread.is_alive():
+            return False
+        with self.out.mutex:
+            return len(self.out.queue) == 1 and self.out.queue[0] is _DONE
+
     def close(self) -> None:
         self.stop.set()
         if self.stages.close is not None:  # wakes reads waiting on it, stops its query
             self.stages.close()
+        self.readers.close(join=False)  # no queued read starts while the producer stops
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join()
         self.readers.close()
@@ -706,6 +730,9 @@ class EpochIterator:
         self._on_batch = on_batch
         self.stats = self._pipeline.stats
         self._ended: str | None = None  # why the loader ended this iteration before its end
+        # ``end`` from another thread and a batch being taken: a batch counts (``on_batch``)
+        # only where the iteration was not ended before, never after the loader moved on
+        self._ending = threading.Lock()
 
     def __iter__(self):
         return self
@@ -713,7 +740,14 @@ class EpochIterator:
     def __next__(self):
         if self._ended is not None:
             raise LoaderClosedError(self._ended)
-        out, rows = self._pipeline.next()
+        try:
+            out, rows = self._pipeline.next()
+        except Exception:
+            # ended by another thread while this one waited: the queue was emptied under it
+            # (no end marker, or the marker of a producer stopped early), never a short epoch
+            if self._ended is not None:
+                raise LoaderClosedError(self._ended) from None
+            raise
         if self._deliver is not None:  # may wait for the batch's staging (pipeline/device.py)
             t0 = time.perf_counter()
             try:
@@ -723,8 +757,11 @@ class EpochIterator:
                 raise
             finally:
                 self.stats.wait_s += time.perf_counter() - t0
-        if self._on_batch is not None:
-            self._on_batch(rows)
+        with self._ending:
+            if self._ended is not None:
+                raise LoaderClosedError(self._ended)
+            if self._on_batch is not None:
+                self._on_batch(rows)
         return out
 
     def close(self) -> None:
@@ -737,10 +774,12 @@ class EpochIterator:
 
     def end(self, why: str) -> None:
         """Stop an iteration the loader takes away from its consumer (a new ``iter()``,
-        ``load_state_dict``, ``close``): where it was still running, its next ``next()``
-        raises ``LoaderClosedError(why)`` instead of ending as though the epoch were over."""
-        if self.running:
-            self._ended = why
+        ``load_state_dict``, ``set_epoch``, ``close``): where it was still running, its next
+        ``next()`` raises ``LoaderClosedError(why)`` instead of ending as though the epoch
+        were over; one that has handed out every batch (only its end is left) ends as usual."""
+        with self._ending:
+            if self.running and not self._pipeline.delivered_all():
+                self._ended = why
         self.close()
 
 
@@ -757,7 +796,10 @@ ENDED_BY_ITER = ("this iteration was ended by a new iter() of its loader, which 
 ENDED_BY_LOAD = ("this iteration was ended by load_state_dict(): iterate the loader again to go on "
                  "from the loaded position")
 ENDED_BY_CLOSE = "the loader was closed (close()) while this iteration ran; build a new loader"
+ENDED_BY_EPOCH = ("this iteration was ended by set_epoch() to another epoch: its batches would count in "
+                  "that epoch's position; iterate the loader again for the new epoch, or call set_epoch "
+                  "between epochs")
 
 
-__all__ = ["ENDED_BY_CLOSE", "ENDED_BY_ITER", "ENDED_BY_LOAD", "EpochIterator", "Pipeline", "Readers",
+__all__ = ["ENDED_BY_CLOSE", "ENDED_BY_EPOCH", "ENDED_BY_ITER", "ENDED_BY_LOAD", "EpochIterator", "Pipeline", "Readers",
            "Settings", "SharedCache", "Stages", "end_iterations", "start_readers", "take_rows"]
