@@ -676,7 +676,14 @@ class Pipeline:
                    if tid not in known)
 
     def delivered_all(self) -> bool:
-        """Whether every batch was taken: the producer ended and left only its end marker."""
+        """Whether every batch was taken: the producer ended and left only its end marker.
+        With nothing queued the producer may be putting that marker now: given a moment."""
+        with self.out.mutex:
+            queued = len(self.out.queue)
+        if queued > 1:
+            return False
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(DONE_WAIT_S)
         if self.thread.is_alive():
             return False
         with self.out.mutex:
@@ -715,6 +722,11 @@ def take_rows(pending: deque, n: int) -> list:
         if take < b.num_rows:
             pending.appendleft(b.slice(take))
     return parts
+
+
+#: how long an iteration being ended waits for a producer that may be finishing the epoch
+#: (``Pipeline.delivered_all``): only when the consumer took every batch queued
+DONE_WAIT_S = 0.05
 
 
 class EpochIterator:
