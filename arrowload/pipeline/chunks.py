@@ -50,7 +50,7 @@ from ..convert.host import array_valued, to_host
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError
 from ..plan.rowselect import take_rows
-from .collate import _BOOL_ID, BufferPool, StackSpec, resolve_stack, stack_batch, write_by_row_blocks
+from .collate import BufferPool, StackSpec, member_view, resolve_stack, stack_batch, write_by_row_blocks
 from .rabuild import stacked_members
 
 
@@ -95,6 +95,13 @@ class HostChunk(ColumnRows):
     """Host arrays (first axis = rows) or Python lists of ``num_rows`` rows, keyed in output order."""
 
     __slots__ = ()
+
+
+def goes_whole(columns: Mapping) -> bool:
+    """Whether a read's converted ``columns`` can go to a device whole: every one a numeric
+    host array or a :class:`StackParts` (not Python lists: strings, decimals, ...)."""
+    return all((isinstance(v, np.ndarray) and v.dtype.kind in NUMERIC_KINDS) or isinstance(v, StackParts)
+               for v in columns.values())
 
 
 class StackParts:
@@ -240,11 +247,8 @@ class ChunkConverter(PicklableLock):
             for (out, cols), dtype in zip(spec.groups, spec.dtypes):
                 members = []
                 for c in cols:
-                    col = batch.column(c)
-                    if col.null_count or col.type.id == _BOOL_ID:
-                        return self.chunk(batch)
-                    view = col.to_numpy(zero_copy_only=True)
-                    if view.dtype != dtype:
+                    view = member_view(batch.column(c), dtype)
+                    if view is None or view.dtype != dtype:
                         return self.chunk(batch)
                     members.append(view)
                 groups.append((out, StackParts(members)))
@@ -252,8 +256,7 @@ class ChunkConverter(PicklableLock):
                 host = stack_batch(batch, spec, self.pool, self.opts, groups)
             except ConversionError:
                 return batch
-            if all((isinstance(v, np.ndarray) and v.dtype.kind in NUMERIC_KINDS) or isinstance(v, StackParts)
-                   for v in host.values()):
+            if goes_whole(host):
                 return HostChunk(host, batch.num_rows, self._row_bytes(batch))
             # a column the stage will not take whole (strings, ...): the groups stacked here,
             # the rest as converted already
@@ -276,9 +279,7 @@ class ChunkConverter(PicklableLock):
         for name, first in chunks[0].columns.items():
             values = [c.columns[name] for c in chunks]
             if isinstance(first, np.ndarray):
-                for v in values:
-                    if v.shape[1:] != first.shape[1:]:
-                        _widths_differ(name, first.shape, v.shape)
+                check_widths(name, values)
                 out = self.pool.take((n, *first.shape[1:]), first.dtype)
                 np.concatenate(values, out=out)
                 columns[name] = out
@@ -580,6 +581,15 @@ def _take_into(out: np.ndarray, views: list[np.ndarray], groups) -> None:
                 out[...] = np.take(view, local, axis=0, mode="clip")
         elif len(pos):
             out[pos] = np.take(view, local, axis=0, mode="clip")
+
+
+def check_widths(name: str, values: Sequence) -> None:
+    """Refuse joining the parts ``values`` (arrays or tensors) of column ``name`` into one
+    batch where their rows differ in shape: lists of other widths (``_widths_differ``)."""
+    first = values[0]
+    for v in values[1:]:
+        if v.shape[1:] != first.shape[1:]:
+            _widths_differ(name, tuple(first.shape), tuple(v.shape))
 
 
 def _widths_differ(name: str, a: tuple, b: tuple) -> None:

@@ -186,6 +186,14 @@ def _owner(arr: np.ndarray):
     return arr
 
 
+def member_view(col, dtype: np.dtype) -> np.ndarray | None:
+    """A stack group member's values as a view of its Arrow buffer (no copy), or None where
+    they must be converted: nulls (filled or refused), bit-packed booleans, a bool group."""
+    if col.null_count == 0 and dtype != np.bool_ and col.type.id != _BOOL_ID:
+        return col.to_numpy(zero_copy_only=True)
+    return None
+
+
 def stacked_arrays(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
                    opts: ConvertOptions) -> list[tuple[str, np.ndarray]]:
     """``(output name, [rows, k] array)`` of each of ``spec``'s groups of ``batch``, written
@@ -197,9 +205,9 @@ def stacked_arrays(batch: pa.RecordBatch, spec: StackSpec, pool: BufferPool,
         buf = pool.take((n, len(cols)), dtype)
         slow, fast = [], []
         for j, c in enumerate(cols):
-            col = arrays[c]
-            if col.null_count == 0 and dtype != np.bool_ and col.type.id != _BOOL_ID:
-                fast.append((j, col.to_numpy(zero_copy_only=True)))  # a view of Arrow's buffer
+            view = member_view(arrays[c], dtype)
+            if view is not None:
+                fast.append((j, view))
             else:
                 slow.append((j, c))
         write_by_row_blocks(buf, fast, n)

@@ -71,7 +71,7 @@ import numpy as np
 
 from ..errors import DeviceUnavailableError, InvalidArgumentError
 from ..options import usable_cores
-from .chunks import NUMERIC_KINDS, ColumnRows, HostChunk, StackParts, _widths_differ
+from .chunks import ColumnRows, HostChunk, StackParts, check_widths, goes_whole
 from .collate import _bucket
 
 #: A batch whose host arrays hold at least this many bytes is staged on a staging thread.
@@ -262,11 +262,7 @@ class TorchDeviceStage:
                 if src.is_pinned():
                     direct += arr.nbytes
                 else:
-                    # staging buffers keyed by size, rounded up (reads vary in rows): bytes
-                    # viewed as the array's dtype and shape
-                    slot = self._staging((_bucket(max(1, arr.nbytes)),), np.uint8)
-                    used.append(slot)
-                    view = slot[2][:arr.nbytes].view(arr.dtype).reshape(arr.shape)
+                    view = self._staged(arr.nbytes, arr.dtype, arr.shape, used)
                     np.copyto(view, arr)
                     src = torch.from_numpy(view)
                     staged += arr.nbytes
@@ -281,6 +277,13 @@ class TorchDeviceStage:
             self.staged_bytes += staged
         return DeviceChunk(columns, host.num_rows, host.row_bytes, event)
 
+    def _staged(self, nbytes: int, dtype: np.dtype, shape: tuple, used: list) -> np.ndarray:
+        """A pinned staging array of ``shape`` and ``dtype`` for a whole read, its slot added
+        to ``used``: buffers keyed by size, rounded up (reads vary in rows), viewed as asked."""
+        slot = self._staging((_bucket(max(1, nbytes)),), np.uint8)
+        used.append(slot)
+        return slot[2][:nbytes].view(dtype).reshape(shape)
+
     def _stack(self, group: StackParts, dev, used: list) -> tuple[Any, bool]:
         """A ``stack=`` group's ``[rows, k]`` tensor made on the device from its columns, on
         the current (copy) stream, and whether they went there with no host copy (all
@@ -291,9 +294,7 @@ class TorchDeviceStage:
         if all(src.is_pinned() for src in srcs):
             return torch.stack([src.to(dev, non_blocking=True) for src in srcs], dim=1), True
         n, k = group.shape
-        slot = self._staging((_bucket(max(1, group.nbytes)),), np.uint8)
-        used.append(slot)
-        rows = slot[2][:group.nbytes].view(group.dtype).reshape(k, n)
+        rows = self._staged(group.nbytes, group.dtype, (k, n), used)
         for j, member in enumerate(group.members):
             np.copyto(rows[j], member)
         return torch.from_numpy(rows).to(dev, non_blocking=True).t().contiguous(), False
@@ -331,10 +332,8 @@ class TorchDeviceStage:
         parts = [p if isinstance(p, DeviceChunk) else self.chunk(p) for p in parts]
         torch = self.torch
         dev, stream = self.devices[0], self.streams[0]
-        for name, first in parts[0].columns.items():
-            for p in parts[1:]:  # lists of other widths in each read: the host path's error
-                if p.columns[name].shape[1:] != first.shape[1:]:
-                    _widths_differ(name, tuple(first.shape), tuple(p.columns[name].shape))
+        for name in parts[0].columns:  # lists of other widths in each read: the host path's error
+            check_widths(name, [p.columns[name] for p in parts])
         with self._copying(dev, stream, []):
             for p in parts:  # chunks copied on another thread: ordered by their events
                 stream.wait_event(p.event)
@@ -457,9 +456,7 @@ def _to_host(part):
 def _whole(item) -> bool:
     """A host chunk whose every column is a numeric host array (a read that goes to the
     device whole); Arrow batches and chunks holding Python lists do not."""
-    return (isinstance(item, HostChunk) and bool(item.columns)
-            and all((isinstance(v, np.ndarray) and v.dtype.kind in NUMERIC_KINDS) or isinstance(v, StackParts)
-                    for v in item.columns.values()))
+    return isinstance(item, HostChunk) and bool(item.columns) and goes_whole(item.columns)
 
 
 # -- page-locking host memory in place -----------------------------------------------------
