@@ -855,7 +855,6 @@ def test_a_second_dataloader_pass_over_a_resumed_epoch_is_the_whole_epoch(lakes,
     itself starts its next iteration afresh. A pass that went through the loaded position
     says so to the workers of the next (shared memory), and dataloader_batches then counts
     from the epoch's start. Truth: the loader's own uninterrupted epoch."""
-    import torch
     from torch.utils.data import DataLoader
 
     build, own, loader = _resumed_at_5(lakes, shared_cache)

@@ -303,7 +303,7 @@ def moment(draw, cx, depth: int = 1, safe: bool = False):
         f"CAST({c} AS DATE)", f"CAST({d} AS TIMESTAMP)", f"date_trunc('month', {c})", f"{d} + 1",
         f"{d} + INTERVAL 1 DAY", f"{c} - INTERVAL '1 hour'", f"coalesce({c}, TIMESTAMP '2000-01-01 00:00:00')",
         f"greatest({d}, DATE '2024-01-01')", f"CASE WHEN {draw(pred(cx, 0, safe))} THEN {c} END",
-        f"make_date(2024, 1, 1)", f"last_day({d})", f"date_trunc(month, {c})"]))
+        "make_date(2024, 1, 1)", f"last_day({d})", f"date_trunc(month, {c})"]))
 
 
 @st.composite

@@ -19,10 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import arrowload as al
-from arrowload.optimize import optimize
 from arrowload.options import OptimizerOptions
 from arrowload.pipeline.rowsource import restrict
-from arrowload.plan.nodes import Project
 from arrowload.scan import execute
 from arrowload.scan.choose import Chooser
 from arrowload.scan.units import UnitReader

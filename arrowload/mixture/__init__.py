@@ -175,7 +175,7 @@ class Mixture:
         from ..display import fmt_bytes, fmt_int
         lines = ["== mixture ==",
                  f"  stopping     {self.stopping} (seed {self.seed})",
-                 f"  epoch        " + ("endless (cycle): loader(steps=N) sets batches per epoch"
+                 "  epoch        " + ("endless (cycle): loader(steps=N) sets batches per epoch"
                                       if self.stopping == "cycle" else f"{fmt_int(len(self))} rows drawn"),
                  "  overlap      a row several components select is drawn in each (its own pass of each)",
                  "",

@@ -44,7 +44,7 @@ from ..pipeline import arguments as _arguments
 from ..plan.rowselect import take_rows
 from ..convert.host import array_valued
 from ..pipeline.board import Board, post, shared, torch_batches
-from ..pipeline.chunks import HostChunk, _varlist
+from ..pipeline.chunks import _varlist
 from ..pipeline.loader import STREAM_READERS, Loader, rank_and_world
 from ..pipeline.rowsource import _parts, slice_parts
 from ..pipeline.stages import (ENDED_BY_CLOSE, ENDED_BY_EPOCH, ENDED_BY_ITER, ENDED_BY_LOAD, EpochIterator, Settings,
@@ -457,9 +457,9 @@ class MixtureLoader:
         conv = self._chunks if self._host_ok else None
         # a reader waiting for a unit or window another task reads runs that task's sub-reads
         wait = getattr(getattr(map_units, "__self__", None), "wait", None)
-        for shared in self._shared.caches:
-            if shared is not None:
-                shared.wait = wait
+        for cache in self._shared.caches:
+            if cache is not None:
+                cache.wait = wait
         pieces = [[(int(s), int(s + k)) for s, k in zip(starts[:, c], counts[:, c]) if k]
                   for c in range(len(self.sizes))]
         # every component a slice of one shared table (global shuffle over one lake): the

@@ -38,7 +38,6 @@ from __future__ import annotations
 import threading
 from collections import deque
 from concurrent.futures import CancelledError
-from typing import Any
 
 import numpy as np
 import pyarrow as pa

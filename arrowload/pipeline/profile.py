@@ -233,7 +233,6 @@ class Profile:
         if self.batches == 0 or self.wall_s <= 0:
             return Verdict("none", "no batches were produced", "check the filter and the rank's share of rows")
         tentative = bool(self.warnings())
-        s = self.stats
         wall = self.wall_s
         if self.first_batch_s >= 0.8 * wall:
             return Verdict("start-up", *self._startup(), tentative=tentative)

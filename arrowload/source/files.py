@@ -16,7 +16,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from .._pickle import PicklableLock
-from ..errors import CorruptFileError, InvalidArgumentError, PathNotFoundError, StorageRetryError
+from ..errors import CorruptFileError, InvalidArgumentError, StorageRetryError
 from ..options import ScanOptions, default_cache_dir
 from .base import Source, Unit
 from .filesystem import FileEntry, bind_listing, storage_error
