@@ -14,6 +14,7 @@ import pathlib
 import shutil
 import threading
 import uuid
+from functools import partial
 
 import duckdb
 import fsspec
@@ -572,6 +573,79 @@ def test_missing_column_reads_nulls(tmp_path, duck, assert_tables_equal):
     assert_tables_equal(ds.filter("x IS NULL OR s = 'p'").to_arrow(),
                         duck(f"SELECT * FROM read_parquet('{tmp_path}/*.parquet', "
                              "union_by_name=true) WHERE x IS NULL OR s = 'p'"))
+
+
+def test_files_from_polars_pyarrow_and_duckdb_writers_read_as_one_lake(tmp_path, duck, assert_tables_equal):
+    """polars writes large strings and large lists (also inside structs), pyarrow plain
+    ones, a string_view column is a third spelling: the same values, which DuckDB's
+    union_by_name reads as one lake. They were refused (SchemaMismatchError); they widen to
+    the large types. Truth: DuckDB over the same files, through every read path."""
+    st = pa.struct([("a", pa.int64()), ("b", pa.string())])
+    _write(tmp_path / "a.parquet", pa.table({
+        "id": pa.array([0, 1], pa.int64()), "li": pa.array([[1], [2, 3]], pa.list_(pa.int64())),
+        "st": pa.array([{"a": 1, "b": "x"}, None], st), "s": pa.array(["p", "q"], pa.string())}))
+    pl.DataFrame({"id": [2, 3], "li": [[4, 5], None], "st": [{"a": 2, "b": "y"}, {"a": 3, "b": None}],
+                  "s": ["r", None]}).write_parquet(tmp_path / "b.parquet")
+    _write(tmp_path / "c.parquet", pa.table({
+        "id": pa.array([4], pa.int64()), "li": pa.array([[6, 7, 8]], pa.list_(pa.int64())),
+        "st": pa.array([{"a": 4, "b": "z"}], st), "s": pa.array(["x"], pa.string_view())}))
+    kinds = {str(pq.read_schema(tmp_path / f).field("s").type) for f in ("a.parquet", "b.parquet", "c.parquet")}
+    assert kinds == {"string", "large_string", "string_view"}, kinds
+    assert "large_list" in str(pq.read_schema(tmp_path / "b.parquet").field("li").type)
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("li").type == pa.large_list(pa.int64())
+    assert ds.schema.field("st").type == pa.struct([("a", pa.int64()), ("b", pa.large_string())])
+    assert ds.schema.field("s").type == pa.large_string()
+    scan = f"read_parquet('{tmp_path}/*.parquet', union_by_name=true)"
+    expected = duck(f"SELECT * FROM {scan}")
+    _check(ds, expected, partial(assert_tables_equal, check_types=False))
+    where = "s IN ('p', 'x') OR st.b = 'y' OR len(li) > 2"
+    sel = ds.filter(where)
+    assert_tables_equal(sel.to_arrow(), duck(f"SELECT * FROM {scan} WHERE {where}"), check_types=False)
+    assert sel.to_arrow().column("id").to_pylist() != []
+    batches = list(ds.loader(2, shuffle=False, output="arrow", drop_last=False))
+    assert_tables_equal(pa.Table.from_batches(batches), expected, check_types=False)
+
+
+def test_timestamps_in_different_time_zones_read_as_instants_in_utc(tmp_path, duck, assert_tables_equal):
+    """A file of New York timestamps beside one of UTC timestamps (DuckDB's COPY writes
+    UTC): both are instants; they were refused, and read now as UTC at the finer unit, the
+    instants DuckDB reads."""
+    _write(tmp_path / "a.parquet", pa.table({"id": pa.array([0, 1], pa.int64()), "ts": pa.array(
+        [1_700_000_000_000, 1_700_003_600_000], pa.timestamp("ms", "America/New_York"))}))
+    _write(tmp_path / "b.parquet", pa.table({"id": pa.array([2], pa.int64()), "ts": pa.array(
+        [1_700_001_000_000_000], pa.timestamp("us", "UTC"))}))
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("ts").type == pa.timestamp("us", "UTC")
+    scan = f"read_parquet('{tmp_path}/*.parquet', union_by_name=true)"
+    where = "ts >= TIMESTAMPTZ '2023-11-14 22:30:00+00'"
+    got = ds.filter(where).to_arrow()
+    assert_tables_equal(got, duck(f"SELECT * FROM {scan} WHERE {where}"), check_types=False)
+    assert sorted(got.column("id").to_pylist()) == [1, 2]
+
+
+def test_a_widened_unit_that_cannot_hold_a_files_values_is_a_schema_mismatch(tmp_path):
+    """timestamp[ms] beside timestamp[ns] widens to ns, which holds no date past 2262: a
+    file of ms dates in the year 3000 then failed to read as "truncated or corrupt, rewrite
+    it". Neither file is corrupt (DuckDB refuses the lake as a conversion error too): the
+    error is a SchemaMismatchError naming the column, the file and both types, on every
+    read path."""
+    import datetime as dt
+    a = _write(tmp_path / "a.parquet", pa.table({"id": [1, 2], "ts": pa.array(
+        [dt.datetime(3000, 1, 1), dt.datetime(2024, 1, 1)], pa.timestamp("ms"))}))
+    _write(tmp_path / "b.parquet", pa.table({"id": [3], "ts": pa.array([1], pa.timestamp("ns"))}))
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("ts").type == pa.timestamp("ns")
+    reads = {"to_arrow": ds.to_arrow, "filter": lambda: ds.filter("ts > '2100-01-01'").to_arrow(),
+             "sql": lambda: al.sql("SELECT max(ts) AS m FROM t", t=ds).to_arrow(),
+             "loader": lambda: list(ds.loader(2, shuffle=False, output="arrow", drop_last=False))}
+    for what, read in reads.items():
+        with pytest.raises(al.SchemaMismatchError) as info:
+            read()
+        msg = str(info.value)
+        assert "'ts'" in msg and a in msg and "timestamp[ms]" in msg and "timestamp[ns]" in msg, (what, msg)
+        assert "corrupt" not in msg.replace("Neither file is corrupt", ""), (what, msg)
+    assert al.dataset(a).to_arrow().column("id").to_pylist() == [1, 2]
 
 
 def test_incompatible_shards_raise_schema_mismatch(tmp_path):

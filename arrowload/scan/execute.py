@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 import pyarrow.types as pat
 
 from ..errors import (AmbiguousColumnError, ArrowloadError, CorruptFileError, ExpressionError, ScanError,
-                      StorageRetryError)
+                      SchemaMismatchError, StorageRetryError)
 from ..optimize.prune_row_groups import matching_row_groups, sound_columns
 from ..options import Options, ScanOptions
 from ..plan.expr import SqlExpr
@@ -30,6 +30,7 @@ from ..plan.nodes import Filter, Limit, Map, Plan, Project, Scan, SqlQuery, walk
 from ..source import FileSource
 from ..source.filesystem import storage_error
 from ..source.retry import is_transient, retry
+from ..source.schema import widen
 from ..source.snapshot import changed_paths, files_changed_error
 from .duck import PlanReader
 from .duck import count as sql_count
@@ -151,6 +152,9 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                     return ExpressionError(f"evaluating the selection on {path!r} failed: {inner}; the "
                                            "file itself reads fine: fix the filter / expression (e.g. "
                                            "filter out the values a CAST cannot convert)")
+                unfit = _unfit_widening(src, f, scan.read_columns)
+                if unfit is not None:
+                    return unfit
                 check = src.footer_check(f) if src.kind == "parquet" else None
                 if check is not None and not check.ok:  # say which column, and why
                     return CorruptFileError(f"cannot read {path!r}: {check.reason()}; {check.fix()}", path)
@@ -163,6 +167,38 @@ def read_error(scan: Scan, exc: BaseException) -> ArrowloadError:
                                  "retry longer with al.ScanOptions(retries=..., retry_backoff_s=...)")
     return ScanError(f"scanning {src.display} failed: {exc}; reading each file again on its own did not "
                      "fail, so no file is at fault: retry the read")
+
+
+def _unfit_widening(src: FileSource, f: int, columns) -> SchemaMismatchError | None:
+    """The error of file ``f`` whose column reads in its own type but whose values do not fit
+    the type the source widened it to for other files (``schema.merge_types``: ``timestamp[ms]``
+    next to ``timestamp[ns]`` is ``timestamp[ns]``, which holds no date past 2262): the
+    files disagree, neither is corrupt. None where every column fits (or reads nowhere)."""
+    path = src.entries[f].path
+    try:
+        frag = src.format.make_fragment(path, src.filesystem)
+        own = frag.physical_schema
+    except Exception:  # noqa: BLE001 - the file's own failure: not a widening
+        return None
+    unified = src.schema
+    for name in (columns if columns is not None else unified.names):
+        if name not in own.names or name not in unified.names:
+            continue
+        have, want = own.field(name).type, unified.field(name).type
+        if have.equals(want):
+            continue
+        try:
+            col = frag.to_table(columns=[name], schema=own).column(name)
+        except Exception:  # noqa: BLE001 - the column does not decode in its own type either
+            return None
+        try:
+            widen(col, want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            return SchemaMismatchError(
+                f"column {name!r} is {have} in {path!r} and {want} in the source (widened for its other "
+                f"files), and its values there do not fit {want}: {exc}. Neither file is corrupt: rewrite "
+                "one shard with the other's type, or select a subset of files")
+    return None
 
 
 def _decodes_plainly(scan: Scan, units: list[int]) -> bool:

@@ -33,8 +33,14 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
 
     Safe widenings: null -> anything; integers of the same signedness to the wider;
     unsigned into a wider signed type; float32 -> float64; integers -> float64 (as
-    DuckDB does when reading mixed shards); string / binary -> their large variants;
-    dictionary-encoded values -> their value type; decimals to a precision that holds both.
+    DuckDB does when reading mixed shards); string / binary and their view types -> their
+    large variants; dictionary-encoded values -> their value type; decimals to a precision
+    that holds both; timestamps to the finer unit (a value past the finer unit's range
+    is refused when read: ``SchemaMismatchError``), in UTC where both carry different time
+    zones (both are instants); lists and large lists -> a large list where either is
+    large, of their merged values; structs with the same field names in the same order ->
+    field by field. These are the files polars writes (large strings and lists, also
+    inside structs) next to pyarrow's and DuckDB's: DuckDB's ``union_by_name`` reads them.
     """
     if a.equals(b):
         return a
@@ -52,8 +58,8 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return a if a.bit_width >= b.bit_width else b
     if (pat.is_integer(a) and pat.is_floating(b)) or (pat.is_floating(a) and pat.is_integer(b)):
         return pa.float64()
-    for small, large in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())):
-        if {str(a), str(b)} <= {str(small), str(large)}:
+    for family, large in _TEXT_FAMILIES:
+        if {str(a), str(b)} <= family:
             return large
     if pat.is_decimal(a) and pat.is_decimal(b):
         scale = max(a.scale, b.scale)
@@ -61,13 +67,33 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         if integral + scale <= 38:
             return pa.decimal128(integral + scale, scale)
         return None
-    if pat.is_timestamp(a) and pat.is_timestamp(b) and a.tz == b.tz:
+    if pat.is_timestamp(a) and pat.is_timestamp(b) and (a.tz is None) == (b.tz is None):
         order = ["s", "ms", "us", "ns"]
-        return a if order.index(a.unit) >= order.index(b.unit) else b
-    if pat.is_list(a) and pat.is_list(b):
+        unit = a.unit if order.index(a.unit) >= order.index(b.unit) else b.unit
+        return pa.timestamp(unit, a.tz if a.tz == b.tz else "UTC")
+    if _is_list(a) and _is_list(b):
         inner = merge_types(a.value_type, b.value_type)
-        return pa.list_(inner) if inner is not None else None
+        if inner is None:
+            return None
+        return pa.large_list(inner) if pat.is_large_list(a) or pat.is_large_list(b) else pa.list_(inner)
+    if pat.is_struct(a) and pat.is_struct(b) and a.names == b.names:
+        fields = []
+        for fa, fb in zip(a.fields, b.fields):
+            inner = merge_types(fa.type, fb.type)
+            if inner is None:
+                return None
+            fields.append(pa.field(fa.name, inner, fa.nullable or fb.nullable))
+        return pa.struct(fields)
     return None
+
+
+#: text and bytes types that hold the same values, and the one each pair widens to
+_TEXT_FAMILIES = (({"string", "large_string", "string_view"}, pa.large_string()),
+                  ({"binary", "large_binary", "binary_view"}, pa.large_binary()))
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return pat.is_list(t) or pat.is_large_list(t)
 
 
 def _merge_ints(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
