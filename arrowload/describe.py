@@ -189,6 +189,8 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
     footer_check = getattr(src, "footer_check", None)
     file_columns = getattr(src, "file_columns", lambda file: {})
     for u in units:
+        if u.num_rows == 0:
+            continue  # an empty row group (pyarrow writes one for a 0-row file) holds nothing to describe
         meta = file_meta(u.file) if parquet else None
         check = footer_check(u.file) if meta is not None and footer_check is not None else None
         mapped = file_columns(u.file)
@@ -305,8 +307,24 @@ def _exact(dataset, names: Sequence[str], schema: pa.Schema) -> tuple[int, dict[
     row = _first_row(dataset.sql("SELECT " + ", ".join(parts) + " FROM self").to_arrow())
     out = {}
     for i, n in enumerate(names):
-        out[n] = (row[f"__n{i}"], row.get(f"__lo{i}"), row.get(f"__hi{i}"), row[f"__d{i}"])
+        lo, hi = (_as_column_type(row.get(f"__{k}{i}"), _type_of(schema, n)) for k in ("lo", "hi"))
+        out[n] = (row[f"__n{i}"], lo, hi, row[f"__d{i}"])
     return row["__rows"], out
+
+
+_NS_PER = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
+def _as_column_type(value: Any, type_: pa.DataType) -> Any:
+    """A min / max from DuckDB as the column's own Python value: DuckDB reads a
+    ``duration`` as an INTERVAL (months, days, nanoseconds), given back here as the
+    duration it is (a ``timedelta``, as the footer path and ``to_pylist`` give it)."""
+    if value is None or not pa.types.is_duration(type_) or not hasattr(value, "nanoseconds"):
+        return value
+    ns = (value.days * 86_400 * 10**9 + value.nanoseconds) if not value.months else None
+    if ns is None:  # a month has no fixed length: no duration column holds one
+        return value
+    return pa.scalar(ns // _NS_PER[type_.unit], type_).as_py()
 
 
 def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool = False):

@@ -195,6 +195,37 @@ def test_footer_bounds_are_typed_and_rendered_as_the_exact_scans(tmp_path):
     assert footer["min"].to_list() == exact["min"].to_list() and footer["max"].to_list() == exact["max"].to_list()
 
 
+def test_an_empty_file_leaves_the_footer_statistics_of_the_others(tmp_path):
+    """pyarrow writes a 0-row file as one empty row group without statistics: it blanked
+    null_count, min and max of every column of the whole lake. It holds no row, so it adds
+    nothing. Truth: DuckDB over the same files."""
+    t = pa.table({"id": [1, 2, 3], "s": ["a", None, "c"]})
+    pq.write_table(t, str(tmp_path / "a.parquet"))
+    pq.write_table(t.slice(0, 0), str(tmp_path / "b.parquet"))
+    assert pq.ParquetFile(str(tmp_path / "b.parquet")).metadata.num_row_groups == 1
+    rows = _by_column(al.dataset(str(tmp_path)).describe())
+    truth = duck(f"SELECT min(id)::VARCHAR, max(id)::VARCHAR, count(*) - count(id), min(s), max(s), "
+                 f"count(*) - count(s), count(*) FROM read_parquet('{tmp_path}/*.parquet')").to_pylist()[0]
+    lo_id, hi_id, nulls_id, lo_s, hi_s, nulls_s, n = truth.values()
+    assert (rows["id"]["min"], rows["id"]["max"], rows["id"]["null_count"], rows["id"]["rows"]) == \
+        (lo_id, hi_id, nulls_id, n)
+    assert (rows["s"]["min"], rows["s"]["max"], rows["s"]["null_count"]) == (lo_s, hi_s, nulls_s)
+    assert rows["s"]["source"] == "footer"
+
+
+def test_exact_bounds_of_a_duration_are_durations():
+    """DuckDB reads a duration as an INTERVAL: describe(exact=True) gave pyarrow
+    MonthDayNano bounds (and their repr as text) for a duration[us] column. They are the
+    column's own values now, as to_pylist gives them."""
+    import datetime as dt
+    values = [dt.timedelta(seconds=1), dt.timedelta(hours=-3), None]
+    for unit in ("s", "ms", "us"):
+        t = pa.table({"dur": pa.array(values, pa.duration(unit))})
+        d = al.dataset(t).describe(exact=True)
+        assert d.bounds["dur"] == (dt.timedelta(hours=-3), dt.timedelta(seconds=1)), unit
+        assert d["min"].to_list() == [str(dt.timedelta(hours=-3))] and d["max"].to_list() == ["0:00:01"], unit
+
+
 def test_describe_text_shows_every_column_whatever_polars_limits(parquet_lake, monkeypatch):
     import polars as pl
     monkeypatch.setenv("COLUMNS", "100")
