@@ -12,6 +12,7 @@ Nothing here knows about torch or jax; ``torch_out`` / ``jax_out`` take these ar
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,7 +184,7 @@ def _fill_for(name: str, t: pa.DataType, opts: ConvertOptions) -> Any:
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A writable array in a fresh 64-byte aligned Arrow allocation."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = int(math.prod(shape))
     buf = pa.allocate_buffer(count * dtype.itemsize)
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(shape)
 

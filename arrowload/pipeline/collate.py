@@ -15,6 +15,7 @@ the pool allocate new buffers (it never grows beyond ``capacity`` pooled ones).
 from __future__ import annotations
 
 import fnmatch
+import math
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -126,7 +127,7 @@ class BufferPool(PicklableLock):
 
     def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = int(math.prod(shape))
         size = _bucket(count)
         key = (size, dtype.str)
         with self._lock:  # the view is made under the lock: no other thread sees the slot idle
