@@ -807,6 +807,56 @@ def test_integers_past_2_53_unified_with_floats_round_as_in_duckdb(tmp_path, mon
         assert seen == want, shuffle
 
 
+@pytest.mark.parametrize("decoder", [None, "pyarrow", "polars", "dataset"])
+def test_integers_past_2_53_inside_structs_and_lists_round_as_in_duckdb(tmp_path, monkeypatch, decoder):
+    """The same rule inside a struct or a list (int64 there in one file, double in another,
+    e.g. polars' large list beside pyarrow's list): the values past 2**53 were refused as
+    not fitting the unified type, where the top-level column rounds and DuckDB rounds both.
+    Null structs, null lists, null elements and row groups (sliced children) kept; a
+    timestamp in the same struct that does not fit the unified unit is still refused."""
+    import datetime as dt
+
+    import duckdb
+
+    if decoder is not None:
+        monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    big = 2**53 + 1
+    st_int = pa.struct([("v", pa.int64()), ("w", pa.string())])
+    n = 900
+    vals = [None if i % 7 == 0 else {"v": None if i % 5 == 0 else big + i, "w": f"s{i % 3}"} for i in range(n)]
+    lists = [None if i % 6 == 0 else [big, None, -2**62 - i][: i % 4] for i in range(n)]
+    pq.write_table(pa.table({"k": pa.array(range(n), pa.int64()), "st": pa.array(vals, st_int),
+                             "li": pa.array(lists, pa.list_(pa.int64()))}),
+                   str(tmp_path / "a.parquet"), row_group_size=200)
+    pq.write_table(pa.table({"k": pa.array([n, n + 1], pa.int64()),
+                             "st": pa.array([{"v": 0.5, "w": "x"}, None], pa.struct([("v", pa.float64()), ("w", pa.string())])),
+                             "li": pa.array([[0.25], None], pa.large_list(pa.float64()))}), str(tmp_path / "b.parquet"))
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("st").type == pa.struct([("v", pa.float64()), ("w", pa.string())])
+    assert ds.schema.field("li").type == pa.large_list(pa.float64())
+    scan = f"read_parquet('{tmp_path}/*.parquet', union_by_name=true)"
+    con = duckdb.connect()
+    for where in ("true", "st.v > 9.1e15", "len(li) = 2", "k > 850"):
+        want = con.sql(f"SELECT k, st, li FROM {scan} WHERE {where} ORDER BY k").fetchall()
+        got = ds.filter(where).select("k", "st", "li").to_arrow().sort_by("k")
+        assert [(r["k"], r["st"], r["li"]) for r in got.to_pylist()] == want, where
+    want = {k: (s, li) for k, s, li in con.sql(f"SELECT k, st, li FROM {scan}").fetchall()}
+    for shuffle in (False, "block", "global"):
+        with ds.loader(128, shuffle=shuffle, seed=1, output="arrow", cache_dir=str(tmp_path / "cache")) as loader:
+            seen = {r["k"]: (r["st"], r["li"]) for b in loader for r in b.to_pylist()}
+        assert seen == want, shuffle
+    # a struct that also holds a timestamp past the ns range: still a SchemaMismatchError
+    late = tmp_path / "late"
+    late.mkdir()
+    pq.write_table(pa.table({"st": pa.array([{"v": big, "t": dt.datetime(3000, 1, 1)}],
+                                            pa.struct([("v", pa.int64()), ("t", pa.timestamp("ms"))]))}),
+                   str(late / "a.parquet"))
+    pq.write_table(pa.table({"st": pa.array([{"v": 0.5, "t": 1}], pa.struct([("v", pa.float64()), ("t", pa.timestamp("ns"))]))}),
+                   str(late / "b.parquet"))
+    with pytest.raises(al.SchemaMismatchError, match="timestamp"):
+        al.dataset(str(late)).to_arrow()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ints=st.lists(st.integers(-2**63, 2**63 - 1), min_size=1, max_size=30),
        floats=st.lists(st.floats(allow_nan=False, width=64), min_size=1, max_size=30),

@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 import threading
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -613,17 +614,19 @@ class FileSource(PicklableLock, Source):
 
     def _rounding(self) -> frozenset[int]:
         """Files holding an integer column this source reads as a float (one unified with
-        a float column of another file). DuckDB rounds such integers to the nearest
+        a float column of another file; or integers inside a list or struct so unified).
+        DuckDB rounds such integers to the nearest
         double; pyarrow's dataset scan refuses any past 2**53, and polars reads each file
         as it is. Their units are read and cast here (``dataset``; ``schema.widen``)."""
         facts = self._ensure()
         found = self._rounding_of
         if found is None or found[0] is not facts:
             schema = facts[1]
-            floats = {f.name for f in schema if pa.types.is_floating(f.type)}
+            seen = Counter(schema.names)
+            types = {f.name: f.type for f in schema if seen[f.name] == 1}  # (a duplicated name: no unifying)
             found = self._rounding_of = (facts, frozenset(
                 i for i in range(len(facts[0]))
-                if any(f.name in floats and rounds(f.type, schema.field(f.name).type) for f in self._fetched[i][1])))
+                if any(f.name in types and rounds(f.type, types[f.name]) for f in self._fetched[i][1])))
         return found[1]
 
     @property

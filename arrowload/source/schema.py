@@ -12,16 +12,49 @@ from ..errors import SchemaMismatchError
 
 def rounds(have: pa.DataType, unified: pa.DataType) -> bool:
     """Whether ``have`` (a file's type) reaches ``unified`` (``merge_types``) by rounding:
-    integers read as float64, as DuckDB reads them, past 2**53 to the nearest double."""
-    return pat.is_integer(have) and pat.is_floating(unified)
+    integers read as float64, as DuckDB reads them, past 2**53 to the nearest double; at
+    the top level or inside a list or struct (DuckDB rounds them there too)."""
+    if pat.is_dictionary(have):
+        have = have.value_type
+    if pat.is_integer(have):
+        return pat.is_floating(unified)
+    if _is_list(have) and _is_list(unified):
+        return rounds(have.value_type, unified.value_type)
+    if pat.is_struct(have) and pat.is_struct(unified) and have.names == unified.names:
+        return any(rounds(a.type, b.type) for a, b in zip(have.fields, unified.fields))
+    return False
 
 
 def widen(col, unified: pa.DataType):
     """A file's column (an Array or ChunkedArray) as its source's unified type
-    (``merge_types``): every widening exact, but integers into float64, which round as in
-    DuckDB (pyarrow's checked cast refuses them past 2**53)."""
-    return col if col.type.equals(unified, check_metadata=True) else \
-        col.cast(unified, safe=not rounds(col.type, unified))
+    (``merge_types``): every widening exact -- a value the unified type cannot hold is an
+    error (``pa.ArrowInvalid``) -- but integers into float64, which round as in DuckDB
+    (pyarrow's checked cast refuses them past 2**53). Inside a list or struct only those
+    integers round: the rest of the value is cast checked, child by child."""
+    if col.type.equals(unified, check_metadata=True):
+        return col
+    if not rounds(col.type, unified):
+        return col.cast(unified)
+    if pat.is_integer(col.type) or (pat.is_dictionary(col.type) and pat.is_integer(col.type.value_type)):
+        return col.cast(unified, safe=False)
+    if isinstance(col, pa.ChunkedArray):
+        return pa.chunked_array([_widen_nested(c, unified) for c in col.chunks], type=unified)
+    return _widen_nested(col, unified)
+
+
+def _widen_nested(arr: pa.Array, unified: pa.DataType) -> pa.Array:
+    """``widen`` of one list or struct array holding a rounding integer: rebuilt from its
+    children, each widened on its own (its nulls kept)."""
+    if pat.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    mask = arr.is_null() if arr.null_count else None
+    if pat.is_struct(arr.type):
+        children = [widen(arr.field(i), f.type) for i, f in enumerate(unified)]
+        return pa.StructArray.from_arrays(children, fields=list(unified), mask=mask)
+    values = widen(arr.values, unified.value_type)  # the whole child; the offsets index it
+    if pat.is_large_list(unified):
+        return pa.LargeListArray.from_arrays(arr.offsets.cast(pa.int64()), values, type=unified, mask=mask)
+    return pa.ListArray.from_arrays(arr.offsets, values, type=unified, mask=mask)
 
 
 _SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
