@@ -495,7 +495,8 @@ class Dataset:
 
 def sql(query: str, *, external_access: bool = True, **tables: Any) -> Dataset:
     """A lazy Dataset defined by SQL (DuckDB dialect) over tables bound by keyword
-    (arrowload Datasets, paths / URIs, pyarrow tables, polars or pandas frames).
+    (arrowload Datasets, paths / URIs, pyarrow tables, polars or pandas frames); the
+    query reads at least one of them (one that reads none is an ExpressionError).
 
     ``SELECT cols FROM t WHERE ... LIMIT n`` becomes the same plan as
     ``t.filter(...).select(...).limit(n)``; joins, aggregates, windows, ORDER BY and the

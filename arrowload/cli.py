@@ -490,7 +490,7 @@ _CLI_TERMS = (
     ("external_access=False", "--no-external-access"),
     ("pass format='parquet' | 'ipc' | 'csv' | 'json'", "pass --format parquet|ipc|csv|json"),
     ("pass format=", "pass --format"),
-    ("bind one by keyword: al.sql('SELECT ... FROM t', t=...)", "bind one with --table t=PATH"),
+    ("bind one by keyword: al.sql('SELECT ... FROM t', t=al.dataset(PATH))", "bind one with --table t=PATH and FROM t"),
     ("Run queries with al.sql('SELECT ... FROM t WHERE ...', t=ds)",
      "Run queries with arrowload sql \"SELECT ... FROM t WHERE ...\" --table t=PATH"),
     ("al.sql()", "arrowload sql"),

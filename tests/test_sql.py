@@ -751,6 +751,27 @@ def test_default_keeps_duckdb_full_access(events, outside):
     assert al.sql(q, events=events).to_arrow()["s"].to_pylist() == [3]
 
 
+def test_a_quoted_file_path_beside_a_bound_table_is_read_as_duckdb_reads_it(events, outside, tmp_path):
+    """FROM 'file.parquet' (DuckDB's replacement scan, as read_parquet) beside a bound table:
+    it was taken for a table name and refused (TableNotFoundError). DuckDB's answer now; the
+    sandbox refuses it; a cache needs key= (the query reads data by itself); a query that
+    reads no bound table at all is refused, saying al.sql needs one."""
+    other = outside / "other.parquet"
+    for spelled in (f"'{other}'", f'"{other}"'):
+        q = f"SELECT sum(x) AS s, count(*) AS n FROM {spelled} CROSS JOIN (SELECT 1 FROM events LIMIT 2)"
+        want = duckdb.sql(f"SELECT sum(x) AS s, count(*) AS n FROM {spelled} CROSS JOIN (SELECT 1 FROM range(2))")
+        assert al.sql(q, events=events).to_arrow().to_pylist() == want.to_arrow_table().to_pylist() == \
+            [{"s": 6, "n": 4}], spelled
+        with pytest.raises(al.ExternalAccessError):
+            al.sql(q, events=events, external_access=False).to_arrow()
+        with pytest.raises(al.UncacheablePlanError, match="reads data by itself"):
+            al.sql(q, events=events).cache(str(tmp_path / "cache"))
+    with pytest.raises(al.TableNotFoundError):  # a name that is no path is still a table
+        al.sql("SELECT * FROM evnts", events=events)
+    with pytest.raises(al.ExpressionError, match="at least one bound table"):
+        al.sql(f"SELECT * FROM '{other}'", events=events)
+
+
 def test_sandbox_still_runs_queries_over_bound_tables(events, users, truth):
     query = ("SELECT u.segment, count(*) AS n, sum(e.price) AS revenue FROM events e "
              "JOIN users u USING (user_id) WHERE e.label = 1 GROUP BY u.segment ORDER BY u.segment")

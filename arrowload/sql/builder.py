@@ -55,13 +55,21 @@ def parse_query(query: str) -> exp.Expression:
 
 
 def _table_names(tree: exp.Expression) -> list[str]:
-    """Tables the query reads, minus its own CTE names."""
+    """Tables the query reads, minus its own CTE names and the quoted file paths it reads
+    by itself (``FROM 'data/x.parquet'``: DuckDB's replacement scan, as ``read_parquet``)."""
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     out = []
     for t in tree.find_all(exp.Table):
-        if isinstance(t.this, exp.Identifier) and t.name.lower() not in ctes and not t.args.get("db"):
+        if isinstance(t.this, exp.Identifier) and t.name.lower() not in ctes and not t.args.get("db") \
+                and not _file_path(t.this):
             out.append(t.name)
     return out
+
+
+def _file_path(name: exp.Identifier) -> bool:
+    """A quoted name that spells a file or glob (a ``/``, a ``.``, a ``*``: no keyword
+    argument of ``al.sql`` is one), which DuckDB reads as a file where no table has it."""
+    return bool(name.args.get("quoted")) and any(ch in name.name for ch in "/\\.*")
 
 
 def _is_simple(tree: exp.Expression) -> bool:
@@ -239,8 +247,9 @@ def build(tree: exp.Expression, tables: dict[str, Plan], *,
         if real not in used:
             used.append(real)
     if not used:
-        raise ExpressionError("the query reads no bound table; bind one by keyword: "
-                              "al.sql('SELECT ... FROM t', t=...)")
+        raise ExpressionError("the query reads no bound table; bind one by keyword: al.sql('SELECT ... FROM t', "
+                              "t=al.dataset(PATH)) (a query needs at least one bound table; bind the files it "
+                              "would read by itself, read_parquet('...') or a quoted path, so)")
     if _is_simple(tree) and len(used) == 1:
         try:
             return _lower_simple(tree, tables[used[0]], query), used[0]
