@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -855,6 +856,37 @@ def test_integers_past_2_53_inside_structs_and_lists_round_as_in_duckdb(tmp_path
                    str(late / "b.parquet"))
     with pytest.raises(al.SchemaMismatchError, match="timestamp"):
         al.dataset(str(late)).to_arrow()
+
+
+def test_widening_a_sliced_list_with_nulls_keeps_every_row(tmp_path):
+    """A row group larger than one scan batch (131,072 rows) reaches the widening as sliced
+    arrays: a list<int64> with null lists beside list<double> (and polars' large lists)
+    raised "values do not fit" (pyarrow refuses a null mask beside sliced offsets). Every
+    row, as DuckDB reads it; the widening of slices checked alone against a plain cast."""
+    import duckdb
+    import polars as pl
+
+    from arrowload.source.schema import widen
+    n = 140_000
+    vals = [None if i % 7 == 0 else [i, 2**53 + 1] for i in range(n)]
+    pyarrow_lake, polars_lake = tmp_path / "pa", tmp_path / "pl"
+    pyarrow_lake.mkdir(), polars_lake.mkdir()
+    pq.write_table(pa.table({"v": pa.array(vals, pa.list_(pa.int64()))}), str(pyarrow_lake / "a.parquet"))
+    pq.write_table(pa.table({"v": pa.array([[0.5]], pa.list_(pa.float64()))}), str(pyarrow_lake / "b.parquet"))
+    pl.DataFrame({"v": vals}, schema={"v": pl.List(pl.Int64)}).write_parquet(polars_lake / "a.parquet")
+    pl.DataFrame({"v": [[0.5]]}, schema={"v": pl.List(pl.Float64)}).write_parquet(polars_lake / "b.parquet")
+    for lake in (pyarrow_lake, polars_lake):
+        want = duckdb.sql(f"SELECT v FROM read_parquet('{lake}/*.parquet', union_by_name=true)").fetchall()
+        got = al.dataset(str(lake)).to_arrow().column("v").to_pylist()
+        assert len(got) == n + 1 and sum(v is None for v in got) == n // 7
+        assert sorted(got, key=repr) == sorted((v for (v,) in want), key=repr), lake
+    for unified, kind in ((pa.list_(pa.float64()), pa.list_), (pa.large_list(pa.float64()), pa.large_list)):
+        arr = pa.array([[1], None, [2, 3], [], None, [2**53 + 1]], kind(pa.int64()))
+        for lo, size in ((1, 5), (2, 3), (3, 2), (0, 6), (4, 0)):
+            part = arr.slice(lo, size)
+            assert widen(part, unified).to_pylist() == part.cast(unified, safe=False).to_pylist(), (unified, lo, size)
+            chunked = pa.chunked_array([arr.slice(0, 2), part], type=arr.type)
+            assert widen(chunked, unified).to_pylist() == chunked.cast(unified, safe=False).to_pylist()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

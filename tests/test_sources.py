@@ -646,6 +646,29 @@ def test_a_widened_unit_that_cannot_hold_a_files_values_is_a_schema_mismatch(tmp
         assert "'ts'" in msg and a in msg and "timestamp[ms]" in msg and "timestamp[ns]" in msg, (what, msg)
         assert "corrupt" not in msg.replace("Neither file is corrupt", ""), (what, msg)
     assert al.dataset(a).to_arrow().column("id").to_pylist() == [1, 2]
+    # Arrow IPC: a file and a stream (read whole, not through pyarrow's fragments)
+    for ext, writer in (("arrow", pa.ipc.new_file), ("arrows", pa.ipc.new_stream)):
+        folder = tmp_path / ext
+        folder.mkdir()
+        for name, t in (("a", pa.table({"t": pa.array([dt.datetime(3000, 1, 1)], pa.timestamp("ms"))})),
+                        ("b", pa.table({"t": pa.array([dt.datetime(2000, 1, 1)], pa.timestamp("ns"))}))):
+            with writer(str(folder / f"{name}.{ext}"), t.schema) as w:
+                w.write_table(t)
+        ipc_ds = al.dataset(str(folder), format="ipc")
+        for read in (ipc_ds.to_arrow, lambda: list(ipc_ds.loader(1))):
+            with pytest.raises(al.SchemaMismatchError, match=r"timestamp\[ms\].*a\.arrow"):
+                read()
+
+
+def test_a_bound_table_named_like_a_file_is_still_a_table(tmp_path):
+    """A quoted name with a dot or a slash is read as a file only where no table is bound
+    under it: tables keyed by file name (al.sql(q, **{"v1.2/train": ds})) were refused."""
+    t = pa.table({"a": [1, 2]})
+    for name in ("a.b", "v1.2/train", "part-*"):
+        got = al.sql(f'SELECT sum(a) AS s FROM "{name}"', **{name: t}).to_arrow().to_pylist()
+        assert got == [{"s": 3}], name
+        joined = al.sql(f'SELECT count(*) AS n FROM "{name}" x JOIN u USING (a)', **{name: t, "u": t})
+        assert joined.to_arrow().to_pylist() == [{"n": 2}], name
 
 
 def test_incompatible_shards_raise_schema_mismatch(tmp_path):

@@ -175,25 +175,19 @@ def _unfit_widening(src: FileSource, f: int, columns) -> SchemaMismatchError | N
     next to ``timestamp[ns]`` is ``timestamp[ns]``, which holds no date past 2262): the
     files disagree, neither is corrupt. None where every column fits (or reads nowhere)."""
     path = src.entries[f].path
+    unified = src.schema
+    names = [n for n in (columns if columns is not None else unified.names) if n in unified.names]
     try:
-        frag = src.format.make_fragment(path, src.filesystem)
-        own = frag.physical_schema
+        own = src.own_columns(f, names)
     except Exception:  # noqa: BLE001 - the file's own failure: not a widening
         return None
-    unified = src.schema
-    for name in (columns if columns is not None else unified.names):
-        if name not in own.names or name not in unified.names:
-            continue
-        have, want = own.field(name).type, unified.field(name).type
+    for name in own.column_names:
+        have, want = own.schema.field(name).type, unified.field(name).type
         if have.equals(want):
             continue
         try:
-            col = frag.to_table(columns=[name], schema=own).column(name)
-        except Exception:  # noqa: BLE001 - the column does not decode in its own type either
-            return None
-        try:
-            widen(col, want)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            widen(own.column(name), want)
+        except pa.ArrowInvalid as exc:  # a value out of the widened type's range
             return SchemaMismatchError(
                 f"column {name!r} is {have} in {path!r} and {want} in the source (widened for its other "
                 f"files), and its values there do not fit {want}: {exc}. Neither file is corrupt: rewrite "

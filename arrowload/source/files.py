@@ -663,6 +663,18 @@ class FileSource(PicklableLock, Source):
         self._ensure()
         return bool(self._streams)
 
+    def own_columns(self, f: int, names: Sequence[str]) -> pa.Table:
+        """Columns ``names`` of file ``f`` in the file's own types (not the unified ones),
+        those it has: what a read error is checked against (``execute._unfit_widening``)."""
+        path = self.entries[f].path
+        self._ensure()
+        if f in self._streams:
+            table = read_ipc(self.filesystem, path, True, self.is_local)
+            return table.select([n for n in names if n in table.column_names])
+        frag = self.format.make_fragment(path, self.filesystem)
+        own = frag.physical_schema
+        return frag.to_table(columns=[n for n in names if n in own.names], schema=own)
+
     def _read_whole(self, files: Sequence[int], schema: pa.Schema) -> ds.InMemoryDataset:
         """IPC streams (and IPC files beside them) read whole, in order, as an in-memory
         dataset of the unified schema (a unit is a whole file for IPC)."""

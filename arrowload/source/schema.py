@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.types as pat
 
 from ..errors import SchemaMismatchError
@@ -51,10 +52,15 @@ def _widen_nested(arr: pa.Array, unified: pa.DataType) -> pa.Array:
     if pat.is_struct(arr.type):
         children = [widen(arr.field(i), f.type) for i, f in enumerate(unified)]
         return pa.StructArray.from_arrays(children, fields=list(unified), mask=mask)
-    values = widen(arr.values, unified.value_type)  # the whole child; the offsets index it
+    # the values this (possibly sliced) list spans, and offsets into them from 0: a fresh
+    # offsets array (from_arrays refuses a mask beside a sliced one)
+    offsets = arr.offsets
+    start, stop = offsets[0].as_py(), offsets[-1].as_py()
+    offsets = pc.subtract(offsets.cast(pa.int64() if pat.is_large_list(unified) else pa.int32()), start)
+    values = widen(arr.values.slice(start, stop - start), unified.value_type)
     if pat.is_large_list(unified):
-        return pa.LargeListArray.from_arrays(arr.offsets.cast(pa.int64()), values, type=unified, mask=mask)
-    return pa.ListArray.from_arrays(arr.offsets, values, type=unified, mask=mask)
+        return pa.LargeListArray.from_arrays(offsets, values, type=unified, mask=mask)
+    return pa.ListArray.from_arrays(offsets, values, type=unified, mask=mask)
 
 
 _SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
