@@ -11,6 +11,8 @@ streams back as Arrow record batches.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import sqlglot
 from sqlglot import exp
 
@@ -54,21 +56,23 @@ def parse_query(query: str) -> exp.Expression:
     return tree
 
 
-def _table_names(tree: exp.Expression) -> list[str]:
+def _table_names(tree: exp.Expression, bound: Collection[str] = ()) -> list[str]:
     """Tables the query reads, minus its own CTE names and the quoted file paths it reads
-    by itself (``FROM 'data/x.parquet'``: DuckDB's replacement scan, as ``read_parquet``)."""
+    by itself (``FROM 'data/x.parquet'``: DuckDB's replacement scan, as ``read_parquet``)
+    -- a quoted name that is a ``bound`` table's (``**{"v1.2": ds}``) stays a table."""
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    tables = {n.lower() for n in bound}
     out = []
     for t in tree.find_all(exp.Table):
         if isinstance(t.this, exp.Identifier) and t.name.lower() not in ctes and not t.args.get("db") \
-                and not _file_path(t.this):
+                and (t.name.lower() in tables or not _file_path(t.this)):
             out.append(t.name)
     return out
 
 
 def _file_path(name: exp.Identifier) -> bool:
-    """A quoted name that spells a file or glob (a ``/``, a ``.``, a ``*``: no keyword
-    argument of ``al.sql`` is one), which DuckDB reads as a file where no table has it."""
+    """A quoted name that spells a file or glob (a ``/``, a ``.``, a ``*``), which DuckDB
+    reads as a file where no table has it."""
     return bool(name.args.get("quoted")) and any(ch in name.name for ch in "/\\.*")
 
 
@@ -240,7 +244,7 @@ def build(tree: exp.Expression, tables: dict[str, Plan], *,
         sandbox.refuse_settings(tree)
     lookup = {n.lower(): n for n in tables}
     used: list[str] = []
-    for t in _table_names(tree):
+    for t in _table_names(tree, tables):
         real = lookup.get(t.lower())
         if real is None:
             raise TableNotFoundError(t, list(tables))
@@ -257,7 +261,7 @@ def build(tree: exp.Expression, tables: dict[str, Plan], *,
             pass  # an expression (or repeated name) the lazy plan cannot express: DuckDB runs it
     # DuckDB runs it; bound names are registered as they are written in the query.
     written = {}
-    for t in _table_names(tree):
+    for t in _table_names(tree, tables):
         written.setdefault(lookup[t.lower()], t)
     names = tuple(written[n] for n in used)
     query = duck.Query(tree.sql(DIALECT), names, tuple(tables[n] for n in used), external_access)
