@@ -166,6 +166,8 @@ def _stat_value(stats, which: str, type_: pa.DataType | None = None) -> Any:
         value = float(np.frombuffer(value, dtype="<f2")[0])
     if isinstance(value, float) and math.isnan(value):
         raise ValueError("NaN statistic")
+    if type_ is not None and pa.types.is_duration(type_):
+        value = _as_column_type(value, type_)  # Parquet stores a duration as its int64 count
     if type_ is not None and pa.types.is_floating(type_) and isinstance(value, (int, float)) \
             and not isinstance(value, bool):
         # a file's integers under a unified float column bound it as floats; a zero bound
@@ -288,11 +290,22 @@ def _datetime64(count: int, type_: pa.DataType):
 
 def _exact_view(dataset, names: Sequence[str], schema: pa.Schema):
     """What DuckDB scans for ``exact=True``: the described columns, float16 widened to
-    float32 (DuckDB has no half-float type; the values are the same)."""
+    float32 (DuckDB has no half-float type; the values are the same) and durations as their
+    int64 counts (DuckDB reads a duration as an INTERVAL of microseconds: a ``duration[ns]``
+    lost its nanoseconds; ``_as_column_type`` gives the counts back as durations)."""
     halves = [n for n in names if pa.types.is_float16(_type_of(schema, n))]
+    spans = [n for n in names if pa.types.is_duration(_type_of(schema, n))]
+    if spans:
+        dataset = dataset.map(_durations_as_counts, name="arrowload.describe.durations-as-int64")
     if not halves:
-        return dataset.select(*names) if list(names) != list(schema.names) else dataset
+        return dataset.select(*names) if list(names) != list(schema.names) or spans else dataset
     return dataset.select(**{n: f"CAST({_quote(n)} AS FLOAT)" if n in halves else _quote(n) for n in names})
+
+
+def _durations_as_counts(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its duration columns as their int64 counts (same unit)."""
+    return pa.RecordBatch.from_arrays(
+        [c.cast(pa.int64()) if pa.types.is_duration(c.type) else c for c in batch.columns], names=batch.schema.names)
 
 
 def _exact(dataset, names: Sequence[str], schema: pa.Schema) -> tuple[int, dict[str, tuple]]:
@@ -312,19 +325,15 @@ def _exact(dataset, names: Sequence[str], schema: pa.Schema) -> tuple[int, dict[
     return row["__rows"], out
 
 
-_NS_PER = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
-
 
 def _as_column_type(value: Any, type_: pa.DataType) -> Any:
-    """A min / max from DuckDB as the column's own Python value: DuckDB reads a
-    ``duration`` as an INTERVAL (months, days, nanoseconds), given back here as the
-    duration it is (a ``timedelta``, as the footer path and ``to_pylist`` give it)."""
-    if value is None or not pa.types.is_duration(type_) or not hasattr(value, "nanoseconds"):
+    """A min / max as the column's own Python value: a duration's int64 count (the exact
+    scan reads durations as counts, see ``_exact_view``; Parquet footers store them so) as
+    the duration it is, as ``to_pylist`` gives it (a ``timedelta``; for nanoseconds,
+    pandas' ``Timedelta`` where pandas is installed)."""
+    if value is None or not pa.types.is_duration(type_) or isinstance(value, bool) or not isinstance(value, int):
         return value
-    ns = (value.days * 86_400 * 10**9 + value.nanoseconds) if not value.months else None
-    if ns is None:  # a month has no fixed length: no duration column holds one
-        return value
-    return pa.scalar(ns // _NS_PER[type_.unit], type_).as_py()
+    return pa.scalar(value, type_).as_py()
 
 
 def describe(dataset, columns: Sequence[str] | str | None = None, *, exact: bool = False):

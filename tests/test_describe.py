@@ -213,17 +213,25 @@ def test_an_empty_file_leaves_the_footer_statistics_of_the_others(tmp_path):
     assert rows["s"]["source"] == "footer"
 
 
-def test_exact_bounds_of_a_duration_are_durations():
-    """DuckDB reads a duration as an INTERVAL: describe(exact=True) gave pyarrow
-    MonthDayNano bounds (and their repr as text) for a duration[us] column. They are the
-    column's own values now, as to_pylist gives them."""
+def test_bounds_of_a_duration_are_its_durations_in_both_modes(tmp_path):
+    """DuckDB reads a duration as an INTERVAL of microseconds: describe(exact=True) gave
+    pyarrow MonthDayNano bounds (their repr as text), and for duration[ns] lost the
+    nanoseconds (1501 ns as 1 us); footer bounds were the raw int64 counts. Both modes give
+    the column's own values now, as to_pylist gives them."""
     import datetime as dt
-    values = [dt.timedelta(seconds=1), dt.timedelta(hours=-3), None]
-    for unit in ("s", "ms", "us"):
-        t = pa.table({"dur": pa.array(values, pa.duration(unit))})
-        d = al.dataset(t).describe(exact=True)
-        assert d.bounds["dur"] == (dt.timedelta(hours=-3), dt.timedelta(seconds=1)), unit
-        assert d["min"].to_list() == [str(dt.timedelta(hours=-3))] and d["max"].to_list() == ["0:00:01"], unit
+    values = {"s": [1, -3 * 3600, None], "ms": [1_000, -3 * 3600_000, None], "us": [1_000_000, -3 * 3600 * 10**6, None],
+              "ns": [1501, -2999, 4000, None]}
+    for unit, counts in values.items():
+        arr = pa.array(counts, pa.duration(unit))
+        want = (min(v for v in arr.to_pylist() if v is not None), max(v for v in arr.to_pylist() if v is not None))
+        path = str(tmp_path / f"{unit}.parquet")
+        pq.write_table(pa.table({"dur": arr}), path)
+        for d in (al.dataset(pa.table({"dur": arr})).describe(exact=True), al.dataset(path).describe(exact=True),
+                  al.dataset(path).describe()):
+            assert d.bounds["dur"] == want, (unit, d.bounds["dur"], want)
+            assert d["min"].to_list() == [str(want[0])] and d["max"].to_list() == [str(want[1])], unit
+    assert al.dataset(pa.table({"dur": pa.array(values["us"], pa.duration("us"))})).describe(exact=True) \
+        .bounds["dur"] == (dt.timedelta(hours=-3), dt.timedelta(seconds=1))
 
 
 def test_describe_text_shows_every_column_whatever_polars_limits(parquet_lake, monkeypatch):
