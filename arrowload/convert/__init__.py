@@ -117,7 +117,9 @@ def convert_host(host: dict, opts: ConvertOptions) -> dict:
     read-only numpy arrays, or torch / jax arrays sharing their memory."""
     if opts.output == "numpy":
         for value in host.values():
-            if isinstance(value, np.ndarray):
+            # read first: a chunk's views inherit its arrays' flag, set once per read
+            # (setting it costs 0.19 us even where it is off already; reading it 0.03)
+            if isinstance(value, np.ndarray) and value.flags.writeable:
                 value.flags.writeable = False
         return host
     backend, device = _backend(opts)

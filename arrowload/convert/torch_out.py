@@ -66,6 +66,17 @@ def target_device(device: Any):
     return dev
 
 
+def _capsule(value: np.ndarray):
+    """``value``'s DLPack capsule, asked of numpy directly (numpy 2.1+): ``torch.from_dlpack``
+    given the array asks for it through a Python wrapper that checks the device and builds
+    keyword arguments, 1.1 against 0.6 us a column a batch (35 ms an epoch of 4M rows, 17
+    unstacked columns, batch 1024). The array itself on an older numpy."""
+    try:
+        return value.__dlpack__(max_version=(1, 0))
+    except TypeError:  # numpy < 2.1: no max_version
+        return value
+
+
 def convert(host: dict[str, np.ndarray | list], dev: Any) -> dict[str, Any]:
     """Each numpy array as a tensor sharing its memory, moved to ``dev`` (``target_device``'s answer) if not
     ``None``; lists unchanged."""
@@ -78,7 +89,7 @@ def convert(host: dict[str, np.ndarray | list], dev: Any) -> dict[str, Any]:
         if value.dtype.kind in "mM":  # datetime64 / timedelta64: int64 counts in the same unit
             value = value.view(np.int64)
         try:
-            tensor = torch.from_dlpack(value)
+            tensor = torch.from_dlpack(_capsule(value))
         except (BufferError, RuntimeError, TypeError) as exc:
             raise ConversionError(f"column {name!r}: torch {torch.__version__} has no tensor for numpy dtype "
                                   f"{value.dtype} ({exc}); cast the column in the plan (e.g. to int64)",

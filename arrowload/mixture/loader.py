@@ -505,6 +505,7 @@ class MixtureLoader:
             t0 = time.perf_counter()
             chunk = gather(streamed if streamed is not None else found, base, idx, conv.pool)
             if chunk is not None:  # each component's host rows copied once to their places
+                chunk.columns = conv._finish(chunk.columns)  # numpy: read-only once a read, not a batch
                 return [chunk], time.perf_counter() - t0
             # a part did not convert (nulls without fill_null): Arrow from now on, this task
             # again (its error is raised for the batch that holds the value)

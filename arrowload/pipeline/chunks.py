@@ -494,12 +494,11 @@ class WindowLayout:
                 else:
                     _scatter_rows(buf, pos, np.ascontiguousarray(v if rows is None else v[rows], dtype=buf.dtype))
             elif pos is None:
-                for j, c in enumerate(cols):
-                    buf[offset:stop, j] = host[c] if rows is None else host[c][rows]
+                write_by_row_blocks(buf[offset:stop], [(j, host[c] if rows is None else host[c][rows])
+                                                       for j, c in enumerate(cols)], m)
             else:
                 unit = self.conv.pool.take((m, len(cols)), buf.dtype)  # the unit row-major
-                for j, c in enumerate(cols):
-                    unit[:, j] = host[c] if rows is None else host[c][rows]
+                write_by_row_blocks(unit, [(j, host[c] if rows is None else host[c][rows]) for j, c in enumerate(cols)], m)
                 _scatter_rows(buf, pos, unit)
                 del unit
         with self._lock:
