@@ -66,15 +66,29 @@ def target_device(device: Any):
     return dev
 
 
-def _capsule(value: np.ndarray):
-    """``value``'s DLPack capsule, asked of numpy directly (numpy 2.1+): ``torch.from_dlpack``
-    given the array asks for it through a Python wrapper that checks the device and builds
-    keyword arguments, 1.1 against 0.6 us a column a batch (35 ms an epoch of 4M rows, 17
-    unstacked columns, batch 1024). The array itself on an older numpy."""
-    try:
-        return value.__dlpack__(max_version=(1, 0))
-    except TypeError:  # numpy < 2.1: no max_version
-        return value
+#: whether this numpy gives, and this torch takes, a versioned DLPack capsule (None: not asked yet)
+_CAPSULES: list = [None]
+
+
+def _versioned(torch) -> bool:
+    if _CAPSULES[0] is None:
+        try:
+            torch.from_dlpack(np.zeros(1, np.float32).__dlpack__(max_version=(1, 0)))
+            _CAPSULES[0] = True
+        except Exception:  # noqa: BLE001 - numpy < 2.1 (no max_version), or a torch without them
+            _CAPSULES[0] = False
+    return _CAPSULES[0]
+
+
+def _from_numpy(torch, value: np.ndarray):
+    """A tensor sharing ``value``'s memory. From numpy's DLPack capsule, asked of numpy
+    directly where numpy (2.1+) and torch take a versioned one: ``torch.from_dlpack`` given
+    the array asks for it through a Python wrapper that checks the device and builds keyword
+    arguments, 1.1 against 0.6 us a column a batch (35 ms an epoch of 4M rows, 17 unstacked
+    columns, batch 1024). Else (an older numpy or torch) from the array itself."""
+    if _versioned(torch):
+        return torch.from_dlpack(value.__dlpack__(max_version=(1, 0)))
+    return torch.from_dlpack(value)
 
 
 def convert(host: dict[str, np.ndarray | list], dev: Any) -> dict[str, Any]:
@@ -89,7 +103,7 @@ def convert(host: dict[str, np.ndarray | list], dev: Any) -> dict[str, Any]:
         if value.dtype.kind in "mM":  # datetime64 / timedelta64: int64 counts in the same unit
             value = value.view(np.int64)
         try:
-            tensor = torch.from_dlpack(_capsule(value))
+            tensor = _from_numpy(torch, value)
         except (BufferError, RuntimeError, TypeError) as exc:
             raise ConversionError(f"column {name!r}: torch {torch.__version__} has no tensor for numpy dtype "
                                   f"{value.dtype} ({exc}); cast the column in the plan (e.g. to int64)",
