@@ -562,6 +562,29 @@ def test_a_version_whose_log_was_cleaned_up_is_named_not_the_table(tmp_path):
     assert al.delta(path).count() == 6
 
 
+def test_a_damaged_log_is_a_corrupt_file_error_not_a_missing_version(tmp_path):
+    """A log entry deltalake cannot read leaked deltalake's own DeltaError without a
+    version, and with one was "has no version 1" although version 1 is in the log. Both are
+    a CorruptFileError naming the log now; a version before the damage still opens (as in
+    deltalake), and a version the log never had is still the missing version."""
+    from deltalake import DeltaTable, write_deltalake
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": [0]}))
+    write_deltalake(path, pa.table({"id": [1]}), mode="append")
+    with open(os.path.join(path, "_delta_log", f"{1:020d}.json"), "w") as out:
+        out.write("{not json\n")
+    for kw in ({}, {"version": 1}):
+        with pytest.raises(Exception) as truth:
+            DeltaTable(path, **kw)
+        assert not isinstance(truth.value, al.ArrowloadError)
+        with pytest.raises(al.CorruptFileError, match="refuses its log") as info:
+            al.delta(path, **kw)
+        assert isinstance(info.value, OSError) and "_delta_log" in info.value.path, kw
+    assert al.delta(path, version=0).to_arrow().column("id").to_pylist() == [0]
+    with pytest.raises(al.InvalidArgumentError, match="no version 7"):
+        al.delta(path, version=7)
+
+
 def test_path_inside_a_table_is_refused_naming_the_root(versions):
     path, _ = versions
     inner = os.path.join(path, "part=a")

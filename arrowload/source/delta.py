@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from ..errors import (InvalidArgumentError, MissingDependencyError, PathNotFoundError,
+from ..errors import (ArrowloadError, CorruptFileError, InvalidArgumentError, MissingDependencyError, PathNotFoundError,
                       UnsupportedTableFeatureError)
 from ..options import ScanOptions
 from .filesystem import filesystem_for, protocol_of, storage_error
@@ -220,6 +220,17 @@ def _partition_value(value: Any, t: pa.DataType) -> Any:
         return pa.scalar(str(value)).cast(t).as_py()
 
 
+def _logged(fs, root: str, version: int) -> bool:
+    """Whether the table's log holds an entry or a checkpoint of ``version`` (it exists,
+    whatever made it fail to open)."""
+    log = f"{root.rstrip('/')}/_delta_log/{version:020d}"
+    try:
+        infos = fs.get_file_info([f"{log}.json", f"{log}.checkpoint.parquet"])
+    except Exception:  # noqa: BLE001 - the store cannot say: not known to exist
+        return False
+    return any(i.type != pafs.FileType.NotFound for i in infos)
+
+
 def _opens(deltalake, table_uri: str, delta_opts) -> bool:
     """Whether the table's latest version opens (a version not found is then gone from
     its log, not a table missing)."""
@@ -246,7 +257,7 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
         table = deltalake.DeltaTable(table_uri, version=version, storage_options=delta_opts)
         if timestamp is not None:
             _load_at(table, timestamp, uri)
-    except UnsupportedTableFeatureError:
+    except ArrowloadError:  # ours (_load_at's, a feature refused): as it is
         raise
     except Exception as exc:  # noqa: BLE001 - deltalake's errors are not OSErrors
         name = type(exc).__name__
@@ -260,10 +271,14 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
         typed = storage_error(exc, uri, local=isinstance(fs, pafs.LocalFileSystem))
         if typed is not None:  # credentials, access, endpoint: as al.dataset says them
             raise typed from exc
-        if version is not None:
+        if version is not None and not _logged(fs, root, version):
             raise InvalidArgumentError(f"delta table {uri!r} has no version {version} ({exc}); see "
                                        "deltalake.DeltaTable(uri).history() for its versions") from exc
-        raise
+        at = f" at version {version}" if version is not None else ""
+        raise CorruptFileError(f"cannot open the delta table {uri!r}{at}: deltalake {deltalake.__version__} "
+                               f"refuses its log ({name}: {exc}); the log is damaged, or written by a writer "
+                               "this deltalake does not read: check it with deltalake.DeltaTable(uri), or "
+                               "upgrade deltalake", f"{uri.rstrip('/')}/_delta_log") from exc
     _check_protocol(table, uri)
     schema, renames = _logical_schema(table, uri)
     partition_cols = list(table.metadata().partition_columns or [])
