@@ -493,14 +493,15 @@ class WindowLayout:
                         buf[offset:stop] = v[rows]
                 else:
                     _scatter_rows(buf, pos, np.ascontiguousarray(v if rows is None else v[rows], dtype=buf.dtype))
-            elif pos is None:
-                write_by_row_blocks(buf[offset:stop], [(j, host[c] if rows is None else host[c][rows])
-                                                       for j, c in enumerate(cols)], m)
-            else:
-                unit = self.conv.pool.take((m, len(cols)), buf.dtype)  # the unit row-major
-                write_by_row_blocks(unit, [(j, host[c] if rows is None else host[c][rows]) for j, c in enumerate(cols)], m)
-                _scatter_rows(buf, pos, unit)
-                del unit
+            else:  # a stack group, written by row blocks
+                members = [(j, host[c] if rows is None else host[c][rows]) for j, c in enumerate(cols)]
+                if pos is None:
+                    write_by_row_blocks(buf[offset:stop], members, m)
+                else:
+                    unit = self.conv.pool.take((m, len(cols)), buf.dtype)  # the unit row-major
+                    write_by_row_blocks(unit, members, m)
+                    _scatter_rows(buf, pos, unit)
+                    del unit
         with self._lock:
             self.seconds += time.perf_counter() - t0
 
