@@ -30,10 +30,14 @@ from _support import (ConcurrencyProbeFileSystem, CountingFileSystem, FaultInjec
 BUCKET = "arrowload-test"
 KEYS = {"key": "testing", "secret": "testing"}
 FAST_RETRIES = al.Options(scan=al.ScanOptions(retries=3, retry_backoff_s=0.001))
-# Planning opens and reads each Parquet footer twice: pyarrow's fetch, and arrowload's read
-# of the same tail, decoded in Python before pyarrow touches column chunk metadata (which
-# aborts the process on encrypted or damaged footers; see arrowload/source/footer.py).
-FOOTER_READS_PER_FILE = 2
+# Planning opens and reads each Parquet footer once on an object store: pyarrow's fetch.
+# arrowload's own read of the same tail, decoded in Python before pyarrow touches column
+# chunk metadata (which aborts the process on encrypted or damaged footers; see
+# arrowload/source/footer.py), comes when a file is first checked (pruning, describe,
+# explain), side by side for many files: a file a partition filter skips is read once.
+# (On local disk both reads are made when planning: tests/test_pushdown_bytes.py.)
+FOOTER_READS_PER_FILE = 1
+CHECK_READS_PER_FILE = 1
 
 
 @pytest.fixture(scope="session")
@@ -157,8 +161,12 @@ def test_pushdown_reads_little_over_s3(lakes, s3_endpoint):
         filter=pc.field("id") < 1200, columns=["f2"]))
     kept = [(f, rg) for f in facts.values() for rg in range(f.num_row_groups)
             if f.stats("id", rg).min < 1200]
-    assert {os.path.basename(p) for p in fs.stats.opens} == {os.path.basename(f.path) for f, _ in kept}
-    assert sum(f.chunk_bytes({"id", "f2"}, [rg]) for f, rg in kept) <= fs.stats.bytes_read \
+    # the footer checks row-group pruning needs (each file's tail once), then the kept chunks
+    checks = [r for r in fs.stats.reads if facts[os.path.basename(r.path)].is_footer_read(r)]
+    data = [r for r in fs.stats.reads if r not in checks]
+    assert sorted(os.path.basename(r.path) for r in checks) == sorted(CHECK_READS_PER_FILE * list(facts))
+    assert {os.path.basename(r.path) for r in data} == {os.path.basename(f.path) for f, _ in kept}
+    assert sum(f.chunk_bytes({"id", "f2"}, [rg]) for f, rg in kept) <= sum(r.nbytes for r in data) \
         <= sum(f.pre_buffer_bytes({"id", "f2"}, [rg]) for f, rg in kept)
 
 
@@ -186,12 +194,15 @@ def test_bytes_downloaded_are_the_kept_chunks(how, lakes, s3_endpoint, monkeypat
     assert got.equals(pds.dataset(flat, format="parquet").to_table(filter=pc.field("id") < 700, columns=["f2"]))
     kept = [(f, rg) for f in facts.values() for rg in range(f.num_row_groups) if f.stats("id", rg).min < 700]
     files = {f.path for f, _ in kept}
-    assert sum(f.chunk_bytes({"id", "f2"}, [rg]) for f, rg in kept) <= sum(fetched) \
+    # the kept chunks, and each file's footer once for the checks row-group pruning needs
+    checks = sum(f.footer for f in facts.values())
+    assert sum(f.chunk_bytes({"id", "f2"}, [rg]) for f, rg in kept) <= sum(fetched) - checks \
         <= sum(f.pre_buffer_bytes({"id", "f2"}, [rg]) for f, rg in kept) < sum(os.path.getsize(p) for p in files)
     cached = s3fs.S3FileSystem(endpoint_url=s3_endpoint, skip_instance_cache=True, default_cache_type="bytes",
                                default_block_size=1 << 20, **KEYS)
     ds = al.dataset(f"s3://{BUCKET}/lake/", filesystem=cached)
     assert ds.count() == 8000
+    ds.filter("id < 700").explain()  # (the footer checks, read now)
     fetched.clear()
     assert ds.filter("id < 700").select("f2").to_arrow().equals(got)
     # its cache's 1 MiB blocks, the user's choice: about the whole file
@@ -340,8 +351,10 @@ def test_requests_per_file(lakes, s3_endpoint, monkeypatch):
     """What opening and reading a folder of small files asks S3, counted where s3fs sends its
     requests: the listing's ETags are kept (a HEAD per file asked them again), and a file
     opened with a fresh HEAD (the check that it is still the version listed) is not asked
-    again by s3fs' first read. Per file: 2 HEAD + 2 GET to open (two footer reads, see
-    FOOTER_READS_PER_FILE), 1 HEAD + 1 GET to read; it was 4 + 2 and 2 + 1."""
+    again by s3fs' first read. Per file: 1 HEAD + 1 GET to open (pyarrow's footer read, see
+    FOOTER_READS_PER_FILE), 1 HEAD + 1 GET to read; it was 4 + 2 and 2 + 1, then 2 + 2 and
+    1 + 1 while arrowload's footer check was read when planning. The check's read (a HEAD
+    and a GET) comes with the first step that needs it: a filter's pruning here."""
     import collections
 
     import s3fs
@@ -363,6 +376,13 @@ def test_requests_per_file(lakes, s3_endpoint, monkeypatch):
     calls.clear()
     assert sorted(ds.to_arrow()["id"].to_pylist()) == list(range(n))
     assert dict(calls) == {"head_object": n, "get_object": n}
+    calls.clear()
+    # a filtered count the footers' statistics answer: each footer checked once, no data read
+    assert ds.filter("id >= 0").count() == n
+    assert calls["get_object"] == CHECK_READS_PER_FILE * n and calls["head_object"] <= n + 4, calls
+    calls.clear()
+    assert ds.filter("id >= 1").count() == n - 1  # checked once per dataset
+    assert calls["get_object"] == 0, calls
 
 
 # ---------------------------------------------------------------------------
@@ -423,6 +443,28 @@ def test_footers_are_fetched_concurrently(lakes, s3_endpoint):
     ds = al.dataset(f"s3://{BUCKET}/lake/", filesystem=probe)
     assert ds.count() == 8000
     assert probe.opens == FOOTER_READS_PER_FILE * 8
+    assert probe.max_in_flight > 1 and not probe.gave_up
+
+
+@pytest.mark.parametrize("step", ["prune", "describe", "explain"])
+def test_footer_checks_are_read_concurrently_when_first_needed(lakes, s3_endpoint, step):
+    """On an object store arrowload's footer check reads each file's tail when a step first
+    needs it (row-group pruning, describe, explain), not when the dataset is planned: those
+    reads go side by side, one per file; a serial read per file would pay each request's
+    latency in turn (the probe's rendezvous fails: gave_up)."""
+    flat, _ = lakes
+    probe = ConcurrencyProbeFileSystem(make_s3fs(s3_endpoint))
+    ds = al.dataset(f"s3://{BUCKET}/lake/", filesystem=probe)
+    assert ds.count() == 8000
+    probe.max_in_flight, probe.opens = 0, 0
+    if step == "prune":
+        got = ds.filter("id < 700").select("f2").to_arrow()
+        assert got.num_rows == pds.dataset(flat, format="parquet").count_rows(filter=pc.field("id") < 700)
+    elif step == "describe":
+        assert ds.describe()["rows"].to_list()[0] == 8000
+    else:
+        assert "row groups" in ds.filter("id < 700").explain()
+    assert probe.opens >= CHECK_READS_PER_FILE * 8
     assert probe.max_in_flight > 1 and not probe.gave_up
 
 

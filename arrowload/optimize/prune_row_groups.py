@@ -192,7 +192,10 @@ def _kept(scan: Scan, units) -> tuple[tuple[int, ...], dict[str, int]]:
     # files whose column metadata cannot be read (encrypted, damaged: source/footer.py)
     # are kept whole, unpruned: explain() still works, and reading them raises
     check = getattr(src, "footer_check", None)
-    unreadable = {f for f in {u.file for u in units} if check is not None and not check(f).ok}
+    files = {u.file for u in units}
+    if hasattr(src, "prefetch_checks"):  # an object store's footers, side by side
+        src.prefetch_checks(sorted(files))
+    unreadable = {f for f in files if check is not None and not check(f).ok}
     keep: set[tuple[str, int]] = {(u.path, u.row_group) for u in units if u.file in unreadable}
     prunable = tuple(u.index for u in units if u.file not in unreadable)
     dataset = src.statistics_dataset(scan.units if not unreadable else prunable)

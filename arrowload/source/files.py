@@ -333,7 +333,10 @@ class FileSource(PicklableLock, Source):
                 # and checked on first use of column chunk metadata (footer.py), so later
                 # calls (a display, a filtered query) read no more footers
                 meta = frag.metadata
-                if self._scan.check_footers and known_check(self._version(i)) is None:
+                # on local disk with pyarrow's read (the page cache holds it); on an object
+                # store when first checked (``prefetch_checks``): a file pruning skips costs
+                # one request pair, not two
+                if self._scan.check_footers and self.is_local and known_check(self._version(i)) is None:
                     self._footers[i] = read_footer_bytes(self.filesystem, path, self.entries[i].size,
                                                          meta.serialized_size)
                 return logical_extensions(frag.physical_schema, meta), meta
@@ -349,8 +352,15 @@ class FileSource(PicklableLock, Source):
                     return schema, rows
             return frag.physical_schema, None
 
+        schema, meta = self._read_typed(path, load)
+        return frag, schema, meta
+
+    def _read_typed(self, path: str, load):
+        """``load()`` (a read of ``path``'s footer or header) with the scan's retries, its
+        failures as arrowload's typed errors (vanished: ``SnapshotChangedError``; damaged:
+        ``CorruptFileError``; the store's: ``storage_error``'s, ``StorageRetryError``)."""
         try:
-            schema, meta = retry(load, retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
+            return retry(load, retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
         except FileNotFoundError as exc:
             raise self._gone(path, exc) from exc
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
@@ -373,7 +383,6 @@ class FileSource(PicklableLock, Source):
             if typed is None:
                 raise
             raise typed from exc
-        return frag, schema, meta
 
     def _file_facts(self, i: int) -> tuple:
         """``(fragment, physical schema, footer facts)`` of file ``i``, fetched once (a
@@ -505,27 +514,29 @@ class FileSource(PicklableLock, Source):
         aborts the process on encrypted or inconsistent column metadata; nothing hands
         such a chunk to it (see footer.py)."""
         check = self._checks.get(i)
+        if check is not None:
+            return check
+        meta = self._ensure()[0][i].metadata
+        version = self._version(i)
+        check = known_check(version)
         if check is None:
-            meta = self._ensure()[0][i].metadata  # fetched the footer's bytes with the footer
+            leaves = list(zip(leaf_columns(meta), (meta.schema.column(c).physical_type
+                                                   for c in range(meta.num_columns))))
             with self._lock:
-                check = self._checks.get(i)
-                if check is None:
-                    version = self._version(i)
-                    check = known_check(version)
-                    if check is None:
-                        leaves = list(zip(leaf_columns(meta), (meta.schema.column(c).physical_type
-                                                               for c in range(meta.num_columns))))
-                        footer = self._footers.pop(i, None)
-                        if footer is None and self._scan.check_footers:
-                            # known when listed, forgotten since (the process-wide cache is
-                            # bounded): read the bytes now rather than check nothing
-                            footer = read_footer_bytes(self.filesystem, self.entries[i].path,
-                                                       self.entries[i].size, meta.serialized_size)
-                        check = check_footer(self.entries[i].path, footer, leaves)
-                        if footer is not None:
-                            remember_check(version, check)
-                    self._checks[i] = check
-        return check
+                footer = self._footers.pop(i, None)
+            path = self.entries[i].path
+            if footer is None and self._scan.check_footers:
+                # an object store's (read when first checked; prefetch_checks reads many side
+                # by side), or known when listed and forgotten since (the process-wide cache
+                # is bounded): read the bytes now rather than check nothing. Outside the
+                # lock: two threads checking one file both read it, to the same answer
+                footer = self._read_typed(path, lambda: read_footer_bytes(
+                    self.filesystem, path, self.entries[i].size, meta.serialized_size))
+            check = check_footer(path, footer, leaves)
+            if footer is not None:
+                remember_check(version, check)
+        with self._lock:
+            return self._checks.setdefault(i, check)
 
     def _version(self, i: int) -> tuple | None:
         """What names this version of file ``i`` (None where the filesystem reports no
@@ -542,9 +553,36 @@ class FileSource(PicklableLock, Source):
             return []
         return [v for v in map(self._version, range(len(self.entries))) if v is not None]
 
+    def prefetch_checks(self, files) -> None:
+        """Read the footer bytes of ``files`` not checked yet, side by side (``io_threads``
+        on an object store), before each is checked one by one (``footer_check``): planning
+        reads them on local disk only, and a serial read per file would pay each request's
+        latency in turn."""
+        if self.kind != "parquet" or not self._scan.check_footers or self.is_local:
+            return
+        meta = self._ensure()[0]
+        todo = [f for f in dict.fromkeys(files) if f not in self._checks and f not in self._footers
+                and known_check(self._version(f)) is None]
+        if len(todo) < 2:
+            return
+
+        def fetch(f: int) -> None:
+            try:
+                footer = retry(lambda: read_footer_bytes(self.filesystem, self.entries[f].path, self.entries[f].size,
+                                                         meta[f].metadata.serialized_size),
+                               retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
+            except Exception:  # noqa: BLE001 - footer_check reads it again and says what failed
+                return
+            if footer is not None:
+                self._footers[f] = footer
+        with ThreadPoolExecutor(self._footer_workers(len(todo)), thread_name_prefix="arrowload-footer") as pool:
+            list(pool.map(fetch, todo))
+
     def refuse_unreadable(self, files) -> None:
         if self.kind != "parquet":
             return
+        files = list(files)
+        self.prefetch_checks(files)
         for f in files:
             check = self.footer_check(f)
             if not check.ok:
