@@ -468,6 +468,54 @@ def test_footer_checks_are_read_concurrently_when_first_needed(lakes, s3_endpoin
     assert probe.max_in_flight > 1 and not probe.gave_up
 
 
+@pytest.mark.parametrize("planned", ["damaged", "healthy"])
+def test_a_file_replaced_after_planning_is_a_snapshot_change_when_first_checked(lakes, s3_endpoint, tmp_path, planned):
+    """Through pyarrow's own S3FileSystem (no per-open check that a file is the version
+    listed), a file replaced between planning and its first footer check: the check read
+    the new object's bytes, passed them (no footer at the old offset: nothing to check),
+    and pyarrow then used the old, damaged column metadata and aborted the process; a
+    healthy file rewritten smaller was called corrupt. The footer read then must be the
+    one planned: a SnapshotChangedError. Each call in a fresh process (an abort is a
+    return code, not an exception)."""
+    import subprocess
+    import sys
+
+    from test_real_files import write_damaged_type
+    first = str(tmp_path / "first.parquet")
+    if planned == "damaged":
+        write_damaged_type(first)
+    else:
+        pq.write_table(pa.table({"a": pa.array(range(1000), pa.int64())}), first)
+    bigger, smaller = str(tmp_path / "bigger.parquet"), str(tmp_path / "smaller.parquet")
+    pq.write_table(pa.table({"a": pa.array(range(5000), pa.int64())}), bigger)
+    pq.write_table(pa.table({"a": pa.array([5], pa.int64())}), smaller)
+    s3 = make_s3fs(s3_endpoint)
+    calls = ["ds.filter('a > 3').count()", "ds.describe()", "ds.explain()",
+             "list(ds.filter('a > 3').loader(16, output='numpy'))"]
+    for replacement in (bigger, smaller):
+        for k, call in enumerate(calls):
+            key = f"{BUCKET}/replaced-{planned}-{os.path.basename(replacement)}-{k}/f.parquet"
+            s3.put_file(first, key)
+            code = f"""
+import json, s3fs, pyarrow.fs as pafs, arrowload as al
+pfs = pafs.S3FileSystem(endpoint_override={s3_endpoint.split('://', 1)[1]!r}, scheme="http",
+                        access_key="testing", secret_key="testing", region="us-east-1")
+ds = al.dataset("s3://{key.rsplit('/', 1)[0]}/", filesystem=pfs)
+ds.count()  # planned: the footers pyarrow read
+s3fs.S3FileSystem(endpoint_url={s3_endpoint!r}, skip_instance_cache=True, key="testing",
+                  secret="testing").put_file({replacement!r}, {key!r})
+try:
+    {call}
+    print(json.dumps(["ok", ""]))
+except al.ArrowloadError as e:
+    print(json.dumps([type(e).__name__, str(e)]))
+"""
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, (call, replacement, out.returncode, out.stderr[-500:])
+            kind, msg = json.loads(out.stdout.strip().splitlines()[-1])
+            assert kind == "SnapshotChangedError" and "f.parquet" in msg, (call, replacement, kind, msg)
+
+
 def test_concurrency_probe_sees_serial_fetches(lakes, s3_endpoint):
     """The probe can fail: with one I/O thread, footers come one at a time."""
     probe = ConcurrencyProbeFileSystem(make_s3fs(s3_endpoint), rendezvous_s=0.5)

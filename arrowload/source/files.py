@@ -530,8 +530,7 @@ class FileSource(PicklableLock, Source):
                 # by side), or known when listed and forgotten since (the process-wide cache
                 # is bounded): read the bytes now rather than check nothing. Outside the
                 # lock: two threads checking one file both read it, to the same answer
-                footer = self._read_typed(path, lambda: read_footer_bytes(
-                    self.filesystem, path, self.entries[i].size, meta.serialized_size))
+                footer = self._footer_now(i, meta)
             check = check_footer(path, footer, leaves)
             if footer is not None:
                 remember_check(version, check)
@@ -553,6 +552,23 @@ class FileSource(PicklableLock, Source):
             return []
         return [v for v in map(self._version, range(len(self.entries))) if v is not None]
 
+    def _footer_now(self, i: int, meta) -> bytes:
+        """File ``i``'s footer bytes read after the dataset was planned: the footer pyarrow
+        parsed then (``meta``), or the file changed since (``SnapshotChangedError``). A
+        check of another object's bytes would pass pyarrow's old metadata, whose damaged
+        column chunks abort the process, or call a healthy rewritten file corrupt. The read
+        ends where the listed size did, so a file grown or shrunk since has no footer there
+        (or none that long)."""
+        path = self.entries[i].path
+        try:
+            footer = self._read_typed(path, lambda: read_footer_bytes(
+                self.filesystem, path, self.entries[i].size, meta.serialized_size))
+        except CorruptFileError as exc:  # its tail read when planned: not there now
+            raise self._changed(path, f"its footer no longer reads: {exc}") from exc
+        if footer is None or len(footer) < meta.serialized_size:
+            raise self._changed(path, "its footer is not the one read then")
+        return footer
+
     def prefetch_checks(self, files) -> None:
         """Read the footer bytes of ``files`` not checked yet, side by side (``io_threads``
         on an object store), before each is checked one by one (``footer_check``): planning
@@ -568,13 +584,9 @@ class FileSource(PicklableLock, Source):
 
         def fetch(f: int) -> None:
             try:
-                footer = retry(lambda: read_footer_bytes(self.filesystem, self.entries[f].path, self.entries[f].size,
-                                                         meta[f].metadata.serialized_size),
-                               retries=self._scan.retries, backoff_s=self._scan.retry_backoff_s)
+                self._footers[f] = self._footer_now(f, meta[f].metadata)
             except Exception:  # noqa: BLE001 - footer_check reads it again and says what failed
-                return
-            if footer is not None:
-                self._footers[f] = footer
+                pass
         with ThreadPoolExecutor(self._footer_workers(len(todo)), thread_name_prefix="arrowload-footer") as pool:
             list(pool.map(fetch, todo))
 
@@ -899,6 +911,10 @@ class FileSource(PicklableLock, Source):
                 changes.append((e.path, what))
         if changes:
             raise changed_error(changes, self._fix())
+
+    def _changed(self, path: str, why: str) -> Exception:
+        """The error for a listed file found changed after planning (``why``)."""
+        return files_changed_error([path], "the dataset", f"it was planned ({why})", self._changed_advice())
 
     def _gone(self, path: str, exc: BaseException) -> Exception:
         """The error for a listed file no longer there: the data changed under the dataset,
