@@ -281,6 +281,33 @@ def test_reader_threads_never_exceed_the_bound(parquet_lake, tmp_path, kind, io_
     assert reader_threads() == before  # every reader stopped with its loader
 
 
+@pytest.mark.parametrize("kind", [False, "block", "global"])
+def test_the_exit_hook_stops_iterations_left_open(parquet_lake, tmp_path, kind):
+    """An iteration left open when the interpreter exits (a DataLoader worker told to stop
+    mid-epoch) is stopped by the hook arrowload registers with atexit: its producer and
+    reader threads joined before native thread pools are torn down (a spawned worker once
+    ended with std::terminate, SIGABRT, in the suite). Here the hook is called directly;
+    a fresh interpreter that exits mid-epoch must end with status 0."""
+    import subprocess
+    import sys
+
+    from arrowload.pipeline import stages
+    before = {t for t in threading.enumerate() if t.name.startswith("arrowload")}
+    ds = al.dataset(parquet_lake).select("id", "f0")
+    loader = ds.loader(64, shuffle=kind, seed=0, prefetch=1 << 20, cache_dir=str(tmp_path))
+    it = iter(loader)
+    next(it)
+    mine = {t for t in threading.enumerate() if t.name.startswith("arrowload")} - before
+    assert mine
+    stages._close_at_exit()
+    assert not [t.name for t in mine if t.is_alive()]
+    code = (f"import arrowload as al\nit = iter(al.dataset({parquet_lake!r}).select('id', 'f0')"
+            f".loader(64, shuffle={kind!r}, seed=0, cache_dir={str(tmp_path)!r}))\nnext(it)\n"
+            "import sys\nsys.exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+
+
 def test_autotuning_never_changes_a_batch(parquet_lake, tmp_path):
     """A consumer that stalls now and then (the tuner drops readers) and then races (it adds
     them back) gets exactly the batches of one fixed reader."""

@@ -21,6 +21,7 @@ re-raised where the consumer iterates.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import queue
@@ -391,11 +392,32 @@ class _Failure:
 _DONE = object()
 
 
+#: the iterations whose threads may still run (``_close_at_exit``)
+_LIVE: "weakref.WeakSet[Pipeline]" = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Stop every iteration still running when the interpreter exits -- a DataLoader worker
+    told to stop mid-epoch returns from its loop with the dataset's iteration open -- so
+    that its reader threads are joined before the native libraries' thread pools are torn
+    down at exit. A spawned worker once ended so with "terminate called without an active
+    exception" (SIGABRT) in the suite, while its reads were still inside native code."""
+    for pipeline in list(_LIVE):
+        try:
+            pipeline.close()
+        except Exception:  # noqa: BLE001 - exiting: nothing to report it to
+            pass
+
+
+atexit.register(_close_at_exit)
+
+
 class Pipeline:
     """The threads of one epoch iteration. Owned by an :class:`EpochIterator`; never
     references it."""
 
     def __init__(self, stages: Stages, settings: Settings) -> None:
+        _LIVE.add(self)
         self.stages = stages
         self.settings = settings
         self.stop = threading.Event()
