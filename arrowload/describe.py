@@ -190,8 +190,8 @@ def footer_stats(scan: Scan, source_columns: Sequence[str]) -> tuple[int | None,
     types = {f.name: f.type for f in src.schema}
     footer_check = getattr(src, "footer_check", None)
     file_columns = getattr(src, "file_columns", lambda file: {})
-    if parquet and hasattr(src, "prefetch_checks"):  # an object store's footers, side by side
-        src.prefetch_checks(sorted({u.file for u in units}))
+    if parquet:
+        src.prefetch_checks(sorted({u.file for u in units}))  # (an object store's, side by side)
     for u in units:
         if u.num_rows == 0:
             continue  # an empty row group (pyarrow writes one for a 0-row file) holds nothing to describe

@@ -193,8 +193,7 @@ def _kept(scan: Scan, units) -> tuple[tuple[int, ...], dict[str, int]]:
     # are kept whole, unpruned: explain() still works, and reading them raises
     check = getattr(src, "footer_check", None)
     files = {u.file for u in units}
-    if hasattr(src, "prefetch_checks"):  # an object store's footers, side by side
-        src.prefetch_checks(sorted(files))
+    src.prefetch_checks(sorted(files))  # (an object store's footers, side by side)
     unreadable = {f for f in files if check is not None and not check(f).ok}
     keep: set[tuple[str, int]] = {(u.path, u.row_group) for u in units if u.file in unreadable}
     prunable = tuple(u.index for u in units if u.file not in unreadable)

@@ -130,8 +130,7 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
         return
     widths: dict[str, tuple[int, str]] = {}
     columns: dict[int, list[tuple[int, str, pa.Field]]] = {}  # per file: (index, path, output field)
-    if hasattr(source, "prefetch_checks"):  # an object store's footers, side by side
-        source.prefetch_checks(sorted({u.file for u in scan.selected_units()}))
+    source.prefetch_checks(sorted({u.file for u in scan.selected_units()}))  # (an object store's, side by side)
     for unit in scan.selected_units():
         if unit.row_group is None or unit.deleted or source.file_columns(unit.file):
             # (deletes remove rows the footer still counts; a file whose columns are renamed

@@ -36,14 +36,6 @@ def _items(items, schema=None) -> str:
     return ", ".join(out)
 
 
-def _prefetch_checks(src, files) -> None:
-    """An object store's footer bytes for ``files``, read side by side before each is
-    checked (``FileSource.prefetch_checks``); nothing for other sources."""
-    prefetch = getattr(src, "prefetch_checks", None)
-    if prefetch is not None:
-        prefetch(files)
-
-
 def scan_stats(scan: Scan) -> dict:
     """Files / units / columns / estimated bytes kept vs total, from footer metadata."""
     src = scan.source
@@ -51,7 +43,7 @@ def scan_stats(scan: Scan) -> dict:
     kept = scan.selected_units()
     read = scan.read_columns
     names = src.schema.names
-    _prefetch_checks(src, range(src.num_files))  # every file's sizes are footer-checked
+    src.prefetch_checks(range(src.num_files))  # every file's sizes are footer-checked
     total_bytes = [u.bytes_for(None) for u in all_units]
     kept_bytes = [u.bytes_for(read) for u in kept]
     known = all(b is not None for b in total_bytes + kept_bytes)
@@ -70,7 +62,7 @@ def unreadable_footers(src) -> list[str]:
     check = getattr(src, "footer_check", None)
     if check is None or src.kind != "parquet":
         return []
-    _prefetch_checks(src, range(src.num_files))
+    src.prefetch_checks(range(src.num_files))
     out = []
     for f in range(src.num_files):
         c = check(f)

@@ -108,6 +108,10 @@ class Source:
         every file (Delta column mapping); Iceberg maps each file by field id."""
         return self.column_renames
 
+    def prefetch_checks(self, files) -> None:
+        """Read ahead, side by side, what checking ``files``' footers will read one by one
+        (an object store's Parquet footers: ``FileSource``); nothing for other sources."""
+
     @property
     def num_files(self) -> int:
         return len({u.file for u in self.units()})

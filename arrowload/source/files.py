@@ -401,6 +401,16 @@ class FileSource(PicklableLock, Source):
             return 1
         return max(1, min(n, self._scan.io_threads))
 
+    def _per_file(self, fn, files: list[int]) -> None:
+        """``fn(file)`` for each of ``files``, on ``_footer_workers`` threads."""
+        workers = self._footer_workers(len(files))
+        if workers == 1:
+            for f in files:
+                fn(f)
+            return
+        with ThreadPoolExecutor(workers, thread_name_prefix="arrowload-footer") as pool:
+            list(pool.map(fn, files))
+
     def _ensure(self) -> tuple:
         if self._facts is not None:
             return self._facts
@@ -411,13 +421,7 @@ class FileSource(PicklableLock, Source):
             missing = [i for i in range(n) if i not in self._fetched]
             if self.kind == "parquet" and self._scan.check_footers and missing:
                 recall_checks(default_cache_dir())  # passed in earlier processes: not read again
-            workers = self._footer_workers(len(missing))
-            if workers == 1:
-                for i in missing:
-                    self._file_facts(i)
-            else:
-                with ThreadPoolExecutor(workers, thread_name_prefix="arrowload-footer") as pool:
-                    list(pool.map(self._file_facts, missing))
+            self._per_file(self._file_facts, missing)
             fetched = [self._fetched[i] for i in range(n)]
             file_schemas = [(self.entries[i].path, s) for i, (_, s, _) in enumerate(fetched)]
             schema = self._schema_of(file_schemas)
@@ -587,8 +591,7 @@ class FileSource(PicklableLock, Source):
                 self._footers[f] = self._footer_now(f, meta[f].metadata)
             except Exception:  # noqa: BLE001 - footer_check reads it again and says what failed
                 pass
-        with ThreadPoolExecutor(self._footer_workers(len(todo)), thread_name_prefix="arrowload-footer") as pool:
-            list(pool.map(fetch, todo))
+        self._per_file(fetch, todo)
 
     def refuse_unreadable(self, files) -> None:
         if self.kind != "parquet":
