@@ -35,7 +35,6 @@ from ..plan.nodes import Scan
 from ..source import FileSource
 from ..source.base import Unit
 from ..source.files import INT96_UNIT
-from ..source.schema import widen
 from .choose import PolarsCall
 
 _MAX_BATCH_ROWS = 1 << 20
@@ -146,7 +145,7 @@ class _Base:
                 col = table.column(p)
                 # check_metadata: also the names of nested fields (a list's child is "element"
                 # read by pyarrow, "item" by polars): every decoder's table is the same one
-                arrays.append(widen(col, t))
+                arrays.append(self.source.conform_column(unit.file, c, col, t))
             else:
                 arrays.append(pa.nulls(n, t))
         out = pa.Table.from_arrays(arrays, names=list(columns))

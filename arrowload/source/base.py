@@ -10,6 +10,8 @@ from types import MappingProxyType
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from .schema import widen
+
 
 @dataclass(frozen=True)
 class Unit:
@@ -107,6 +109,12 @@ class Source:
         their own name, or missing (nulls). Default: ``column_renames``, the same for
         every file (Delta column mapping); Iceberg maps each file by field id."""
         return self.column_renames
+
+    def conform_column(self, file: int, name: str, column, type: pa.DataType):
+        """File ``file``'s column for source column ``name`` (an Array or ChunkedArray, as
+        read, under its name in the file) as ``type``, the source's: ``widen``. Iceberg
+        also maps the fields inside a nested column by field id."""
+        return widen(column, type)
 
     def prefetch_checks(self, files) -> None:
         """Read ahead, side by side, what checking ``files``' footers will read one by one

@@ -27,9 +27,16 @@ The result is an :class:`IcebergSource`, a
 - position deletes (Parquet delete files of ``file_path`` / ``pos``) remove rows per
   file (``Unit.deleted``), so ``count()``, ``len(loader)``, sharding and resume are exact.
 
-Equality deletes, deletion vectors (format v3, Puffin files) and nested columns whose
-fields were renamed raise :class:`~arrowload.errors.UnsupportedTableFeatureError` naming
-the feature and the file: reading without them would return deleted or wrong rows.
+Inside a nested column the same holds at every level: a struct's fields, a list's
+element and a map's key and value are found by field id (``_by_field_id``), so fields
+renamed, moved, widened or added since a file was written read as pyiceberg reads them.
+Such a file reads through ``conform_column`` (its ``file_columns`` entry names the
+column, so the decoders that read files as they are pass it by).
+
+Equality deletes, deletion vectors (format v3, Puffin files) and a nested column whose
+fields changed in a file whose nested fields have no field ids raise
+:class:`~arrowload.errors.UnsupportedTableFeatureError` naming the feature and the file:
+reading without them would return deleted or wrong rows.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.types as pat
 
@@ -49,6 +57,7 @@ from ..errors import (ArgumentTypeError, CorruptFileError, InvalidArgumentError,
                       PathNotFoundError, UnsupportedTableFeatureError)
 from ..options import ScanOptions
 from .filesystem import canonical_local_path, filesystem_for, protocol_of
+from .schema import widen
 from .tablefiles import TableFile, TableFileSource, plural
 
 FIELD_ID = b"PARQUET:field_id"
@@ -124,6 +133,107 @@ def _logical_schema(schema) -> tuple[pa.Schema, list[tuple[str, int]]]:
     return pa.schema(fields), [(f.name, f.field_id) for f in schema.fields]
 
 
+def _nested_ids(schema) -> dict[str, pa.DataType]:
+    """The snapshot schema's nested top-level columns as Arrow types whose fields carry
+    their Iceberg field ids (``PARQUET:field_id``): what a file's nested fields are mapped
+    by (``_by_field_id``)."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    arrow = schema_to_pyarrow(schema, include_field_ids=True)
+    return {f.name: f.type for f in arrow if pat.is_nested(f.type)}
+
+
+def _field_id(field: pa.Field) -> int | None:
+    raw = (field.metadata or {}).get(FIELD_ID)
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
+
+
+def _child_fields(t: pa.DataType) -> list[pa.Field]:
+    """The fields directly inside a nested type (a struct's, a list's element, a map's key
+    and value), in order."""
+    if pat.is_struct(t):
+        return [t.field(i) for i in range(t.num_fields)]
+    if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
+        return [t.value_field]
+    if pat.is_map(t):
+        return [t.key_field, t.item_field]
+    return []
+
+
+def _kind(t: pa.DataType) -> str:
+    if pat.is_struct(t):
+        return "struct"
+    if pat.is_map(t):
+        return "map"
+    if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
+        return "list"
+    return "leaf"
+
+
+def _same_fields(have: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a file's nested type ``have`` holds the same fields, by name and (where the
+    file has them) field id, at every level, as the snapshot's ``want`` (with ids): then a
+    cast reads it (``widen``); otherwise its fields are mapped by id (``_by_field_id``)."""
+    if _kind(have) != _kind(want):
+        return False
+    ours, theirs = _child_fields(have), _child_fields(want)
+    if len(ours) != len(theirs):
+        return False
+    for a, b in zip(ours, theirs):
+        if pat.is_struct(have) and a.name != b.name:
+            return False
+        fid = _field_id(a)
+        if fid is not None and fid != _field_id(b):
+            return False
+        if not _same_fields(a.type, b.type):
+            return False
+    return True
+
+
+def _ids_inside(t: pa.DataType) -> bool:
+    """Whether every field inside a nested type carries a field id."""
+    return all(_field_id(f) is not None and _ids_inside(f.type) for f in _child_fields(t))
+
+
+def _by_field_id(col, have: pa.DataType, ids: pa.DataType, want: pa.DataType):
+    """A file's nested column (an Array or ChunkedArray read from it, whose footer type with
+    field ids is ``have``) as the snapshot's type ``want`` (``ids``: the same with field
+    ids), its fields found by id at every level, as the Iceberg spec reads them: a field
+    renamed since the file was written reads under its new name, one added since reads as
+    nulls, one dropped is left out; leaves widen as the schema allows (int -> long, float
+    -> double, decimal precision); a value's nulls are kept at every level."""
+    if isinstance(col, pa.ChunkedArray):
+        return pa.chunked_array([_by_field_id(c, have, ids, want) for c in col.chunks], type=want)
+    if not pat.is_nested(want):
+        return widen(col, want)
+    if pat.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    mask = col.is_null() if col.null_count else None
+    if pat.is_struct(want):
+        at = {_field_id(have.field(k)): k for k in range(have.num_fields)}
+        children = []
+        for j in range(want.num_fields):
+            k = at.get(_field_id(ids.field(j)))
+            children.append(pa.nulls(len(col), want.field(j).type) if k is None else
+                            _by_field_id(col.field(k), have.field(k).type, ids.field(j).type, want.field(j).type))
+        return pa.StructArray.from_arrays(children, fields=list(want), mask=mask)
+    # a list or map: its values (the span this, possibly sliced, array covers) mapped, and
+    # offsets from 0 (from_arrays refuses a mask beside sliced offsets)
+    offsets = col.offsets
+    start, stop = offsets[0].as_py(), offsets[-1].as_py()
+    offsets = pc.subtract(offsets.cast(pa.int64() if pat.is_large_list(want) else pa.int32()), start)
+    if pat.is_map(want):
+        keys = _by_field_id(col.keys.slice(start, stop - start), have.key_type, ids.key_type, want.key_type)
+        items = _by_field_id(col.items.slice(start, stop - start), have.item_type, ids.item_type, want.item_type)
+        return pa.MapArray.from_arrays(offsets, keys, items, type=want, mask=mask)
+    values = _by_field_id(col.values.slice(start, stop - start), have.value_type, ids.value_type,
+                          want.value_type)
+    kind = pa.LargeListArray if pat.is_large_list(want) else pa.ListArray
+    return kind.from_arrays(offsets, values, type=want, mask=mask)
+
+
 NAME_MAPPING = "schema.name-mapping.default"
 
 
@@ -147,17 +257,6 @@ def _name_mapping(properties: Mapping[str, str] | None, where: str) -> dict[str,
     except (ValueError, TypeError, AttributeError) as exc:
         raise CorruptFileError(f"iceberg table {where!r}: its {NAME_MAPPING} property is not a valid "
                                f"name mapping ({exc}); fix the property", where) from None
-
-
-def _struct_names(t: pa.DataType) -> Any:
-    """The field names inside a nested type, as a comparable tree."""
-    if pat.is_struct(t):
-        return tuple((t.field(i).name, _struct_names(t.field(i).type)) for i in range(t.num_fields))
-    if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
-        return ("[]", _struct_names(t.value_type))
-    if pat.is_map(t):
-        return ("{}", _struct_names(t.key_type), _struct_names(t.item_type))
-    return None
 
 
 def _partition_value(value: Any, t: pa.DataType) -> Any:
@@ -364,7 +463,8 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
         table_id["schema_id"] = read_with
     mapping = _name_mapping(getattr(table.metadata, "properties", None), where)
     src = IcebergSource(paths.fs, paths.root, files, schema=arrow, field_ids=ids, table=table_id,
-                        record_counts=record_counts, scan_options=scan_options, name_mapping=mapping)
+                        record_counts=record_counts, scan_options=scan_options, name_mapping=mapping,
+                        nested_ids=_nested_ids(schema))
     # how to open another snapshot of the same table (at_snapshot); never saved in a state
     src._reopen = (table, storage_options, scan_options)
     return src
@@ -399,7 +499,8 @@ class IcebergSource(TableFileSource):
     def __init__(self, filesystem: pafs.FileSystem, root: str, files: Sequence[TableFile], *,
                  schema: pa.Schema, field_ids: Sequence[tuple[str, int]], table: dict,
                  record_counts: Mapping[str, int], scan_options: ScanOptions | None = None,
-                 name_mapping: Mapping[str, int] | None = None) -> None:
+                 name_mapping: Mapping[str, int] | None = None,
+                 nested_ids: Mapping[str, pa.DataType] | None = None) -> None:
         deleted = sum(len(f.deleted) for f in files if f.deleted is not None)
         display = (f"iceberg table {table['uri']} snapshot {table['snapshot_id']} ({plural(len(files), 'file')}, "
                    f"{plural(deleted, 'deleted row')})")
@@ -408,6 +509,8 @@ class IcebergSource(TableFileSource):
         self._field_ids = tuple(field_ids)
         self._record_counts = dict(record_counts)
         self._name_mapping = None if name_mapping is None else dict(name_mapping)
+        self._nested_ids = dict(nested_ids or {})  # nested column -> its type with field ids
+        self._nested_maps: dict[int, dict[str, pa.DataType]] = {}  # file -> column -> its footer type
 
     def snapshot_label(self) -> str:
         return f"snapshot {self.table['snapshot_id']}"
@@ -478,12 +581,23 @@ class IcebergSource(TableFileSource):
                 continue
             if f.name != name:
                 out[name] = f.name
-            want = self._logical.field(name).type
-            if pat.is_nested(want) and _struct_names(_plain(f.type)) != _struct_names(want):
-                raise UnsupportedTableFeatureError(
-                    f"iceberg table {self.table['uri']!r}: column {name!r} is nested and its fields in "
-                    f"{path!r} ({f.type}) differ from the snapshot schema's ({want}): fields inside a "
-                    "nested column were renamed, added or dropped, and arrowload maps top-level columns by "
-                    "field id only: select other columns with pyiceberg, or rewrite the table's older files",
-                    feature="nested schema evolution")
+            ids = self._nested_ids.get(name)
+            if ids is not None and not _same_fields(f.type, ids):
+                if not _ids_inside(f.type):
+                    raise UnsupportedTableFeatureError(
+                        f"iceberg table {self.table['uri']!r}: column {name!r} is nested and its fields in "
+                        f"{path!r} ({f.type}) differ from the snapshot schema's "
+                        f"({self._logical.field(name).type}), and the file's nested fields carry no field "
+                        "ids to map them by: read the table with pyiceberg, or rewrite that file",
+                        feature="nested schema evolution")
+                # fields inside were renamed, added, dropped or reordered since the file was
+                # written: the file reads through conform_column, its fields mapped by id
+                self._nested_maps.setdefault(i, {})[name] = f.type
+                out[name] = f.name
         return out
+
+    def conform_column(self, file: int, name: str, column, type: pa.DataType):
+        have = self._nested_maps.get(file, {}).get(name)
+        if have is None:
+            return widen(column, type)
+        return _by_field_id(column, have, self._nested_ids[name], type)

@@ -34,7 +34,6 @@ from ..options import ScanOptions
 from .base import file_to_source_names
 from .filesystem import FileEntry
 from .files import INT96_UNIT, FileSource, _ColumnSizes
-from .schema import widen
 
 
 class TableFile(NamedTuple):
@@ -209,7 +208,7 @@ class TableFileSource(FileSource):
                 v = unit.partition.get(f.name)
                 arrays.append(pa.nulls(n, f.type) if v is None else pa.repeat(pa.scalar(v, f.type), n))
             elif got is not None and p in read:
-                arrays.append(widen(got.column(p), f.type))
+                arrays.append(self.conform_column(unit.file, f.name, got.column(p), f.type))
             else:
                 arrays.append(pa.nulls(n, f.type))
         table = pa.Table.from_arrays(arrays, schema=self._logical)
