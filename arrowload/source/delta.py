@@ -14,7 +14,10 @@ over exactly the live files (no listing: sizes come from the log) whose
 - ``schema`` is the table's logical schema at that version (a column added later reads
   as nulls in older files; partition columns typed from the table schema);
 - ``column_renames`` maps a logical column to its physical name in the files (column
-  mapping, ``name`` and ``id`` modes: ``delta.columnMapping.physicalName``);
+  mapping, ``name`` and ``id`` modes: ``delta.columnMapping.physicalName``); inside a
+  nested column a struct's fields are found by physical name too, at every level
+  (``conform_column``: a field renamed since a file was written keeps its physical name,
+  one added later reads as nulls);
 - units count live rows: ``Unit.num_rows`` leaves out the rows a deletion vector removes
   (``Unit.deleted``), so ``len()``, sharding, resume and ``count()`` are exact, and every
   read drops those rows (``deleted_rows(unit)``) right after decoding.
@@ -41,6 +44,7 @@ from ..errors import (ArrowloadError, CorruptFileError, InvalidArgumentError, Mi
 from ..options import ScanOptions
 from .filesystem import filesystem_for, protocol_of, storage_error
 from .tablefiles import TableFile, TableFileSource, plural
+from .schema import children, remap_nested, widen
 
 # reader features arrowload reads correctly (PROTOCOL.md, "Valid Feature Names")
 SUPPORTED_READER_FEATURES = frozenset({
@@ -140,11 +144,15 @@ def _schema_types(table) -> set[str]:
     return found
 
 
-def _logical_schema(table, uri: str) -> tuple[pa.Schema, dict[str, str]]:
-    """The table schema (no field metadata) and ``{logical: physical}`` where they differ."""
+def _logical_schema(table) -> tuple[pa.Schema, dict[str, str], dict[str, pa.DataType]]:
+    """The table schema (no field metadata), ``{logical: physical}`` where they differ, and
+    the nested columns whose fields inside are column-mapped as their types with the log's
+    field metadata (``delta.columnMapping.physicalName``): their fields are found in the
+    files by physical name (``DeltaSource.conform_column``)."""
     schema = pa.schema(table.schema().to_arrow())
     mode = _mapping_mode(table)
     renames: dict[str, str] = {}
+    nested: dict[str, pa.DataType] = {}
     fields = []
     for f in schema:
         meta = {k.decode(): v.decode() for k, v in (f.metadata or {}).items()}
@@ -152,13 +160,31 @@ def _logical_schema(table, uri: str) -> tuple[pa.Schema, dict[str, str]]:
         if mode != "none" and physical and physical != f.name:
             renames[f.name] = physical
         if mode != "none" and _nested_renames(f.type):
-            raise UnsupportedTableFeatureError(
-                f"delta table {uri!r}: column {f.name!r} is a nested column whose fields are "
-                "column-mapped (physical names inside a struct / list / map); arrowload maps "
-                "top-level columns only: select other columns with the table's own library, or "
-                "rewrite the table without column mapping", feature="columnMapping")
-        fields.append(f.remove_metadata())
-    return pa.schema(fields), renames
+            nested[f.name] = f.type
+        fields.append(pa.field(f.name, _bare(f.type), f.nullable))
+    return pa.schema(fields), renames, nested
+
+
+def _bare(t: pa.DataType) -> pa.DataType:
+    """``t`` without the field metadata inside it."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _bare(f.type), f.nullable) for f in children(t)])
+    if pa.types.is_map(t):
+        return pa.map_(pa.field(t.key_field.name, _bare(t.key_type), t.key_field.nullable),
+                       pa.field(t.item_field.name, _bare(t.item_type), t.item_field.nullable),
+                       t.keys_sorted)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        value = pa.field(t.value_field.name, _bare(t.value_type), t.value_field.nullable)
+        if pa.types.is_fixed_size_list(t):
+            return pa.list_(value, t.list_size)
+        return pa.large_list(value) if pa.types.is_large_list(t) else pa.list_(value)
+    return t
+
+
+def _physical_name(field: pa.Field) -> str:
+    """A table field's name in the files: its ``delta.columnMapping.physicalName``."""
+    raw = (field.metadata or {}).get(_PHYSICAL.encode())
+    return field.name if raw is None else raw.decode()
 
 
 def _mapping_mode(table) -> str:
@@ -280,7 +306,7 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
                                "this deltalake does not read: check it with deltalake.DeltaTable(uri), or "
                                "upgrade deltalake", f"{uri.rstrip('/')}/_delta_log") from exc
     _check_protocol(table, uri)
-    schema, renames = _logical_schema(table, uri)
+    schema, renames, nested = _logical_schema(table)
     partition_cols = list(table.metadata().partition_columns or [])
     actions = pa.table(table.get_add_actions(flatten=True))
     deleted = _deleted_by_path(table, str(table.table_uri)) if "deletionVectors" in \
@@ -300,6 +326,7 @@ def open_delta(uri: str, *, version: int | None = None, timestamp: Any = None,
             values[c] = _partition_value(raw, schema.field(c).type)
         files.append(TableFile(path, sizes[i], values, deleted.get(rel)))
     src = DeltaSource(fs, root, files, schema=schema, partition_columns=partition_cols, renames=renames,
+                      nested=nested,
                       table={"format": "delta", "uri": root if isinstance(fs, pafs.LocalFileSystem) else
                              uri.rstrip("/"), "version": int(table.version())},  # one spelling per table
                       scan_options=scan_options)
@@ -337,12 +364,20 @@ class DeltaSource(TableFileSource):
 
     def __init__(self, filesystem: pafs.FileSystem, root: str, files: Sequence[TableFile], *, schema: pa.Schema,
                  partition_columns: Sequence[str], renames: dict[str, str], table: dict,
-                 scan_options: ScanOptions | None = None) -> None:
+                 scan_options: ScanOptions | None = None, nested: dict[str, pa.DataType] | None = None) -> None:
         deleted = sum(len(f.deleted) for f in files if f.deleted is not None)
         display = (f"delta table {table['uri']} version {table['version']} ({plural(len(files), 'file')}, "
                    f"{plural(deleted, 'deleted row')})")
         super().__init__(filesystem, root, files, schema=schema, partition_columns=partition_columns,
                          table=table, display=display, renames=renames, scan_options=scan_options)
+        self._nested = dict(nested or {})  # nested column -> its type with physical names inside
+
+    def conform_column(self, file: int, name: str, column, type: pa.DataType):
+        keyed = self._nested.get(name)
+        if keyed is None:
+            return widen(column, type)
+        # column mapping inside a nested column: a struct's fields by physical name
+        return remap_nested(column, column.type, keyed, type, lambda f: f.name, _physical_name)
 
     def snapshot_label(self) -> str:
         return f"version {self.table['version']}"

@@ -28,7 +28,7 @@ The result is an :class:`IcebergSource`, a
   file (``Unit.deleted``), so ``count()``, ``len(loader)``, sharding and resume are exact.
 
 Inside a nested column the same holds at every level: a struct's fields, a list's
-element and a map's key and value are found by field id (``_by_field_id``), so fields
+element and a map's key and value are found by field id (``schema.remap_nested``), so fields
 renamed, moved, widened or added since a file was written read as pyiceberg reads them.
 Such a file reads through ``conform_column`` (its ``file_columns`` entry names the
 column, so the decoders that read files as they are pass it by).
@@ -49,7 +49,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.types as pat
 
@@ -57,7 +56,7 @@ from ..errors import (ArgumentTypeError, CorruptFileError, InvalidArgumentError,
                       PathNotFoundError, UnsupportedTableFeatureError)
 from ..options import ScanOptions
 from .filesystem import canonical_local_path, filesystem_for, protocol_of
-from .schema import widen
+from .schema import children, remap_nested, widen
 from .tablefiles import TableFile, TableFileSource, plural
 
 FIELD_ID = b"PARQUET:field_id"
@@ -135,8 +134,8 @@ def _logical_schema(schema) -> tuple[pa.Schema, list[tuple[str, int]]]:
 
 def _nested_ids(schema) -> dict[str, pa.DataType]:
     """The snapshot schema's nested top-level columns as Arrow types whose fields carry
-    their Iceberg field ids (``PARQUET:field_id``): what a file's nested fields are mapped
-    by (``_by_field_id``)."""
+    their Iceberg field ids (``PARQUET:field_id``): what a file's nested fields are found
+    by (``schema.remap_nested``)."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     arrow = schema_to_pyarrow(schema, include_field_ids=True)
     return {f.name: f.type for f in arrow if pat.is_nested(f.type)}
@@ -148,18 +147,6 @@ def _field_id(field: pa.Field) -> int | None:
         return None if raw is None else int(raw)
     except ValueError:
         return None
-
-
-def _child_fields(t: pa.DataType) -> list[pa.Field]:
-    """The fields directly inside a nested type (a struct's, a list's element, a map's key
-    and value), in order."""
-    if pat.is_struct(t):
-        return [t.field(i) for i in range(t.num_fields)]
-    if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
-        return [t.value_field]
-    if pat.is_map(t):
-        return [t.key_field, t.item_field]
-    return []
 
 
 def _kind(t: pa.DataType) -> str:
@@ -175,10 +162,10 @@ def _kind(t: pa.DataType) -> str:
 def _same_fields(have: pa.DataType, want: pa.DataType) -> bool:
     """Whether a file's nested type ``have`` holds the same fields, by name and (where the
     file has them) field id, at every level, as the snapshot's ``want`` (with ids): then a
-    cast reads it (``widen``); otherwise its fields are mapped by id (``_by_field_id``)."""
+    cast reads it (``widen``); otherwise its fields are found by id (``remap_nested``)."""
     if _kind(have) != _kind(want):
         return False
-    ours, theirs = _child_fields(have), _child_fields(want)
+    ours, theirs = children(have), children(want)
     if len(ours) != len(theirs):
         return False
     for a, b in zip(ours, theirs):
@@ -194,44 +181,7 @@ def _same_fields(have: pa.DataType, want: pa.DataType) -> bool:
 
 def _ids_inside(t: pa.DataType) -> bool:
     """Whether every field inside a nested type carries a field id."""
-    return all(_field_id(f) is not None and _ids_inside(f.type) for f in _child_fields(t))
-
-
-def _by_field_id(col, have: pa.DataType, ids: pa.DataType, want: pa.DataType):
-    """A file's nested column (an Array or ChunkedArray read from it, whose footer type with
-    field ids is ``have``) as the snapshot's type ``want`` (``ids``: the same with field
-    ids), its fields found by id at every level, as the Iceberg spec reads them: a field
-    renamed since the file was written reads under its new name, one added since reads as
-    nulls, one dropped is left out; leaves widen as the schema allows (int -> long, float
-    -> double, decimal precision); a value's nulls are kept at every level."""
-    if isinstance(col, pa.ChunkedArray):
-        return pa.chunked_array([_by_field_id(c, have, ids, want) for c in col.chunks], type=want)
-    if not pat.is_nested(want):
-        return widen(col, want)
-    if pat.is_dictionary(col.type):
-        col = col.dictionary_decode()
-    mask = col.is_null() if col.null_count else None
-    if pat.is_struct(want):
-        at = {_field_id(have.field(k)): k for k in range(have.num_fields)}
-        children = []
-        for j in range(want.num_fields):
-            k = at.get(_field_id(ids.field(j)))
-            children.append(pa.nulls(len(col), want.field(j).type) if k is None else
-                            _by_field_id(col.field(k), have.field(k).type, ids.field(j).type, want.field(j).type))
-        return pa.StructArray.from_arrays(children, fields=list(want), mask=mask)
-    # a list or map: its values (the span this, possibly sliced, array covers) mapped, and
-    # offsets from 0 (from_arrays refuses a mask beside sliced offsets)
-    offsets = col.offsets
-    start, stop = offsets[0].as_py(), offsets[-1].as_py()
-    offsets = pc.subtract(offsets.cast(pa.int64() if pat.is_large_list(want) else pa.int32()), start)
-    if pat.is_map(want):
-        keys = _by_field_id(col.keys.slice(start, stop - start), have.key_type, ids.key_type, want.key_type)
-        items = _by_field_id(col.items.slice(start, stop - start), have.item_type, ids.item_type, want.item_type)
-        return pa.MapArray.from_arrays(offsets, keys, items, type=want, mask=mask)
-    values = _by_field_id(col.values.slice(start, stop - start), have.value_type, ids.value_type,
-                          want.value_type)
-    kind = pa.LargeListArray if pat.is_large_list(want) else pa.ListArray
-    return kind.from_arrays(offsets, values, type=want, mask=mask)
+    return all(_field_id(f) is not None and _ids_inside(f.type) for f in children(t))
 
 
 NAME_MAPPING = "schema.name-mapping.default"
@@ -591,7 +541,7 @@ class IcebergSource(TableFileSource):
                         "ids to map them by: read the table with pyiceberg, or rewrite that file",
                         feature="nested schema evolution")
                 # fields inside were renamed, added, dropped or reordered since the file was
-                # written: the file reads through conform_column, its fields mapped by id
+                # written: the file reads through conform_column, its fields found by id (remap_nested)
                 self._nested_maps.setdefault(i, {})[name] = f.type
                 out[name] = f.name
         return out
@@ -600,4 +550,6 @@ class IcebergSource(TableFileSource):
         have = self._nested_maps.get(file, {}).get(name)
         if have is None:
             return widen(column, type)
-        return _by_field_id(column, have, self._nested_ids[name], type)
+        # a field found by id, as the Iceberg spec reads them: renamed since the file was
+        # written, it reads under its new name; added since, as nulls; dropped, left out
+        return remap_nested(column, have, self._nested_ids[name], type, _field_id, _field_id)

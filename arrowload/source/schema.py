@@ -48,19 +48,71 @@ def _widen_nested(arr: pa.Array, unified: pa.DataType) -> pa.Array:
     children, each widened on its own (its nulls kept)."""
     if pat.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
-    mask = arr.is_null() if arr.null_count else None
     if pat.is_struct(arr.type):
         children = [widen(arr.field(i), f.type) for i, f in enumerate(unified)]
-        return pa.StructArray.from_arrays(children, fields=list(unified), mask=mask)
-    # the values this (possibly sliced) list spans, and offsets into them from 0: a fresh
-    # offsets array (from_arrays refuses a mask beside a sliced one)
+        return pa.StructArray.from_arrays(children, fields=list(unified), mask=_nulls(arr))
+    return _rebuilt(arr, unified, lambda values, position: widen(values, unified.value_type))
+
+
+def _nulls(arr: pa.Array) -> pa.Array | None:
+    return arr.is_null() if arr.null_count else None
+
+
+def _rebuilt(arr: pa.Array, unified: pa.DataType, values_as) -> pa.Array:
+    """A list or map array as ``unified`` with its values (a map: keys, then items) as
+    ``values_as(values, position)`` gives them, its nulls kept: the values this (possibly
+    sliced) array spans, and offsets into them from 0 (``from_arrays`` refuses a mask
+    beside sliced offsets)."""
     offsets = arr.offsets
     start, stop = offsets[0].as_py(), offsets[-1].as_py()
     offsets = pc.subtract(offsets.cast(pa.int64() if pat.is_large_list(unified) else pa.int32()), start)
-    values = widen(arr.values.slice(start, stop - start), unified.value_type)
-    if pat.is_large_list(unified):
-        return pa.LargeListArray.from_arrays(offsets, values, type=unified, mask=mask)
-    return pa.ListArray.from_arrays(offsets, values, type=unified, mask=mask)
+    if pat.is_map(unified):
+        keys = values_as(arr.keys.slice(start, stop - start), 0)
+        items = values_as(arr.items.slice(start, stop - start), 1)
+        return pa.MapArray.from_arrays(offsets, keys, items, type=unified, mask=_nulls(arr))
+    values = values_as(arr.values.slice(start, stop - start), 0)
+    kind = pa.LargeListArray if pat.is_large_list(unified) else pa.ListArray
+    return kind.from_arrays(offsets, values, type=unified, mask=_nulls(arr))
+
+
+def children(t: pa.DataType) -> list[pa.Field]:
+    """The fields directly inside a nested type (a struct's, a list's element, a map's key
+    and item), in order; none for a leaf."""
+    if pat.is_struct(t):
+        return [t.field(i) for i in range(t.num_fields)]
+    if _is_list(t) or pat.is_fixed_size_list(t):
+        return [t.value_field]
+    if pat.is_map(t):
+        return [t.key_field, t.item_field]
+    return []
+
+
+def remap_nested(col, have: pa.DataType, keyed: pa.DataType, unified: pa.DataType, file_key, table_key):
+    """A file's nested column (an Array or ChunkedArray; ``have``: its type as the file's
+    footer gives it, field metadata included) as the table's type ``unified`` (``keyed``:
+    the same with the table's field metadata), a struct's fields found at every level by
+    a key, not by name or position: the field of the file whose ``file_key(field)``
+    equals a table field's ``table_key(field)`` (a lake table's field id or physical
+    name). A table field no file field matches reads as nulls; a file field no table field
+    matches is left out; leaves widen (``widen``); every level's nulls are kept."""
+    if isinstance(col, pa.ChunkedArray):
+        return pa.chunked_array([remap_nested(c, have, keyed, unified, file_key, table_key) for c in col.chunks],
+                                type=unified)
+    if not pat.is_nested(unified):
+        return widen(col, unified)
+    if pat.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    if pat.is_struct(unified):
+        at = {file_key(f): k for k, f in enumerate(children(have))}
+        out = []
+        for want, key in zip(unified, children(keyed)):
+            k = at.get(table_key(key))
+            out.append(pa.nulls(len(col), want.type) if k is None else
+                       remap_nested(col.field(k), have.field(k).type, key.type, want.type, file_key, table_key))
+        return pa.StructArray.from_arrays(out, fields=list(unified), mask=_nulls(col))
+    inner = children(unified)
+    return _rebuilt(col, unified, lambda values, i: remap_nested(
+        values, children(have)[i].type, children(keyed)[i].type, inner[i].type, file_key, table_key))
 
 
 _SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
