@@ -1029,3 +1029,61 @@ def test_nested_fields_whose_names_were_swapped_read_and_filter_by_id(tmp_path):
         got = ds.filter(predicate)
         assert sorted(got.to_arrow()["id"].to_pylist()) == sorted(r[0] for r in want), predicate
         assert got.count() == len(want), predicate
+
+
+def test_columns_added_with_a_default_read_it_from_older_files(tmp_path):
+    """A column (or a field inside a struct) added with a default value (``initial-default``)
+    reads that value from files written before it, as the spec's column projection and
+    pyiceberg read it -- after an identity partition value, before null (before: null).
+    Every kind of value; filters and counts over it as DuckDB over pyiceberg's read."""
+    import datetime
+    import decimal
+
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import IdentityTransform
+    from pyiceberg.types import (BooleanType, DateType, DecimalType, FloatType, IntegerType, LongType, NestedField,
+                                 StringType, StructType, TimestampType)
+
+    catalog = _catalog(tmp_path)
+    schema = Schema(NestedField(1, "id", LongType(), required=False),
+                    NestedField(2, "p", StringType(), required=False),
+                    NestedField(3, "s", StructType(NestedField(4, "a", LongType(), required=False)), required=False))
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="p"))
+    table = catalog.create_table("ns.defaults", schema=schema, partition_spec=spec,
+                                 properties={"write.parquet.row-group-limit": ROW_GROUP_ROWS})
+
+    def plain():
+        return pa.schema([f.remove_metadata() for f in table.schema().as_arrow()])
+    table.append(pa.Table.from_pylist([{"id": i, "p": "ab"[i % 2], "s": None if i % 9 == 0 else {"a": i}}
+                                       for i in range(200)], schema=plain()))
+    with table.update_schema() as u:
+        u.add_column("n", IntegerType(), default_value=7)
+        u.add_column("k", StringType(), default_value="x")
+        u.add_column("dt", DateType(), default_value=datetime.date(2024, 1, 2))
+        u.add_column("ts", TimestampType(), default_value=datetime.datetime(2024, 1, 2, 3, 4, 5))
+        u.add_column("dec", DecimalType(9, 2), default_value=decimal.Decimal("1.25"))
+        u.add_column("b", BooleanType(), default_value=True)
+        u.add_column("f", FloatType(), default_value=1.5)
+        u.add_column(("s", "c"), IntegerType(), default_value=5)
+    rows = [{"id": i, "p": "ab"[i % 2], "s": {"a": i, "c": i % 3}, "n": i % 4, "k": None, "dt": None,
+             "ts": datetime.datetime(2025, 1, 1), "dec": decimal.Decimal("2.50"), "b": False, "f": None}
+            for i in range(200, 260)]
+    table.append(pa.Table.from_pylist(rows, schema=plain()))
+    truth = _truth(table)
+    assert truth.filter(pc.less(truth["id"], 200))["n"].to_pylist() == [7] * 200  # the truth holds defaults
+    for decoder in ("pyarrow", "dataset"):
+        os.environ["ARROWLOAD_DECODER"] = decoder
+        try:
+            ds = al.iceberg(table)
+            assert sorted_rows(ds.to_arrow()) == sorted_rows(truth), decoder
+            assert sorted_rows(pa.Table.from_batches(list(ds.loader(64, output="arrow", shuffle="block")))) == \
+                sorted_rows(truth), decoder
+        finally:
+            del os.environ["ARROWLOAD_DECODER"]
+    for predicate in ("n = 7", "k = 'x' AND id % 2 = 0", "dt = DATE '2024-01-02'", "s.c = 5", "b AND f > 1",
+                      "dec < 2"):
+        want = sorted(r[0] for r in duckdb.sql(f"SELECT id FROM truth WHERE {predicate}").fetchall())
+        got = al.iceberg(table).filter(predicate)
+        assert sorted(got.select("id").to_arrow()["id"].to_pylist()) == want, predicate
+        assert got.count() == len(want), predicate

@@ -17,8 +17,9 @@ The result is an :class:`IcebergSource`, a
 - columns are found in each file by **field id** (``PARQUET:field_id`` in the file's
   schema), as the Iceberg spec says: a column renamed after a file was written reads
   from that file under its old name; a column the file lacks (added later, or dropped
-  and added again with a new id while the file holds the old one) reads as nulls, or as
-  the file's identity partition value; ``file_columns(file)`` holds each file's map;
+  and added again with a new id while the file holds the old one) reads as the file's
+  identity partition value, else as its ``initial-default`` (read as a constant, as a
+  partition value is), else as nulls; ``file_columns(file)`` holds each file's map;
 - a file written without field ids (one a migration registered with ``add_files``, or
   written by another engine) has its columns given ids by the table's **name mapping**
   (the ``schema.name-mapping.default`` property: each field id with the names a file may
@@ -139,6 +140,28 @@ def _nested_ids(schema) -> dict[str, pa.DataType]:
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     arrow = schema_to_pyarrow(schema, include_field_ids=True)
     return {f.name: f.type for f in arrow if pat.is_nested(f.type)}
+
+
+def _initial_defaults(schema) -> dict[int, Any]:
+    """``{field id: value}`` of the schema's fields (nested ones included) that have an
+    ``initial-default``: the value a data file written before the field was added holds
+    for it (the spec's column projection: after an identity partition value, before null)."""
+    from pyiceberg.types import ListType, MapType, StructType
+    out: dict[int, Any] = {}
+
+    def walk(fields) -> None:
+        for f in fields:
+            if getattr(f, "initial_default", None) is not None:
+                out[f.field_id] = f.initial_default
+            t = f.field_type
+            if isinstance(t, StructType):
+                walk(t.fields)
+            elif isinstance(t, ListType):
+                walk([t.element_field])
+            elif isinstance(t, MapType):
+                walk([t.key_field, t.value_field])
+    walk(schema.fields)
+    return out
 
 
 def _field_id(field: pa.Field) -> int | None:
@@ -414,7 +437,7 @@ def open_iceberg(table: Any, *, snapshot_id: int | None = None, storage_options:
     mapping = _name_mapping(getattr(table.metadata, "properties", None), where)
     src = IcebergSource(paths.fs, paths.root, files, schema=arrow, field_ids=ids, table=table_id,
                         record_counts=record_counts, scan_options=scan_options, name_mapping=mapping,
-                        nested_ids=_nested_ids(schema))
+                        nested_ids=_nested_ids(schema), defaults=_initial_defaults(schema))
     # how to open another snapshot of the same table (at_snapshot); never saved in a state
     src._reopen = (table, storage_options, scan_options)
     return src
@@ -450,7 +473,8 @@ class IcebergSource(TableFileSource):
                  schema: pa.Schema, field_ids: Sequence[tuple[str, int]], table: dict,
                  record_counts: Mapping[str, int], scan_options: ScanOptions | None = None,
                  name_mapping: Mapping[str, int] | None = None,
-                 nested_ids: Mapping[str, pa.DataType] | None = None) -> None:
+                 nested_ids: Mapping[str, pa.DataType] | None = None,
+                 defaults: Mapping[int, Any] | None = None) -> None:
         deleted = sum(len(f.deleted) for f in files if f.deleted is not None)
         display = (f"iceberg table {table['uri']} snapshot {table['snapshot_id']} ({plural(len(files), 'file')}, "
                    f"{plural(deleted, 'deleted row')})")
@@ -460,6 +484,7 @@ class IcebergSource(TableFileSource):
         self._record_counts = dict(record_counts)
         self._name_mapping = None if name_mapping is None else dict(name_mapping)
         self._nested_ids = dict(nested_ids or {})  # nested column -> its type with field ids
+        self._defaults = dict(defaults or {})  # field id -> its initial default
         self._nested_maps: dict[int, dict[str, pa.DataType]] = {}  # file -> column -> its footer type
 
     def snapshot_label(self) -> str:
@@ -526,6 +551,8 @@ class IcebergSource(TableFileSource):
         for name, fid in self._field_ids:
             f = by_id.get(fid)
             if f is None:
+                if name not in partition and fid in self._defaults:  # added with a default
+                    partition[name] = self._defaults[fid]  # read as a constant, as a partition value is
                 if name in names or name in partition:
                     out[name] = None
                 continue
@@ -552,4 +579,11 @@ class IcebergSource(TableFileSource):
             return widen(column, type)
         # a field found by id, as the Iceberg spec reads them: renamed since the file was
         # written, it reads under its new name; added since, as nulls; dropped, left out
-        return remap_nested(column, have, self._nested_ids[name], type, _field_id, _field_id)
+        return remap_nested(column, have, self._nested_ids[name], type, _field_id, _field_id, self._default_values)
+
+    def _default_values(self, field: pa.Field, n: int) -> pa.Array | None:
+        """A nested field's initial default for ``n`` rows (None: it has none)."""
+        value = self._defaults.get(_field_id(field))
+        if value is None:
+            return None
+        return pa.repeat(pa.scalar(value, _plain(field.type)), n)

@@ -87,17 +87,20 @@ def children(t: pa.DataType) -> list[pa.Field]:
     return []
 
 
-def remap_nested(col, have: pa.DataType, keyed: pa.DataType, unified: pa.DataType, file_key, table_key):
+def remap_nested(col, have: pa.DataType, keyed: pa.DataType, unified: pa.DataType, file_key, table_key,
+                 missing=None):
     """A file's nested column (an Array or ChunkedArray; ``have``: its type as the file's
     footer gives it, field metadata included) as the table's type ``unified`` (``keyed``:
     the same with the table's field metadata), a struct's fields found at every level by
     a key, not by name or position: the field of the file whose ``file_key(field)``
     equals a table field's ``table_key(field)`` (a lake table's field id or physical
     name). A table field no file field matches reads as nulls; a file field no table field
-    matches is left out; leaves widen (``widen``); every level's nulls are kept."""
+    matches is left out; leaves widen (``widen``); every level's nulls are kept.
+    ``missing(field, n)``: the values of a table field (``keyed``'s) the file lacks, for
+    ``n`` rows, or None for nulls (a lake table's default value)."""
     if isinstance(col, pa.ChunkedArray):
-        return pa.chunked_array([remap_nested(c, have, keyed, unified, file_key, table_key) for c in col.chunks],
-                                type=unified)
+        return pa.chunked_array([remap_nested(c, have, keyed, unified, file_key, table_key, missing)
+                                 for c in col.chunks], type=unified)
     if not pat.is_nested(unified):
         return widen(col, unified)
     if pat.is_dictionary(col.type):
@@ -107,12 +110,16 @@ def remap_nested(col, have: pa.DataType, keyed: pa.DataType, unified: pa.DataTyp
         out = []
         for want, key in zip(unified, children(keyed)):
             k = at.get(table_key(key))
-            out.append(pa.nulls(len(col), want.type) if k is None else
-                       remap_nested(col.field(k), have.field(k).type, key.type, want.type, file_key, table_key))
+            if k is not None:
+                out.append(remap_nested(col.field(k), have.field(k).type, key.type, want.type, file_key,
+                                        table_key, missing))
+                continue
+            got = None if missing is None else missing(key, len(col))
+            out.append(pa.nulls(len(col), want.type) if got is None else got)
         return pa.StructArray.from_arrays(out, fields=list(unified), mask=_nulls(col))
     inner = children(unified)
     return _rebuilt(col, unified, lambda values, i: remap_nested(
-        values, children(have)[i].type, children(keyed)[i].type, inner[i].type, file_key, table_key))
+        values, children(have)[i].type, children(keyed)[i].type, inner[i].type, file_key, table_key, missing))
 
 
 _SIGNED = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
