@@ -841,3 +841,58 @@ def test_column_mapped_nested_field_renamed_and_added_in_the_log(tmp_path):
     assert by_id[1] == {"a2": 1, "b": "b1", "c": None} and by_id[61] == {"a2": 61, "b": "b61", "c": 30.5}
     want = sorted(r[0] for r in duckdb.sql("SELECT id FROM truth WHERE s.a2 % 4 = 1 OR s.c > 40").fetchall())
     assert sorted(al.delta(path).filter("s.a2 % 4 = 1 OR s.c > 40").to_arrow()["id"].to_pylist()) == want
+
+
+@pytest.mark.parametrize("decoder", ["pyarrow", "dataset"])
+def test_nested_fields_of_a_table_given_column_mapping_later_read_by_physical_name(tmp_path, decoder, monkeypatch):
+    """What Spark commits for ``SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')`` on
+    a table with data (every field keeps its name as its physical name), then two struct
+    fields swapping names and one added (physical name ``col-<uuid>``). No top-level column
+    is renamed, yet every read of ``s`` must find its fields by physical name (before: read
+    by name, the swapped fields read each other's values and the added one read nulls from
+    the files holding it, in every path but the per-unit loader's)."""
+    from deltalake import write_deltalake
+    monkeypatch.setenv("ARROWLOAD_DECODER", decoder)
+    path = str(tmp_path / "t")
+
+    def rows(lo, hi, names=("x", "y"), c=False):
+        fields = [(names[0], pa.int64()), (names[1], pa.int64())] + ([("c", pa.float64())] if c else [])
+        schema = pa.schema([("id", pa.int64()), ("s", pa.struct(fields))])
+        return pa.Table.from_pylist([{"id": i, "s": None if i % 11 == 3 else
+                                      {names[0]: i, names[1]: 1000 + i, **({"c": i / 2} if c else {})}}
+                                     for i in range(lo, hi)], schema=schema)
+    write_deltalake(path, rows(0, 100))
+    log = os.path.join(path, "_delta_log")
+    with open(os.path.join(log, "00000000000000000000.json")) as fh:
+        meta = next(json.loads(line)["metaData"] for line in fh if '"metaData"' in line)
+    schema = json.loads(meta["schemaString"])
+    ids = iter(range(1, 100))
+
+    def tag(f):
+        f["metadata"] = {"delta.columnMapping.id": next(ids), "delta.columnMapping.physicalName": f["name"]}
+        for g in f["type"].get("fields", ()) if isinstance(f["type"], dict) else ():
+            tag(g)
+    for f in schema["fields"]:
+        tag(f)
+    inner = next(f for f in schema["fields"] if f["name"] == "s")["type"]["fields"]
+    inner[0]["name"], inner[1]["name"] = "y", "x"  # swapped: the files' x is the table's y
+    top = next(ids)
+    inner.append({"name": "c", "type": "double", "nullable": True,
+                  "metadata": {"delta.columnMapping.id": top, "delta.columnMapping.physicalName": f"col-{uuid.uuid4()}"}})
+    meta["schemaString"] = json.dumps(schema)
+    meta["configuration"] = {"delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": str(top)}
+    with open(os.path.join(log, "00000000000000000001.json"), "w") as fh:
+        fh.write(json.dumps({"commitInfo": {"timestamp": 1_700_000_000_000, "operation": "RENAME COLUMN"}}) + "\n")
+        fh.write(json.dumps({"protocol": {"minReaderVersion": 2, "minWriterVersion": 5}}) + "\n")
+        fh.write(json.dumps({"metaData": meta}) + "\n")
+    write_deltalake(path, rows(100, 160, names=("y", "x"), c=True), mode="append")
+    truth = _engine_truth(path)
+    ds = al.delta(path)
+    assert not any(k != v for k, v in ds.plan.source.column_renames.items())  # no column renamed at the top
+    assert sorted_rows(ds.to_arrow()) == sorted_rows(truth)
+    assert sorted_rows(pa.Table.from_batches(list(ds.loader(16, output="arrow", shuffle="global")))) == \
+        sorted_rows(truth)
+    for predicate in ("s.x > 1050", "s.y < 10", "s.c > 60", "s IS NULL"):
+        want = sorted(r[0] for r in duckdb.sql(f"SELECT id FROM truth WHERE {predicate}").fetchall())
+        assert sorted(ds.filter(predicate).select("id").to_arrow()["id"].to_pylist()) == want, predicate
+        assert ds.filter(predicate).count() == len(want), predicate

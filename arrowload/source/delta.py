@@ -368,9 +368,14 @@ class DeltaSource(TableFileSource):
         deleted = sum(len(f.deleted) for f in files if f.deleted is not None)
         display = (f"delta table {table['uri']} version {table['version']} ({plural(len(files), 'file')}, "
                    f"{plural(deleted, 'deleted row')})")
+        nested = dict(nested or {})
+        # a nested column whose own physical name is its name (a table given column mapping
+        # after it had data) maps to itself: every read of it then passes conform_column,
+        # as every read of a renamed column does, never a decoder reading fields by name
+        renames = {**{c: c for c in nested}, **renames}
         super().__init__(filesystem, root, files, schema=schema, partition_columns=partition_columns,
                          table=table, display=display, renames=renames, scan_options=scan_options)
-        self._nested = dict(nested or {})  # nested column -> its type with physical names inside
+        self._nested = nested  # nested column -> its type with physical names inside
 
     def conform_column(self, file: int, name: str, column, type: pa.DataType):
         keyed = self._nested.get(name)
