@@ -312,3 +312,26 @@ def test_describe_exact_draws_no_bogus_bar(parquet_lake, monkeypatch):
     monkeypatch.setenv("ARROWLOAD_PROGRESS", "1")
     al.dataset(parquet_lake).describe(["country", "label"], exact=True)
     assert len(made) <= 1 and all(b.total is not None and b.n == b.total for b in made)
+
+
+def test_columns_whose_names_hold_a_dot_are_described_from_their_own_chunks(tmp_path):
+    """A top-level column named ``a.b`` beside a struct ``a`` with a field ``b``: both leaf
+    paths read ``a.b``. Each column's footer facts are its own chunks' (before: ``a.b`` was
+    taken for a field of ``a``, described as all null with 0 bytes, and ``a`` got its bytes)."""
+    t = pa.table({"a.b": pa.array([1, 2, None, 4]), "a": pa.array([{"b": 7}, None, {"b": 9}, {"b": 8}]),
+                  "x y": pa.array([None, None, 3, 5]), "x": pa.array([1.5, 2.5, 3.5, None])})
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(t, path)
+    rg = pq.ParquetFile(path).metadata.row_group(0)
+    sizes = {}
+    for j in range(rg.num_columns):
+        top = t.schema.names[j]  # one leaf per column here, in order
+        sizes[top] = rg.column(j).total_compressed_size
+    ds = al.dataset(path)
+    got = {r["column"]: r for r in ds.describe().to_dicts()}
+    assert (got["a.b"]["null_count"], got["a.b"]["min"], got["a.b"]["max"]) == (1, "1", "4")
+    assert (got["x y"]["null_count"], got["x y"]["min"], got["x y"]["max"]) == (2, "3", "5")
+    assert (got["x"]["null_count"], got["x"]["min"], got["x"]["max"]) == (1, "1.5", "3.5")
+    assert {c: got[c]["compressed_bytes"] for c in sizes} == sizes
+    with pytest.raises(al.ConversionError, match="'a.b'"):  # its footer's null count, before any read
+        next(iter(ds.select("a.b").loader(2, output="numpy")))

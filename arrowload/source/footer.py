@@ -62,18 +62,25 @@ def leaf_columns(meta) -> list[str]:
     (its stored ``ARROW:schema`` or its own decoding), matched to the leaves in order."""
     schema = meta.schema
     try:
-        return [schema.column(c).path.split(".", 1)[0] for c in range(meta.num_columns)]
+        paths = [schema.column(c).path for c in range(meta.num_columns)]
     except UnicodeDecodeError:
-        pass
+        paths = None
+    if paths is not None and not any("." in p for p in paths):
+        return paths  # flat, no dotted names: each leaf is its own column
+    # a path joins names with dots, so "a.b" is column "a.b" or field b of struct a: the
+    # top-level fields and their leaf counts decide (each path then starts with its name)
     out: list[str] = []
     try:
         for f in schema.to_arrow_schema():
             out.extend([f.name] * _leaf_count(f.type))
-    except Exception:  # noqa: BLE001 - names unknown: positions will do
+    except Exception:  # noqa: BLE001 - names unknown: the paths or positions will do
         out = []
-    if len(out) != meta.num_columns:
-        out = [f"<column {c}>" for c in range(meta.num_columns)]
-    return out
+    if len(out) == meta.num_columns and (paths is None or all(
+            p == n or p.startswith(n + ".") for p, n in zip(paths, out))):
+        return out
+    if paths is not None:
+        return [p.split(".", 1)[0] for p in paths]
+    return [f"<column {c}>" for c in range(meta.num_columns)]
 
 
 # ---------------------------------------------------------------------------
