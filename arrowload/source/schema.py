@@ -130,8 +130,9 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     """The narrowest type both ``a`` and ``b`` convert to without loss, or None.
 
     Safe widenings: null -> anything; integers of the same signedness to the wider;
-    unsigned into a wider signed type; float32 -> float64; integers -> float64 (as
-    DuckDB does when reading mixed shards); string / binary and their view types -> their
+    unsigned into a wider signed type; float32 -> float64; integers beside floats ->
+    float64 (DuckDB reads DOUBLE beside float64 but FLOAT beside float32 alone, losing
+    integers past 2**24: arrowload keeps them); string / binary and their view types -> their
     large variants; dictionary-encoded values -> their value type; decimals to a precision
     that holds both; timestamps to the finer unit (a value past the finer unit's range
     is refused when read: ``SchemaMismatchError``), in UTC where both carry different time
@@ -212,30 +213,44 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
     """
     if schemas and all(s.equals(schemas[0][1]) for _, s in schemas[1:]):
         return pa.schema([f.remove_metadata() for f in schemas[0][1]])  # the common case
-    fields: dict[str, pa.Field] = {}
-    origin: dict[str, tuple[str, pa.DataType]] = {}  # the first file with the column, and its type there
+    seen: dict[str, list[tuple[str, pa.Field]]] = {}  # column -> (file, its field there), first-seen order
     for path, schema in schemas:
         for f in schema:
-            if f.name not in fields:
-                fields[f.name] = f.remove_metadata()
-                origin[f.name] = (path, f.type)
-                continue
-            have = fields[f.name]
+            seen.setdefault(f.name, []).append((path, f))
+    fields: dict[str, pa.Field] = {}
+    for name, found in seen.items():
+        # files holding floats first (a stable sort): integers no integer type holds together
+        # (int8 beside uint64) widen to double where any file holds floats, whatever order
+        # the files come in, as DuckDB reads them
+        found = sorted(found, key=lambda pf: not _holds_float(pf[1].type))
+        first, have = found[0]
+        have = have.remove_metadata()
+        for path, f in found[1:]:
             merged = merge_types(have.type, f.type)
             if merged is None:
-                first, own = origin[f.name]
+                own = found[0][1].type
                 before = f"{own} in {first!r}" if own == have.type else \
                     f"{have.type} in the files before it ({own} in {first!r}, widened by later files)"
                 raise SchemaMismatchError(
-                    f"column {f.name!r} is {before} but {f.type} in {path!r}, and the two cannot be "
+                    f"column {name!r} is {before} but {f.type} in {path!r}, and the two cannot be "
                     "unified safely; rewrite one shard or select a subset of files")
-            fields[f.name] = pa.field(f.name, merged, have.nullable or f.nullable)
+            have = pa.field(name, merged, have.nullable or f.nullable)
+        fields[name] = have
     _refuse_case_variants(fields, schemas)
     out = []
     for name, f in fields.items():
         missing = any(name not in s.names for _, s in schemas)
         out.append(f.with_nullable(True) if missing else f)
     return pa.schema(out)
+
+
+def _holds_float(t: pa.DataType) -> bool:
+    """Whether a type is, or holds at any depth, a floating-point type."""
+    if pat.is_floating(t):
+        return True
+    if pat.is_dictionary(t):
+        return _holds_float(t.value_type)
+    return any(_holds_float(f.type) for f in children(t))
 
 
 def _refuse_case_variants(fields: dict, schemas: Sequence[tuple[str, pa.Schema]]) -> None:
