@@ -158,3 +158,35 @@ def test_tasks_carry_the_bytes_they_read():
         SourceShape(counts, unit_bytes=unit_bytes, read_bytes=(1,))
     table = list(plan_tasks(EpochOrder(counts, "global"), [(0, 14)], SourceShape(counts, table=True, row_bytes=2.0), 2, 32))
     assert all(t.read_bytes == 0 for t in table)
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=counts_st, run_rows=st.integers(1, 200), prefetch=st.integers(1, 1 << 16), data=st.data())
+def test_runs_merge_whole_consecutive_units_and_cover_the_same_rows(counts, run_rows, prefetch, data):
+    """``run_rows``: an unshuffled scan's unit tasks merged into RUN tasks read exactly the
+    rows the unit tasks read, in order; a run joins only consecutive units it reads whole in
+    between, holds under ``run_rows`` rows and at most a read's share of ``prefetch``."""
+    order = EpochOrder(counts, ShuffleKind.NONE.value, seed=0, epoch=1)
+    unit_bytes = tuple(data.draw(st.integers(0, 10_000)) for _ in counts)
+    shape = SourceShape(counts, unit_bytes=unit_bytes)
+    ranges = _ranges(data, order.total)
+    units = list(plan_tasks(order, ranges, shape, 4, prefetch))
+    tasks = list(plan_tasks(order, ranges, shape, 4, prefetch, run_rows=run_rows))
+    assert [t.positions(order) for t in tasks] == _merged_spans(tasks, order)
+    spans = [p for t in tasks for p in range(*t.positions(order))]
+    assert spans == [p for t in units for p in range(*t.positions(order))]
+    rows = [int(order.offsets[u]) + r for t in tasks for u, lo, hi in t.pieces()
+            for r in range(lo, counts[u] if hi < 0 else hi)]
+    assert rows == [int(r) for t in units for r in _rows_of(t, order)]
+    assert sum(t.read_bytes for t in tasks) == sum(t.read_bytes for t in units)
+    for t in tasks:
+        if t.kind is TaskKind.RUN:
+            assert t.last > t.unit and t.rows < run_rows and t.est_bytes <= prefetch // READ_SHARE
+            assert t.rows == sum((counts[u] if hi < 0 else hi) - lo for u, lo, hi in t.pieces())
+    if run_rows > max(counts, default=0) * 2 and prefetch >= 4 * sum(unit_bytes) and len(ranges) == 1:
+        assert len(tasks) < len(units) or len(units) < 2 or any(  # merged, unless nothing is mergeable
+            b.lo != 0 or a.hi != counts[a.unit] or b.unit != a.unit + 1 for a, b in zip(units, units[1:]))
+
+
+def _merged_spans(tasks, order) -> list[tuple[int, int]]:
+    return [(int(order.offsets[t.unit]) + t.lo, int(order.offsets[t.unit]) + t.lo + t.rows) for t in tasks]

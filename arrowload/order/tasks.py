@@ -57,10 +57,12 @@ def read_rows(prefetch: int, row_bytes: float, batch_size: int) -> int:
 
 
 class TaskKind(str, enum.Enum):
-    """What a task reads: rows ``[lo, hi)`` of one unit, positions ``[lo, hi)`` of one
+    """What a task reads: rows ``[lo, hi)`` of one unit, a run of consecutive small units
+    (from row ``lo`` of the first to row ``hi`` of the last), positions ``[lo, hi)`` of one
     block-shuffle window of a scan, or epoch positions ``[lo, hi)`` gathered from a table."""
 
     UNIT = "unit"
+    RUN = "run"
     WINDOW = "window"
     GATHER = "gather"
 
@@ -75,7 +77,8 @@ class Task:
     nothing is read: gathers of a random-access table).
 
     ``unit`` / ``window`` name what is read (-1 where it does not apply); ``lo`` / ``hi``
-    are rows within the unit (``UNIT``), positions within the window (``WINDOW``) or epoch
+    are rows within the unit (``UNIT``), within the first and the last unit ``last``
+    (``RUN``: units ``unit..last``), positions within the window (``WINDOW``) or epoch
     positions (``GATHER``)."""
 
     kind: TaskKind
@@ -86,10 +89,19 @@ class Task:
     hi: int = 0
     window: int = -1
     read_bytes: int = 0
+    last: int = -1
+
+    def pieces(self) -> list[tuple[int, int, int]]:
+        """``(unit, lo, hi)`` of each unit a ``UNIT`` or ``RUN`` task reads, in order
+        (``hi`` -1: to the unit's end)."""
+        if self.kind is TaskKind.UNIT:
+            return [(self.unit, self.lo, self.hi)]
+        return [(u, self.lo if u == self.unit else 0, self.hi if u == self.last else -1)
+                for u in range(self.unit, self.last + 1)]
 
     def positions(self, order: EpochOrder) -> tuple[int, int]:
         """The epoch positions ``[start, stop)`` this task covers."""
-        if self.kind is TaskKind.UNIT:
+        if self.kind is TaskKind.UNIT or self.kind is TaskKind.RUN:
             start = int(order.offsets[self.unit]) + self.lo
         elif self.kind is TaskKind.WINDOW:
             start = int(order.window_offsets[self.window]) + self.lo
@@ -125,8 +137,17 @@ class SourceShape:
 
 
 def plan_tasks(order: EpochOrder, ranges: Sequence[tuple[int, int]], shape: SourceShape,
-               batch_size: int, prefetch: int) -> Iterator[Task]:
-    """The reads of positions ``ranges`` (each ``[start, stop)``, in order), lazily."""
+               batch_size: int, prefetch: int, run_rows: int = 0) -> Iterator[Task]:
+    """The reads of positions ``ranges`` (each ``[start, stop)``, in order), lazily.
+
+    ``run_rows``: a scan read in source order takes consecutive units as one ``RUN`` task
+    while they hold under ``run_rows`` rows in all (and their bytes fit a read's share of
+    ``prefetch``), so that units of a few hundred rows (small files, tiny row groups) do not
+    cost a task each (0: a task per unit)."""
+    if run_rows and order.kind == ShuffleKind.NONE and not shape.table:
+        yield from _runs(plan_tasks(order, ranges, shape, batch_size, prefetch), shape.counts, run_rows,
+                         prefetch // READ_SHARE)
+        return
     table = shape.table
     if order.kind == ShuffleKind.GLOBAL and not table:
         raise ValueError("a global shuffle gathers its rows from a random-access table; a scan "
@@ -160,6 +181,32 @@ def plan_tasks(order: EpochOrder, ranges: Sequence[tuple[int, int]], shape: Sour
             for p in range(a, b, step):
                 q = min(b, p + step)
                 yield Task(TaskKind.GATHER, q - p, max(1, int((q - p) * row_bytes)), lo=p, hi=q)
+
+
+def _runs(tasks: Iterator[Task], counts: Sequence[int], run_rows: int, run_bytes: int) -> Iterator[Task]:
+    """Consecutive unit tasks merged into ``RUN`` tasks of under ``run_rows`` rows and at
+    most ``run_bytes`` held (a task that alone holds more stays as it is)."""
+    run: list[Task] = []
+
+    def flush() -> Iterator[Task]:
+        if len(run) == 1:
+            yield run[0]
+        elif run:
+            first, last = run[0], run[-1]
+            yield Task(TaskKind.RUN, sum(t.rows for t in run), sum(t.est_bytes for t in run), unit=first.unit,
+                       lo=first.lo, hi=last.hi, read_bytes=sum(t.read_bytes for t in run), last=last.unit)
+        run.clear()
+
+    rows = held = 0
+    for t in tasks:
+        joins = run and t.unit == run[-1].unit + 1 and run[-1].hi == counts[run[-1].unit] and t.lo == 0
+        if not joins or rows + t.rows >= run_rows or held + t.est_bytes > run_bytes:
+            yield from flush()
+            rows = held = 0
+        run.append(t)
+        rows += t.rows
+        held += t.est_bytes
+    yield from flush()
 
 
 __all__ = ["MAX_READ_ROWS", "READ_SHARE", "WINDOW_COPIES", "SourceShape", "Task", "TaskKind", "plan_tasks", "read_rows"]

@@ -38,6 +38,7 @@ from ..options import default_cache_dir
 from ..order import (EpochOrder, ShuffleKind, SourceShape, free_ranges, lane_rows, num_batches, plan_tasks,
                      rank_range, resume_ranges)
 from ..order.elastic import Ranges, take
+from ..order.tasks import MAX_READ_ROWS
 from ..plan.explain import _fmt_bytes
 from ..plan.fingerprint import plan_fingerprint
 from ..plan.nodes import Map, scans, walk, with_sources
@@ -77,6 +78,10 @@ __all__ = ["Loader", "LoaderOptions", "LoaderStats"]
 STREAM_DEFAULT = True
 STREAM_IMPORT_BYTES = 1 << 30
 STREAM_FILTER_IMPORT_BYTES = 256 << 20
+#: rows under which consecutive units of an unshuffled epoch read through a polars stream
+#: are taken as one task (``order.tasks.plan_tasks``): small files and tiny row groups cost
+#: a task each otherwise
+RUN_ROWS = MAX_READ_ROWS
 #: reader threads of a streamed epoch where ``io_threads`` is not given (``_stages``)
 STREAM_READERS = 1
 
@@ -429,14 +434,19 @@ class Loader:
             self._source.polars_windows = self._polars_windows()
             if self._source.polars_windows:  # a few units decoded at once beside the window
                 shape = dataclasses.replace(shape, units_at_once=window_step())
-        tasks = plan_tasks(order, ranges, shape, opts.batch_size, opts.prefetch)
+        query = self._stream_query(order, ranges) if stream else None
+        # read through one polars query, tasks only take rows from it: small units (small
+        # files, tiny row groups) are taken in runs, not a task each. Per unit, each stays a
+        # task of its own: a run would read its units one after another on one thread (an
+        # object store's latency no longer hidden by reads side by side)
+        tasks = plan_tasks(order, ranges, shape, opts.batch_size, opts.prefetch,
+                           run_rows=RUN_ROWS if query is not None else 0)
         stage = self._device_stage
         whole = stage is not None and stage.chunks and conv is not None  # whole reads to the device
         if whole:  # stack= groups of reads stacked on the device, not on the host
             conv = DeviceReads(conv)
         read = functools.partial(self._source.read, order=order, conv=conv)
         held, close, readers = 0, None, None
-        query = self._stream_query(order, ranges) if stream else None
         if query is not None:  # one polars query per range; the tasks take their rows from it
             reads = StreamReads(query, self._source, order, ranges, conv, self._source.reader.count_decoded,
                                 wait_import=bool(stream_setting()))

@@ -23,6 +23,7 @@ record batches, so the epoch order never depends on where the table lives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import tempfile
@@ -251,6 +252,14 @@ class ScanRowSource:
         if task.kind == TaskKind.UNIT:
             table = cache(("unit", task.unit), lambda: self.read_unit(task.unit))
             return _parts(table.slice(task.lo, task.hi - task.lo), conv)
+        if task.kind == TaskKind.RUN:  # consecutive small units: their parts in order
+            parts, seconds = [], 0.0
+            for u, lo, hi in task.pieces():
+                table = cache(("unit", u), functools.partial(self.read_unit, u))
+                got, s = _parts(table.slice(lo, (self.counts[u] if hi < 0 else hi) - lo), conv)
+                parts += got
+                seconds += s
+            return parts, seconds
         if task.kind != TaskKind.WINDOW:
             raise InternalError(f"a scan reads units and windows, not {task.kind} tasks (a bug: please report it)")
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InternalError, LoaderClosedError
-from ..order.tasks import Task
+from ..order.tasks import Task, TaskKind
 from .budget import ByteBudget
 from .options import usable_cores
 from .stats import LoaderStats
@@ -547,7 +547,7 @@ class Pipeline:
             self._drop_reader()
             self.stats.read_s += secs - convert_s
             self.stats.reader_convert_s += convert_s  # on the reader thread, not this one
-            self.stats.units_read += 1
+            self.stats.units_read += task.last - task.unit + 1 if task.kind == TaskKind.RUN else 1
             self.stats.bytes_read += task.read_bytes
             t0 = time.perf_counter()
             added = 0

@@ -58,6 +58,10 @@ def merge_ranges(ranges) -> list[tuple[int, int]]:
     return out
 
 
+#: Rows per batch of a task's query under which its batches are joined before conversion
+SMALL_PART_ROWS = 4096
+
+
 class StreamReads:
     """Tasks of the positions ``ranges`` of ``order`` (unshuffled) read from ``query``
     (see the module doc). ``source``: the scan row source (counts; its per-unit ``read``
@@ -87,7 +91,7 @@ class StreamReads:
         """Task ``task``'s rows, taken from the range's query in position order (the first
         task of a range opens it, once polars is imported: see the module doc), or from the
         per-unit path while polars imports or once a query failed."""
-        if task.kind != TaskKind.UNIT or not task.rows:
+        if task.kind not in (TaskKind.UNIT, TaskKind.RUN) or not task.rows:
             return self._fallback(task, cache, map_units)
         start, stop = task.positions(self.order)
         with self._cond:
@@ -120,10 +124,15 @@ class StreamReads:
         if batches is None:
             return self._fallback(task, cache, map_units)
         if self._count is not None:
-            self._count(STREAM_DECODER)
+            self._count(STREAM_DECODER, 1 if task.kind == TaskKind.UNIT else task.last - task.unit + 1)
         if self.conv is None:
             return batches, 0.0
         t0 = time.perf_counter()
+        if len(batches) > 1 and task.rows < SMALL_PART_ROWS * len(batches):
+            # polars hands a morsel per row group: tiny row groups (a file of 100-row groups)
+            # make thousands of parts, each converted on its own (about 60 us each); one
+            # copy into one part is cheaper
+            batches = [pa.concat_batches(batches)]
         items = [self.conv.chunk(b) for b in batches]
         return items, time.perf_counter() - t0
 
