@@ -323,6 +323,28 @@ def test_default_never_imports_polars_for_a_short_epoch(lake, tmp_path):
     assert out[1] == f"{rows} ['{STREAM_DECODER}']", out
 
 
+def test_many_small_units_pay_for_the_polars_import(tmp_path):
+    """Without polars imported, an epoch of many small units (600 row groups of 10 rows)
+    is to stream: a task and a hand-off per unit cost more than the import. The first
+    tasks read per unit while polars imports on a thread of its own (this epoch may end
+    before it does: the import having started is the choice); rows are the file's, in
+    order. A short epoch of few units never imports it (above)."""
+    from arrowload.pipeline.loader import STREAM_IMPORT_UNITS
+    n = 10 * (STREAM_IMPORT_UNITS + 88)
+    path = tmp_path / "tiny.parquet"
+    pq.write_table(pa.table({"id": np.arange(n, dtype=np.int64), "x": np.ones(n, np.float32)}), path,
+                   row_group_size=10)
+    code = (
+        "import sys, numpy as np, arrowload as al\n"
+        "from arrowload.scan import stream\n"
+        f"with al.dataset({str(path)!r}).loader(256, output='numpy', cache_dir={str(tmp_path / 'c')!r}) as ld:\n"
+        "    ids = np.concatenate([b['id'] for b in ld])\n"
+        "    importing = stream._importer\n"
+        "    print(len(ids), bool((ids == np.arange(len(ids))).all()), importing is not None)\n")
+    out = fresh_python(code)
+    assert out[0] == f"{n} True True", out
+
+
 def test_block_windows_follow_the_loaders_rule_for_polars_reads(lake, tmp_path):
     """Block windows are read by polars by the loader's rule for polars reads
     (``_stream_allowed``): a short block epoch in a process without polars reads per unit

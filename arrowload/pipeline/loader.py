@@ -78,6 +78,13 @@ __all__ = ["Loader", "LoaderOptions", "LoaderStats"]
 STREAM_DEFAULT = True
 STREAM_IMPORT_BYTES = 1 << 30
 STREAM_FILTER_IMPORT_BYTES = 256 << 20
+#: ... or reading at least this many units: per unit the loader costs 0.15-0.25 ms of CPU
+#: (a read and a hand-off), the stream's runs a few us, so many small units pay the import
+#: whatever their bytes (fresh processes, polars not imported, 4 float / int columns, per
+#: unit vs streamed import included: 1,000 row groups of 200 rows 0.22-0.30 vs 0.16 s;
+#: 2,000 files of 500 rows 0.83-0.99 vs 0.55-0.61 s; 10,000 row groups of 100 rows
+#: 2.3-2.6 vs 0.83-0.85 s)
+STREAM_IMPORT_UNITS = 512
 #: rows under which consecutive units of an unshuffled epoch read through a polars stream
 #: are taken as one task (``order.tasks.plan_tasks``): small files and tiny row groups cost
 #: a task each otherwise
@@ -87,7 +94,7 @@ STREAM_READERS = 1
 
 
 def _stream_allowed(query, unit_bytes: int, read_bytes: Callable[[], int], *, prefetch: int,
-                    polars_chosen: bool = False) -> bool:
+                    polars_chosen: bool = False, units: Callable[[], int] = lambda: 0) -> bool:
     """Whether to read through ``query`` (one polars streaming query, ``scan/stream.py``)
     rather than per unit: an unshuffled epoch (``Loader._stream_query``) and a random-access
     table's build (``rowsource.materialize``, ``mixture.shared``) alike. What the
@@ -96,7 +103,8 @@ def _stream_allowed(query, unit_bytes: int, read_bytes: Callable[[], int], *, pr
     of ``prefetch``, and polars is imported already, or the unit reader chose it to
     prefilter (``polars_chosen``: it imports it anyway), or the read (``read_bytes()``,
     compressed) pays its import: ``STREAM_FILTER_IMPORT_BYTES`` with a filter polars
-    evaluates, ``STREAM_IMPORT_BYTES`` without (see there). On the 4M-row benchmark lake,
+    evaluates, ``STREAM_IMPORT_BYTES`` without, or it reads ``STREAM_IMPORT_UNITS`` units
+    (``units()``) or more (see there). On the 4M-row benchmark lake,
     with polars imported, W3 (a global epoch, build included; ``benchmarks/run.py``,
     ``ARROWLOAD_STREAM=0`` for the units): 0.435 s streamed against 0.478-0.494 s from
     the units (pyarrow)."""
@@ -107,8 +115,10 @@ def _stream_allowed(query, unit_bytes: int, read_bytes: Callable[[], int], *, pr
         return False  # what polars decodes ahead would not fit the budget: reads stay per unit
     if "polars" in sys.modules or polars_chosen:
         return True  # its import is paid already, or will be
-    # else its import (0.085 CPU s, before the first batch) only pays on a long read
-    return read_bytes() >= (STREAM_FILTER_IMPORT_BYTES if query.predicate is not None else STREAM_IMPORT_BYTES)
+    # else its import (0.085 CPU s, before the first batch) only pays on a long read, or
+    # one of many small units
+    return read_bytes() >= (STREAM_FILTER_IMPORT_BYTES if query.predicate is not None else STREAM_IMPORT_BYTES) \
+        or units() >= STREAM_IMPORT_UNITS
 
 
 def _distributed_defaults() -> tuple[int, int]:
@@ -502,7 +512,8 @@ class Loader:
 
         chosen = query.predicate is not None and src.reader.decoder == "polars"
         allowed = _stream_allowed(query, max(shape.unit_bytes, default=0), read, prefetch=self.options.prefetch,
-                                  polars_chosen=chosen)
+                                  polars_chosen=chosen,
+                                  units=lambda: sum(len(order.unit_pieces(a, b)) for a, b in ranges))
         return query if allowed else None
 
     def _polars_windows(self) -> bool:
