@@ -83,6 +83,10 @@ def opened(lake):
 @pytest.fixture(autouse=True)
 def _own_cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ARROWLOAD_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    # and this process's memory of checked footers forgotten, as a new process starts: what a
+    # test counts (footer reads, requests) never depends on the tests run before it
+    from arrowload.source import footer
+    footer.forget_checks()
 
 ROWS = 20_000
 SHARDS = 4

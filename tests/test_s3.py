@@ -383,6 +383,12 @@ def test_requests_per_file(lakes, s3_endpoint, monkeypatch):
     calls.clear()
     assert ds.filter("id >= 1").count() == n - 1  # checked once per dataset
     assert calls["get_object"] == 0, calls
+    # a new dataset over the same objects: their checks are remembered by version (the
+    # listing's ETags: an fsspec listing gives no modification time), not read again
+    calls.clear()
+    again = open_s3("storage_options", f"s3://{BUCKET}/small-files/", s3_endpoint)
+    assert again.filter("id >= 1").count() == n - 1
+    assert calls["get_object"] == FOOTER_READS_PER_FILE * n, calls  # pyarrow's footers only
 
 
 # ---------------------------------------------------------------------------

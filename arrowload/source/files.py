@@ -542,10 +542,12 @@ class FileSource(PicklableLock, Source):
             return self._checks.setdefault(i, check)
 
     def _version(self, i: int) -> tuple | None:
-        """What names this version of file ``i`` (None where the filesystem reports no
-        modification time: then nothing is reused across datasets)."""
+        """What names this version of file ``i``: its size with its modification time and,
+        where the store has one, its version marker (an fsspec listing of S3 gives no
+        modification time, its ETag names the version); None where the filesystem reports
+        neither: then nothing is reused across datasets."""
         e = self.entries[i]
-        if e.mtime_ns is None or e.size is None:
+        if e.size is None or (e.mtime_ns is None and e.identity is None):
             return None
         return (type(self.filesystem).__name__, e.path, e.size, e.mtime_ns, e.identity)
 

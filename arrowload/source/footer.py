@@ -522,9 +522,10 @@ def read_footer_checks(doc, where: str) -> list[tuple]:
     keys = []
     for k in passed:
         if not (isinstance(k, list) and len(k) == 5 and isinstance(k[0], str) and isinstance(k[1], str)
-                and type(k[2]) is int and k[2] >= 0 and type(k[3]) is int and (k[4] is None or isinstance(k[4], str))):
-            raise CorruptFileError(f"{where}: each passed entry is [filesystem, path, size, mtime_ns, "
-                                   f"identity or null], got {k!r}", where)
+                and type(k[2]) is int and k[2] >= 0 and (k[4] is None or isinstance(k[4], str))
+                and (type(k[3]) is int or (k[3] is None and k[4] is not None))):
+            raise CorruptFileError(f"{where}: each passed entry is [filesystem, path, size, mtime_ns or null, "
+                                   f"identity or null] (not both null), got {k!r}", where)
         keys.append(tuple(k))
     return keys
 
