@@ -453,6 +453,21 @@ def test_38_digits_after_a_leading_point_are_refused_not_misread(opened, con, la
         check(opened, con, lake, expr, loader=True)
 
 
+@pytest.mark.parametrize("expr", [
+    "tns IN (TIMESTAMP '2024-01-01 00:00:00.000001', '2024-01-01 00:00:00.000000001')",
+    "tns IN ('2024-01-01 00:00:00.000000001', TIMESTAMP '2024-01-01 00:00:00')",
+    "NOT (tns IN (TIMESTAMP '2024-01-01 00:00:00.000001', '2024-01-01 00:00:00.000000001', NULL))",
+    "tns IN ('2024-01-01 00:00:00.000000001', '2024-01-01 00:00:00.000000002')",
+    "tms IN (TIMESTAMP '2024-01-01 00:00:00.001', '2024-01-01 00:00:00.002')",
+])
+def test_in_lists_whose_literals_are_typed_apart_match_duckdb(opened, con, lake, expr):
+    """An IN list of a TIMESTAMP literal (microseconds) beside a string the timestamp[ns]
+    column reads in nanoseconds: both held in one value set of the first one's type lost
+    the second's nanoseconds (``.000000001`` matched the rows at ``.000000000``). Found by
+    the random filters above."""
+    check(opened, con, lake, expr, loader=True)
+
+
 def test_a_float16_in_list_compiles_as_comparisons():
     """The value-set form is for float32 / float64 (``pushable.float_value`` knows their
     rounding): a float16 list stays comparisons, with no value beyond float16 turned to inf."""

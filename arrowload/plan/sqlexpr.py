@@ -611,16 +611,22 @@ class Compiler:
             values += [-v for v in values if v == 0]
             return Typed(_in_set(x.expr, pa.array(values, x.type), has_null=False), pa.bool_())
         items = [self.visit(e) for e in node.expressions]
-        if x.is_literal or any(not i.is_literal for i in items) or floating:
+        simple = not (x.is_literal or any(not i.is_literal for i in items) or floating)
+        if simple:
+            target = x.type.value_type if pat.is_dictionary(x.type) else x.type
+            scalars = [_literal_as(i, target) for i in items if i.value is not None]
+            # literals typed apart (TIMESTAMP '...' beside a string a timestamp[ns] column
+            # reads in ns): one value set would hold them in the first one's type, losing the
+            # others' precision; each compared on its own, as DuckDB does
+            simple = len({str(v.type) for v in scalars}) <= 1
+        if not simple:
             # general case: ORs of =, SQL semantics for free; a balanced tree, never a chain
             # as deep as the list is long
             terms = [pc.equal(*_unify(x, i)) for i in items]
             while len(terms) > 1:
                 terms = [pc.or_kleene(a, b) for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) & ~1:]
             return Typed(terms[0] if terms else pc.scalar(False), pa.bool_())
-        target = x.type.value_type if pat.is_dictionary(x.type) else x.type
-        scalars = [_literal_as(i, target) for i in items if i.value is not None]
-        values = pa.array([s.as_py() for s in scalars], type=scalars[0].type if scalars else target)
+        values = pa.array(scalars, type=scalars[0].type) if scalars else pa.array([], type=target)
         xe = x.expr
         if pat.is_date(target) and pat.is_timestamp(values.type):
             xe = xe.cast(values.type)
