@@ -213,6 +213,11 @@ class ScanRowSource:
             self._read_columns = self.scan.read_columns
         return int(self._meta[self.units[i]].bytes_for(self._read_columns) or 0)
 
+    def check_read(self, units) -> None:
+        """Units ``units`` (indices into ``units``) were read elsewhere (a polars stream):
+        their files still as listed (``Source.check_read``)."""
+        self.source.check_read(sorted({self._meta[self.units[i]].file for i in units}))
+
     def read_unit(self, i: int, picked: bool = False) -> pa.Table:
         """Rows of unit ``i`` (index into ``units``) after the whole plan, in order.
         ``picked``: rows a mixture's shared decode hands out as positions in the decoded
@@ -226,6 +231,7 @@ class ScanRowSource:
                 raise files_changed_error(changed, "the loader", "the loader was built",
                                           "build a new loader (its counts and order follow the new data)") from exc
             raise
+        self.source.check_read((self._meta[self.units[i]].file,))  # (a local file rewritten meanwhile)
         if table.num_rows != self.counts[i]:
             meta = self._meta[self.units[i]]
             raise miscount_error(f"unit {i} ({meta.path}, row group {meta.row_group})", table.num_rows,
@@ -359,6 +365,7 @@ class ScanRowSource:
             return None
         if any(t.num_rows != self.counts[u] for t, u in zip(tables, units)):
             return None
+        self.check_read(units)  # (a local file rewritten meanwhile)
         self.reader.count_decoded(WINDOW_DECODER, len(units))
         return tables
 

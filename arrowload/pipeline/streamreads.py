@@ -123,6 +123,7 @@ class StreamReads:
                 self._cond.notify_all()
         if batches is None:
             return self._fallback(task, cache, map_units)
+        self.source.check_read([u for u, _, _ in task.pieces()])  # (a local file rewritten meanwhile)
         if self._count is not None:
             self._count(STREAM_DECODER, 1 if task.kind == TaskKind.UNIT else task.last - task.unit + 1)
         if self.conv is None:

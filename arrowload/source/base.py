@@ -120,6 +120,10 @@ class Source:
         """Read ahead, side by side, what checking ``files``' footers will read one by one
         (an object store's Parquet footers: ``FileSource``); nothing for other sources."""
 
+    def check_read(self, files) -> None:
+        """After rows of ``files`` were read: raise ``SnapshotChangedError`` where one was
+        rewritten since it was listed (``FileSource`` on local disk); nothing elsewhere."""
+
     @property
     def num_files(self) -> int:
         return len({u.file for u in self.units()})

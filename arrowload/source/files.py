@@ -944,6 +944,26 @@ class FileSource(PicklableLock, Source):
         if changed:
             raise files_changed_error(changed, "the dataset", "it was opened", self._changed_advice())
 
+    def check_read(self, files) -> None:
+        """Local files whose rows were just read: still the versions listed (a stat each,
+        about 2 us), else ``SnapshotChangedError``. A loader's epoch reads its files one
+        after another, long after the check its iteration started with (``verify``): a file
+        rewritten in place meanwhile would hand its new rows out as the snapshot's. Checked
+        after the read, so rows read from a file that changed before or while they were read
+        never pass; remote files are checked as each read opens them (``bind_listing``)."""
+        if not self.is_local:
+            return
+        for i in files:
+            e = self.entries[i]
+            try:
+                st = os.stat(e.path)
+            except OSError as exc:
+                raise self._gone(e.path, exc) from exc
+            if (e.size is not None and st.st_size != e.size) or \
+                    (e.mtime_ns is not None and st.st_mtime_ns != e.mtime_ns):
+                raise self._changed(e.path, f"size {st.st_size}, mtime_ns {st.st_mtime_ns}; listed: size {e.size}, "
+                                            f"mtime_ns {e.mtime_ns}")
+
     def _changed_advice(self) -> str:
         """What to do about files changed under an unpinned dataset."""
         return (f"open the dataset again (al.dataset({self.root!r})) to read the files as they are now; "
