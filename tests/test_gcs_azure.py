@@ -200,3 +200,12 @@ def test_a_refused_gcs_connection_is_a_storage_endpoint_error():
     exc = asyncio.run(refused())
     typed = storage_error(exc, "gs://lake/flat/")
     assert isinstance(typed, al.StorageEndpointError) and "endpoint_url" in str(typed)
+
+
+def test_a_gcs_token_naming_a_missing_file_is_a_storage_access_error(tmp_path):
+    """gcsfs takes a ``token`` string that is no file for an access token and asks Google's
+    token endpoint to check it: a mistyped credentials path was a raw requests
+    ConnectionError offline (found by review). Refused before any request, naming it."""
+    missing = str(tmp_path / "creds.json")
+    with pytest.raises(al.StorageAccessError, match="creds.json.*does not exist"):
+        al.dataset("gs://bucket/lake/", storage_options={"endpoint_url": "http://127.0.0.1:9", "token": missing})

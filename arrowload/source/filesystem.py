@@ -318,6 +318,7 @@ def filesystem_for(path: str, storage_options: dict | None, *,
     except ImportError as exc:  # pragma: no cover
         raise MissingDependencyError("fsspec is required for URIs: pip install fsspec") from exc
     options = _default_options(proto, storage_options, listing)
+    _refuse_missing_token_file(proto, path, options)
     try:
         fs = fsspec.filesystem(proto, **options)
     except ImportError as exc:
@@ -337,6 +338,18 @@ def filesystem_for(path: str, storage_options: dict | None, *,
         raise InvalidArgumentError(f"storage_options for {proto}:// are not accepted: {exc}; see the "
                                    f"options of {_type_name(proto)}") from exc
     return to_pyarrow_fs(fs, keep_cache="default_cache_type" in options), fs._strip_protocol(path)
+
+
+def _refuse_missing_token_file(proto: str, path: str, options: dict) -> None:
+    """gcsfs takes a ``token`` string that is no file for an OAuth access token and asks
+    Google to check it: a mistyped credentials path became an HTTP or DNS error from the
+    token endpoint. A token that names a JSON file which does not exist is refused here."""
+    token = options.get("token")
+    if proto in ("gs", "gcs") and isinstance(token, str) and token.lower().endswith(".json") \
+            and not os.path.exists(os.path.expanduser(token)):
+        raise StorageAccessError(f"storage_options={{'token': {token!r}}} for {path!r} names a credentials "
+                                 f"file that does not exist; point it at a service-account JSON file, or set "
+                                 f"{_HINTS['gs'].credentials}", path)
 
 
 def _type_name(proto: str) -> str:
