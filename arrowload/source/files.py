@@ -951,17 +951,18 @@ class FileSource(PicklableLock, Source):
         rewritten in place meanwhile would hand its new rows out as the snapshot's. Checked
         after the read, so rows read from a file that changed before or while they were read
         never pass; remote files are checked as each read opens them (``bind_listing``)."""
-        if not self.is_local:
+        if not self.is_local or not files:
             return
-        for i in files:
-            e = self.entries[i]
-            try:
-                st = os.stat(e.path)
-            except OSError as exc:
-                raise self._gone(e.path, exc) from exc
-            if (e.size is not None and st.st_size != e.size) or \
-                    (e.mtime_ns is not None and st.st_mtime_ns != e.mtime_ns):
-                raise self._changed(e.path, f"size {st.st_size}, mtime_ns {st.st_mtime_ns}; listed: size {e.size}, "
+        entries = [self.entries[i] for i in files]
+        # the filesystem's own stat, as the listing's (pyarrow rounds a modification time
+        # through a double: os.stat's nanoseconds differ from the listed ones)
+        for e, info in zip(entries, self.filesystem.get_file_info([e.path for e in entries])):
+            if info.type != pafs.FileType.File:
+                raise self._gone(e.path, FileNotFoundError(e.path))
+            mtime = info.mtime_ns if info.mtime is not None else None
+            if (e.size is not None and info.size != e.size) or \
+                    (e.mtime_ns is not None and mtime is not None and mtime != e.mtime_ns):
+                raise self._changed(e.path, f"size {info.size}, mtime_ns {mtime}; listed: size {e.size}, "
                                             f"mtime_ns {e.mtime_ns}")
 
     def _changed_advice(self) -> str:
