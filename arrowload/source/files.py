@@ -959,11 +959,11 @@ class FileSource(PicklableLock, Source):
         for e, info in zip(entries, self.filesystem.get_file_info([e.path for e in entries])):
             if info.type != pafs.FileType.File:
                 raise self._gone(e.path, FileNotFoundError(e.path))
-            mtime = info.mtime_ns if info.mtime is not None else None
-            if (e.size is not None and info.size != e.size) or \
-                    (e.mtime_ns is not None and mtime is not None and mtime != e.mtime_ns):
-                raise self._changed(e.path, f"size {info.size}, mtime_ns {mtime}; listed: size {e.size}, "
-                                            f"mtime_ns {e.mtime_ns}")
+            # size exact, modification time to the millisecond, as a pinned snapshot is checked
+            # (a manifest's files copied elsewhere keep their times to that precision)
+            what = differs(e, FileEntry(e.path, info.size, info.mtime_ns if info.mtime is not None else None, None))
+            if what is not None:
+                raise self._changed(e.path, what)
 
     def _changed_advice(self) -> str:
         """What to do about files changed under an unpinned dataset."""
