@@ -20,9 +20,9 @@ not fit the widened type).
 
 Where arrowload legitimately differs from DuckDB the test says so (``_documented_refusal``):
 
-* types of different families (string beside int, struct fields in another order or set):
-  DuckDB casts to VARCHAR / merges struct fields by name; arrowload refuses
-  (``merge_types``: only safe widenings).
+* types of different families (string beside int): DuckDB casts to VARCHAR; arrowload
+  refuses (``merge_types``: only safe widenings). Struct fields in another order or set
+  are merged by name on both sides.
 * a signed integer beside uint64: DuckDB reads HUGEINT (128 bits), which Arrow lacks;
   arrowload refuses.
 * tz-naive beside tz-aware timestamps: DuckDB reads TIMESTAMPTZ (the naive values taken in
@@ -188,7 +188,7 @@ def _family(t: pa.DataType) -> str:
     if pat.is_list(t) or pat.is_large_list(t):
         return "list"
     if pat.is_struct(t):
-        return "struct(" + ",".join(t.names) + ")"
+        return "struct"
     if pat.is_timestamp(t):
         return "timestamp"
     return str(t)
@@ -213,9 +213,9 @@ def _documented_refusal(types: list[pa.DataType]) -> str | None:
         return None
     if _family(types[0]) == "list":
         return _documented_refusal([t.value_type for t in types])
-    if pat.is_struct(types[0]):
-        for i in range(types[0].num_fields):
-            why = _documented_refusal([t.field(i).type for t in types])
+    if pat.is_struct(types[0]):  # fields by name, as both sides merge them
+        for n in dict.fromkeys(n for t in types for n in t.names):
+            why = _documented_refusal([t.field(n).type for t in types if n in t.names])
             if why:
                 return why
     return None
@@ -371,3 +371,40 @@ def test_signed_and_uint64_beside_a_float_read_in_any_file_order(tmp_path, order
         want = con.sql(f"SELECT id, x FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true) ORDER BY id").fetchall()
     got = al.dataset(str(tmp_path)).to_arrow().sort_by("id")
     assert list(zip(got["id"].to_pylist(), got["x"].to_pylist())) == want
+
+
+def test_struct_fields_in_another_order_or_set_merge_by_name_as_duckdb(tmp_path):
+    """Struct fields that differ in order or set across files (a writer adding a field, one
+    ordering them otherwise), also inside a list: merged by name in first-seen order, a
+    field a file lacks null there, as DuckDB's union_by_name reads them (before: refused
+    with SchemaMismatchError). Types and values against DuckDB, through every read path."""
+    s_ab = pa.struct([("a", pa.int64()), ("b", pa.string())])
+    s_ba = pa.struct([("b", pa.string()), ("a", pa.int64())])
+    s_a8 = pa.struct([("a", pa.int8())])
+    s_ca = pa.struct([("c", pa.float64()), ("a", pa.int32())])
+    files = [(s_ab, [{"a": 1, "b": "x"}, None]), (s_ba, [{"b": "y", "a": 2}]), (s_a8, [{"a": 3}]),
+             (s_ca, [{"c": 1.5, "a": None}, {"c": 2.5, "a": 7}])]
+    at = 0
+    for k, (t, values) in enumerate(files):
+        n = len(values)
+        pq.write_table(pa.table({"id": pa.array(range(at, at + n), pa.int64()), "s": pa.array(values, t),
+                                 "l": pa.array([[v] for v in values], pa.list_(t))}),
+                       str(tmp_path / f"part-{k}.parquet"))
+        at += n
+    with duckdb.connect() as con:
+        want = con.sql(f"SELECT * FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true) ORDER BY id")
+        types = [str(t) for t in want.types]
+        rows = want.fetchall()
+    assert types == ["BIGINT", "STRUCT(a BIGINT, b VARCHAR, c DOUBLE)", "STRUCT(a BIGINT, b VARCHAR, c DOUBLE)[]"]
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("s").type.names == ["a", "b", "c"]
+    for decoder in (None, "pyarrow", "polars", "dataset"):
+        with _decoder(decoder):
+            got = ds.to_arrow().sort_by("id")
+            assert [tuple(r.values()) for r in got.to_pylist()] == rows, decoder
+            epoch = pa.Table.from_batches(list(ds.loader(2, shuffle=False, output="arrow")), schema=ds.schema)
+            assert [tuple(r.values()) for r in epoch.to_pylist()] == rows, decoder
+            for predicate in ("s.a >= 2", "s.c IS NOT NULL", "s.b IS NULL"):
+                count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true) "
+                                   f"WHERE {predicate}").fetchall()[0][0]
+                assert ds.filter(predicate).count() == count, (decoder, predicate)

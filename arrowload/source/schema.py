@@ -12,16 +12,20 @@ from ..errors import SchemaMismatchError
 
 
 def rounds(have: pa.DataType, unified: pa.DataType) -> bool:
-    """Whether ``have`` (a file's type) reaches ``unified`` (``merge_types``) by rounding:
-    integers read as float64, as DuckDB reads them, past 2**53 to the nearest double; at
-    the top level or inside a list or struct (DuckDB rounds them there too)."""
+    """Whether ``have`` (a file's type) reaches ``unified`` (``merge_types``) only by
+    arrowload's own ``widen``, not a cast: integers read as float64, as DuckDB reads them,
+    past 2**53 to the nearest double (at the top level or inside a list or struct: DuckDB
+    rounds them there too), or a struct whose fields are not the unified one's in the same
+    order (matched by name, the missing ones null)."""
     if pat.is_dictionary(have):
         have = have.value_type
     if pat.is_integer(have):
         return pat.is_floating(unified)
     if _is_list(have) and _is_list(unified):
         return rounds(have.value_type, unified.value_type)
-    if pat.is_struct(have) and pat.is_struct(unified) and have.names == unified.names:
+    if pat.is_struct(have) and pat.is_struct(unified):
+        if have.names != unified.names:
+            return True
         return any(rounds(a.type, b.type) for a, b in zip(have.fields, unified.fields))
     return False
 
@@ -48,8 +52,10 @@ def _widen_nested(arr: pa.Array, unified: pa.DataType) -> pa.Array:
     children, each widened on its own (its nulls kept)."""
     if pat.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
-    if pat.is_struct(arr.type):
-        children = [widen(arr.field(i), f.type) for i, f in enumerate(unified)]
+    if pat.is_struct(arr.type):  # fields by name: a field this file lacks is null
+        at = {f.name: i for i, f in enumerate(arr.type)}
+        children = [widen(arr.field(at[f.name]), f.type) if f.name in at else pa.nulls(len(arr), f.type)
+                    for f in unified]
         return pa.StructArray.from_arrays(children, fields=list(unified), mask=_nulls(arr))
     return _rebuilt(arr, unified, lambda values, position: widen(values, unified.value_type))
 
@@ -137,8 +143,8 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     that holds both; timestamps to the finer unit (a value past the finer unit's range
     is refused when read: ``SchemaMismatchError``), in UTC where both carry different time
     zones (both are instants); lists and large lists -> a large list where either is
-    large, of their merged values; structs with the same field names in the same order ->
-    field by field. These are the files polars writes (large strings and lists, also
+    large, of their merged values; structs field by field, by name (in first-seen order,
+    a field one file lacks null there, as DuckDB's ``union_by_name`` merges them). These are the files polars writes (large strings and lists, also
     inside structs) next to pyarrow's and DuckDB's: DuckDB's ``union_by_name`` reads them.
     """
     if a.equals(b):
@@ -175,9 +181,23 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         if inner is None:
             return None
         return pa.large_list(inner) if pat.is_large_list(a) or pat.is_large_list(b) else pa.list_(inner)
-    if pat.is_struct(a) and pat.is_struct(b) and a.names == b.names:
+    if pat.is_struct(a) and pat.is_struct(b):
+        if a.names == b.names:
+            pairs = list(zip(a.fields, b.fields))
+        elif len(set(a.names)) == len(a.names) and len(set(b.names)) == len(b.names):
+            # fields by name, in first-seen order, as DuckDB's union_by_name merges them; a
+            # field one side lacks is null there
+            theirs = {f.name: f for f in b.fields}
+            ours = set(a.names)
+            pairs = [(f, theirs.get(f.name)) for f in a.fields] + [(None, f) for f in b.fields if f.name not in ours]
+        else:
+            return None  # a repeated field name: which one is which cannot be told
         fields = []
-        for fa, fb in zip(a.fields, b.fields):
+        for fa, fb in pairs:
+            if fa is None or fb is None:
+                f = fa or fb
+                fields.append(pa.field(f.name, f.type, True))
+                continue
             inner = merge_types(fa.type, fb.type)
             if inner is None:
                 return None
@@ -235,6 +255,8 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
                     f"column {name!r} is {before} but {f.type} in {path!r}, and the two cannot be "
                     "unified safely; rewrite one shard or select a subset of files")
             have = pa.field(name, merged, have.nullable or f.nullable)
+        if len(found) > 1:  # struct fields in the order the files show them, not the merge's
+            have = have.with_type(_seen_order(have.type, [f.type for _, f in seen[name]]))
         fields[name] = have
     _refuse_case_variants(fields, schemas)
     out = []
@@ -242,6 +264,27 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
         missing = any(name not in s.names for _, s in schemas)
         out.append(f.with_nullable(True) if missing else f)
     return pa.schema(out)
+
+
+def _seen_order(merged: pa.DataType, types: list[pa.DataType]) -> pa.DataType:
+    """``merged`` with its struct fields (at any depth) in the order the files' ``types``,
+    in file order, first show them (DuckDB's ``union_by_name`` order)."""
+    types = [t.value_type if pat.is_dictionary(t) else t for t in types]
+    if pat.is_struct(merged):
+        structs = [t for t in types if pat.is_struct(t)]
+        order = list(dict.fromkeys(n for t in structs for n in t.names))
+        if sorted(order) != sorted(merged.names):
+            return merged
+        out = []
+        for n in order:
+            f = merged.field(n)
+            out.append(f.with_type(_seen_order(f.type, [t.field(n).type for t in structs if n in t.names])))
+        return pa.struct(out)
+    if _is_list(merged):
+        inner = _seen_order(merged.value_type, [t.value_type for t in types if _is_list(t)])
+        value = merged.value_field.with_type(inner)
+        return pa.large_list(value) if pat.is_large_list(merged) else pa.list_(value)
+    return merged
 
 
 def _holds_float(t: pa.DataType) -> bool:
