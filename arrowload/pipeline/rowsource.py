@@ -231,7 +231,7 @@ class ScanRowSource:
                 raise files_changed_error(changed, "the loader", "the loader was built",
                                           "build a new loader (its counts and order follow the new data)") from exc
             raise
-        self.source.check_read((self._meta[self.units[i]].file,))  # (a local file rewritten meanwhile)
+        self.check_read((i,))  # (a local file rewritten meanwhile)
         if table.num_rows != self.counts[i]:
             meta = self._meta[self.units[i]]
             raise miscount_error(f"unit {i} ({meta.path}, row group {meta.row_group})", table.num_rows,

@@ -44,7 +44,7 @@ from ..errors import (ArrowloadError, CorruptFileError, InvalidArgumentError, Mi
 from ..options import ScanOptions
 from .filesystem import filesystem_for, protocol_of, storage_error
 from .tablefiles import TableFile, TableFileSource, plural
-from .schema import children, remap_nested, widen
+from .schema import children, remap_nested
 
 # reader features arrowload reads correctly (PROTOCOL.md, "Valid Feature Names")
 SUPPORTED_READER_FEATURES = frozenset({
@@ -380,7 +380,7 @@ class DeltaSource(TableFileSource):
     def conform_column(self, file: int, name: str, column, type: pa.DataType):
         keyed = self._nested.get(name)
         if keyed is None:
-            return widen(column, type)
+            return super().conform_column(file, name, column, type)
         # column mapping inside a nested column: a struct's fields by physical name
         return remap_nested(column, column.type, keyed, type, lambda f: f.name, _physical_name)
 

@@ -57,7 +57,7 @@ from ..errors import (ArgumentTypeError, CorruptFileError, InvalidArgumentError,
                       PathNotFoundError, UnsupportedTableFeatureError)
 from ..options import ScanOptions
 from .filesystem import canonical_local_path, filesystem_for, protocol_of
-from .schema import children, remap_nested, widen
+from .schema import children, remap_nested
 from .tablefiles import TableFile, TableFileSource, plural
 
 FIELD_ID = b"PARQUET:field_id"
@@ -576,7 +576,7 @@ class IcebergSource(TableFileSource):
     def conform_column(self, file: int, name: str, column, type: pa.DataType):
         have = self._nested_maps.get(file, {}).get(name)
         if have is None:
-            return widen(column, type)
+            return super().conform_column(file, name, column, type)
         # a field found by id, as the Iceberg spec reads them: renamed since the file was
         # written, it reads under its new name; added since, as nulls; dropped, left out
         return remap_nested(column, have, self._nested_ids[name], type, _field_id, _field_id, self._default_values)
