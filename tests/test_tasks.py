@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arrowload.order import EpochOrder, ShuffleKind, SourceShape, Task, TaskKind, plan_tasks
-from arrowload.order.tasks import MAX_READ_ROWS, READ_SHARE, WINDOW_COPIES, read_rows
+from arrowload.order.tasks import MAX_READ_ROWS, READ_SHARE, RUN_READ_BYTES, WINDOW_COPIES, read_rows
 
 counts_st = st.lists(st.integers(min_value=0, max_value=60), min_size=1, max_size=12).map(tuple)
 kinds = st.sampled_from(list(ShuffleKind))
@@ -165,10 +165,12 @@ def test_tasks_carry_the_bytes_they_read():
 def test_runs_merge_whole_consecutive_units_and_cover_the_same_rows(counts, run_rows, prefetch, data):
     """``run_rows``: an unshuffled scan's unit tasks merged into RUN tasks read exactly the
     rows the unit tasks read, in order; a run joins only consecutive units it reads whole in
-    between, holds under ``run_rows`` rows and at most a read's share of ``prefetch``."""
+    between, holds under ``run_rows`` rows, at most a read's share of ``prefetch`` and reads
+    at most ``RUN_READ_BYTES`` from storage."""
     order = EpochOrder(counts, ShuffleKind.NONE.value, seed=0, epoch=1)
     unit_bytes = tuple(data.draw(st.integers(0, 10_000)) for _ in counts)
-    shape = SourceShape(counts, unit_bytes=unit_bytes)
+    read = tuple(data.draw(st.integers(0, RUN_READ_BYTES)) for _ in counts) if data.draw(st.booleans()) else ()
+    shape = SourceShape(counts, unit_bytes=unit_bytes, read_bytes=read)
     ranges = _ranges(data, order.total)
     units = list(plan_tasks(order, ranges, shape, 4, prefetch))
     tasks = list(plan_tasks(order, ranges, shape, 4, prefetch, run_rows=run_rows))
@@ -182,10 +184,28 @@ def test_runs_merge_whole_consecutive_units_and_cover_the_same_rows(counts, run_
     for t in tasks:
         if t.kind is TaskKind.RUN:
             assert t.last > t.unit and t.rows < run_rows and t.est_bytes <= prefetch // READ_SHARE
+            assert t.read_bytes <= RUN_READ_BYTES  # its first rows wait for its last unit's read
             assert t.rows == sum((counts[u] if hi < 0 else hi) - lo for u, lo, hi in t.pieces())
-    if run_rows > max(counts, default=0) * 2 and prefetch >= 4 * sum(unit_bytes) and len(ranges) == 1:
+    if run_rows > max(counts, default=0) * 2 and prefetch >= 4 * sum(unit_bytes) and len(ranges) == 1 \
+            and sum(read) <= RUN_READ_BYTES:
         assert len(tasks) < len(units) or len(units) < 2 or any(  # merged, unless nothing is mergeable
             b.lo != 0 or a.hi != counts[a.unit] or b.unit != a.unit + 1 for a, b in zip(units, units[1:]))
+
+
+def test_a_run_reads_at_most_its_bound_from_storage():
+    """A selective filter keeps few rows of large units: by rows alone, a quarter of the
+    epoch was one run, whose first rows waited for its last unit's decode. A run ends
+    before it would read more than ``RUN_READ_BYTES`` (a unit alone past it stays alone)."""
+    counts = (4_000,) * 6
+    order = EpochOrder(counts, ShuffleKind.NONE.value, seed=0, epoch=1)
+    big = RUN_READ_BYTES * 3 // 5
+    shape = SourceShape(counts, unit_bytes=(1_000,) * 6, read_bytes=(big, big, 1, 1, 2 * RUN_READ_BYTES, 1))
+    tasks = list(plan_tasks(order, [(0, order.total)], shape, 4, 1 << 30, run_rows=MAX_READ_ROWS))
+    assert [(t.unit, t.last if t.kind is TaskKind.RUN else t.unit) for t in tasks] == [(0, 0), (1, 3), (4, 4), (5, 5)]
+    assert all(t.read_bytes <= RUN_READ_BYTES for t in tasks if t.kind is TaskKind.RUN)
+    unknown = list(plan_tasks(order, [(0, order.total)], SourceShape(counts, unit_bytes=(1_000,) * 6), 4, 1 << 30,
+                              run_rows=MAX_READ_ROWS))
+    assert [(t.unit, t.last) for t in unknown] == [(0, 5)]  # bytes unknown: rows and memory decide
 
 
 def _merged_spans(tasks, order) -> list[tuple[int, int]]:
