@@ -30,7 +30,7 @@ from ..convert.host import _check_names, _fill_for, array_valued, arrow_scalar, 
 from ..convert.options import ConvertOptions
 from ..errors import ConversionError, InvalidArgumentError
 from ..plan.nodes import Plan, Scan
-from ..source.footer import leaf_columns
+from ..source.footer import leaf_facts
 from .chunks import _varlist, pad_fix as _fix
 from .collate import resolve_stack
 
@@ -145,8 +145,9 @@ def _check_footers(scan: Scan, schema: pa.Schema, opts: ConvertOptions) -> None:
             rg = meta.row_group(unit.row_group)
             if unit.file not in columns:  # the leaf columns to look at, found once per file
                 found = []
-                for j, head in enumerate(leaf_columns(meta)):  # (a dotted name is one column's)
-                    leaf = meta.schema.column(j).path
+                for j, (head, leaf, _) in enumerate(leaf_facts(meta)):  # (a dotted name is one column's)
+                    if leaf is None:
+                        return  # a name that is not UTF-8: the per-read checks decide
                     rest = leaf[len(head) + 1:] if leaf.startswith(head + ".") else ""
                     if head in wanted:
                         found.append((j, wanted[head].name + ("." + rest if rest else ""), wanted[head]))

@@ -35,6 +35,7 @@ from ..plan.nodes import Scan
 from ..source import FileSource
 from ..source.base import Unit
 from ..source.files import INT96_UNIT
+from ..source.footer import per_schema
 from .choose import PolarsCall
 
 _MAX_BATCH_ROWS = 1 << 20
@@ -118,7 +119,8 @@ class _Base:
         src = self.source
         facts = None
         if src.footer_check(file).ok:
-            f = _FileFacts(src.file_metadata(file))
+            meta = src.file_metadata(file)
+            f = per_schema("file_facts", meta, lambda: _FileFacts(meta))  # shared: read only
             # a partition key that is also a column of the file: the scanner decides
             if f.consistent and not (self.partitions & set(f.names)):
                 facts = f

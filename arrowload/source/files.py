@@ -21,8 +21,8 @@ from ..errors import CorruptFileError, InvalidArgumentError, StorageRetryError
 from ..options import ScanOptions, default_cache_dir
 from .base import Source, Unit
 from .filesystem import FileEntry, bind_listing, storage_error
-from .footer import (FooterCheck, check_footer, known_check, leaf_columns, read_footer_bytes,
-                     recall_checks, remember_check)
+from .footer import (FooterCheck, check_footer, known_check, leaf_columns, leaf_facts, per_schema,
+                     read_footer_bytes, recall_checks, remember_check)
 from .hive import discover_partitions, hive_base, partition_expression
 from .identity import identity_of
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
@@ -221,16 +221,7 @@ def logical_extensions(schema: pa.Schema, meta) -> pa.Schema:
     Parquet logical type is UUID or JSON as ``pq.read_table`` types it (``arrow.uuid``,
     ``arrow.json``), where it came through as the plain storage type: a UUID read as 16
     raw bytes casts to text as bytes, not as DuckDB's and pyarrow's UUID text."""
-    found = {}
-    try:
-        for c in range(meta.num_columns):
-            col = meta.schema.column(c)
-            name = col.path
-            kind = str(getattr(col.logical_type, "type", ""))
-            if "." not in name and kind in _LOGICAL_EXTENSIONS:
-                found[name] = kind
-    except (UnicodeDecodeError, ValueError):
-        return schema
+    found = per_schema("logical_extensions", meta, lambda: _logical_kinds(meta))
     if not found:
         return schema
     fields = []
@@ -240,6 +231,22 @@ def logical_extensions(schema: pa.Schema, meta) -> pa.Schema:
             f = f.with_type(_LOGICAL_EXTENSIONS[kind][1]())
         fields.append(f)
     return pa.schema(fields, schema.metadata)
+
+
+def _logical_kinds(meta) -> dict[str, str]:
+    """Top-level columns of a Parquet file whose logical type is UUID or JSON: name -> kind
+    (none where a name is not UTF-8)."""
+    found = {}
+    try:
+        for c in range(meta.num_columns):
+            col = meta.schema.column(c)
+            name = col.path
+            kind = str(getattr(col.logical_type, "type", ""))
+            if "." not in name and kind in _LOGICAL_EXTENSIONS:
+                found[name] = kind
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return found
 
 
 def _encrypted(path: str, exc: BaseException) -> CorruptFileError | None:
@@ -520,12 +527,11 @@ class FileSource(PicklableLock, Source):
         check = self._checks.get(i)
         if check is not None:
             return check
-        meta = self._ensure()[0][i].metadata
+        meta = self.file_metadata(i)
         version = self._version(i)
         check = known_check(version)
         if check is None:
-            leaves = list(zip(leaf_columns(meta), (meta.schema.column(c).physical_type
-                                                   for c in range(meta.num_columns))))
+            leaves = [(head, physical) for head, _, physical in leaf_facts(meta)]
             with self._lock:
                 footer = self._footers.pop(i, None)
             path = self.entries[i].path
@@ -611,7 +617,8 @@ class FileSource(PicklableLock, Source):
         chunk), from the footer already fetched: no I/O. None for other formats."""
         if self.kind != "parquet":
             return None
-        return self._ensure()[0][i].metadata
+        self._ensure()
+        return self._fetched[i][2]  # the object planning read (one per file: footer.schema_key)
 
     def dataset(self, units: Sequence[int] | None, *, statistics: bool = True,
                 columns: Sequence[str] | None = None) -> ds.FileSystemDataset:

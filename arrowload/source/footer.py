@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -54,12 +55,97 @@ def _leaf_count(t) -> int:
     return 1
 
 
-def leaf_columns(meta) -> list[str]:
-    """The top-level column each leaf column chunk of a Parquet file belongs to.
+# ---------------------------------------------------------------------------
+# facts of a file's schema, shared by the files that have the same one
+
+#: ``(what, schema_key)`` -> what was derived from that schema alone (the lake of thousands
+#: of small files a streaming writer leaves has one schema: each file paid 60-80 us of
+#: Python for the same answers)
+_PER_SCHEMA: OrderedDict = OrderedDict()
+_PER_SCHEMA_MAX = 1024
+_PER_SCHEMA_LOCK = threading.Lock()
+
+
+#: id(footer metadata) -> (a weak reference to it, its schema_key): one key per file
+_KEYS: dict[int, tuple] = {}
+#: each distinct key once (the files' equal keys share one object, not a copy per file)
+_CANON: dict[tuple, tuple] = {}
+
+
+def schema_key(meta) -> tuple | None:
+    """What a Parquet footer says of its columns, as a key: the schema tree's text (every
+    name, physical and logical type, repetition and field id; its first line is the
+    object's repr, left out), the leaf count, and the stored Arrow schema that types the
+    columns (``ARROW:schema``: large or dictionary types, time zones). Files with equal
+    keys have the same leaf columns and read as the same Arrow schema. None where the tree
+    cannot be rendered (a name that is not UTF-8). Worked out once per metadata object."""
+    got = _KEYS.get(id(meta))
+    if got is not None and got[0]() is meta:
+        return got[1]
+    try:
+        text = str(meta.schema)
+        kv = meta.metadata
+    except Exception:  # noqa: BLE001 - no key: nothing shared
+        return None
+    key = (text[text.find("\n") + 1:], meta.num_columns, kv.get(b"ARROW:schema") if kv else None)
+    with _PER_SCHEMA_LOCK:
+        key = _CANON.setdefault(key, key)
+        if len(_CANON) > _PER_SCHEMA_MAX:
+            _CANON.clear()
+            _CANON[key] = key
+    try:
+        ref = weakref.ref(meta, lambda _, i=id(meta): _KEYS.pop(i, None))
+    except TypeError:  # (not weakly referable: worked out at each call)
+        return key
+    _KEYS[id(meta)] = (ref, key)
+    return key
+
+
+def per_schema(what: str, meta, compute, key: tuple | None = None):
+    """``compute()``, once per distinct schema (``schema_key``) for each ``what``; the
+    answer is shared between files, so it must not be changed by its users."""
+    key = schema_key(meta) if key is None else key
+    if key is None:
+        return compute()
+    k = (what, key)
+    got = _PER_SCHEMA.get(k)
+    if got is None:
+        got = compute()
+        with _PER_SCHEMA_LOCK:
+            _PER_SCHEMA[k] = got
+            while len(_PER_SCHEMA) > _PER_SCHEMA_MAX:
+                _PER_SCHEMA.popitem(last=False)
+    return got
+
+
+def leaf_columns(meta, key: tuple | None = None) -> tuple[str, ...]:
+    """The top-level column each leaf column chunk of a Parquet file belongs to (found once
+    per schema, ``per_schema``).
 
     The names come from the Parquet schema; where one is not valid UTF-8 (pyarrow's
     ``ColumnSchema.path`` raises UnicodeDecodeError), from the Arrow schema pyarrow reads
     (its stored ``ARROW:schema`` or its own decoding), matched to the leaves in order."""
+    return per_schema("leaf_columns", meta, lambda: tuple(_leaf_columns(meta)), key)
+
+
+def leaf_facts(meta, key: tuple | None = None) -> tuple[tuple[str, str | None, str], ...]:
+    """``(top-level column, leaf path, physical type)`` of each leaf column of a Parquet
+    file, in order (found once per schema; the path None where it is not UTF-8)."""
+    def compute():
+        schema = meta.schema
+        out = []
+        for c, head in enumerate(leaf_columns(meta, key)):
+            col = schema.column(c)
+            try:
+                path = col.path
+            except UnicodeDecodeError:  # a name that is not UTF-8: no path
+                path = None
+            out.append((head, path, col.physical_type))
+        return tuple(out)
+    return per_schema("leaf_facts", meta, compute, key)
+
+
+def _leaf_columns(meta) -> list[str]:
     schema = meta.schema
     try:
         paths = [schema.column(c).path for c in range(meta.num_columns)]
