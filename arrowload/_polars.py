@@ -8,6 +8,7 @@ without depending on the scan.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -78,3 +79,45 @@ def sort_distinct(values: np.ndarray) -> np.ndarray:
             return out
     values.sort()
     return values
+
+
+#: names zoneinfo finds in the system's database that are not IANA zone names polars knows
+_NOT_IANA = frozenset({"localtime", "Factory", "posixrules"})
+
+
+@functools.lru_cache(maxsize=256)
+def polars_zone(tz: str | None) -> bool:
+    """Whether polars parses the time zone ``tz`` of an Arrow timestamp: none, or a name of
+    the IANA database (Python's ``zoneinfo`` knows it; each of its 599 names on this
+    machine but ``localtime`` and ``Factory`` polars 2.1 parses too). A fixed offset (``'+05:30'``), which
+    Arrow, Parquet and DuckDB accept, makes polars panic whenever a file's schema holds it,
+    even in a column the query does not read."""
+    if tz is None or tz == "UTC":
+        return True
+    if tz[:1] in "+-" or not tz.strip() or tz in _NOT_IANA or tz.startswith(("posix/", "right/")):
+        return False
+    try:
+        import zoneinfo
+        zoneinfo.ZoneInfo(tz)
+    except (ValueError, OSError, LookupError):  # ZoneInfoNotFoundError is a KeyError
+        return False
+    return True
+
+
+def polars_zones_ok(t) -> bool:
+    """Whether every timestamp in Arrow type ``t`` (nested ones too) has a zone polars
+    parses (``polars_zone``)."""
+    import pyarrow as pa
+    if pa.types.is_timestamp(t):
+        return polars_zone(t.tz)
+    if isinstance(t, pa.ExtensionType):
+        return polars_zones_ok(t.storage_type)
+    if pa.types.is_dictionary(t):
+        return polars_zones_ok(t.value_type)
+    if pa.types.is_map(t):
+        return polars_zones_ok(t.key_type) and polars_zones_ok(t.item_type)
+    if pa.types.is_struct(t):
+        return all(polars_zones_ok(t.field(i).type) for i in range(t.num_fields))
+    if hasattr(t, "value_type"):  # lists of every kind
+        return polars_zones_ok(t.value_type)
+    return True

@@ -739,3 +739,47 @@ def test_block_window_tasks_count_the_units_polars_decodes_at_once(lake, cache_d
             for t in tasks:
                 units = [est[int(u)] for u in order.windows[t.window]]
                 assert t.est_bytes == sum(units) + min(at_once, len(units)) * max(units), (env, t)
+
+
+@pytest.mark.parametrize("fail", ["error", "short"])
+def test_an_unshuffled_epoch_reads_per_unit_when_its_query_fails(lake, cache_dir, monkeypatch, fail):
+    """A query that raises, or ends before the rows counted (polars panicking on a worker
+    thread ends its batches without an error), is not a change of the data: the task and
+    every later one read per unit, and the epoch is the per-unit one."""
+    ds = al.dataset(lake).filter("k < 5")
+    want, _, _ = _epoch(ds, monkeypatch, False, cache_dir=cache_dir, batch_size=64)
+    calls = _count_queries(monkeypatch, fail)
+    got, decoders, _ = _epoch(ds, monkeypatch, True, cache_dir=cache_dir, batch_size=64)
+    assert len(calls) == 1 and got == want
+    assert any(d != STREAM_DECODER for d in decoders)
+
+
+def _offset_zone_lake(path) -> str:
+    """A file whose unselected column is zoned at a fixed offset (Arrow, Parquet and DuckDB
+    take it; polars panics on its schema)."""
+    path.mkdir()
+    ts = pa.array(np.arange(600, dtype=np.int64) * 3_600_000_000, pa.timestamp("us"))
+    pq.write_table(pa.table({"id": np.arange(600), "ts": ts, "local": ts.cast(pa.timestamp("us", "+05:30"))}),
+                   path / "a.parquet", row_group_size=50)
+    return str(path)
+
+
+@pytest.mark.parametrize("shuffle", [False, "block", "global"])
+def test_a_time_zone_polars_cannot_parse_keeps_its_file_from_polars(tmp_path, monkeypatch, shuffle):
+    """polars (imported here, as in any notebook using it) parses a file's whole schema: a
+    ``'+05:30'`` column it never reads made the streamed epoch end early, which was taken
+    for the data changing (``SnapshotChangedError``). Such a file is read by pyarrow; the
+    rows are DuckDB's."""
+    import polars  # noqa: F401
+    lake = _offset_zone_lake(tmp_path / "lake")
+    where = "ts >= '1970-01-05'"
+    want = sorted(r[0] for r in duckdb.sql(f"SELECT id FROM read_parquet('{lake}/*.parquet') WHERE {where}").fetchall())
+    ds = al.dataset(lake).filter(where).select("id")
+    assert StreamQuery.compile(ds.optimized_plan(), al.Options()) is None
+    monkeypatch.delenv("ARROWLOAD_STREAM", raising=False)
+    with ds.loader(16, shuffle=shuffle, seed=1, output="numpy", cache_dir=str(tmp_path / "c")) as loader:
+        got = sorted(int(i) for b in loader for i in b["id"])
+        assert not any("polars" in d for d in loader.stats().decoders)
+    assert got == want
+    with pytest.raises(al.UnsupportedError, match="local"):
+        al.dataset(lake).to_polars()

@@ -1,7 +1,7 @@
 """An Arrow table as a ``polars.DataFrame``, refusing with a typed error what polars cannot import.
 
 polars imports most Arrow types, but not intervals, unions, list views, run-end encoded
-arrays or 256-bit decimals; for some of them (nested inside a struct or list, or inside a
+arrays, 256-bit decimals or timestamps in a time zone it cannot parse (a fixed offset); for some of them (nested inside a struct or list, or inside a
 dictionary) it does not raise but panics. The schema is checked first, so no panic is
 reached, and a column polars refuses is named with its type and what to do instead.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from .._polars import polars_zone
 from ..errors import UnsupportedError
 
 
@@ -22,6 +23,8 @@ def _unimportable(t: pa.DataType) -> bool:
     if (pa.types.is_interval(t) or pa.types.is_union(t) or pa.types.is_decimal256(t)
             or pa.types.is_list_view(t) or pa.types.is_large_list_view(t) or pa.types.is_run_end_encoded(t)):
         return True
+    if pa.types.is_timestamp(t):
+        return not polars_zone(t.tz)  # a fixed offset ('+05:30'): polars cannot parse it
     if isinstance(t, pa.ExtensionType):
         return _unimportable(t.storage_type)
     if pa.types.is_dictionary(t):

@@ -45,6 +45,13 @@ def _changed(what: str) -> SnapshotChangedError:
                                 f"counts taken when it was built ({what}); build a new loader")
 
 
+class _Short(Exception):
+    """A query ended before the rows counted (polars failed without raising: it panicked
+    on a worker thread, as on a time zone it cannot parse in a file's schema). Not taken
+    for a change of the data: the per-unit path reads the task and says (its reads check
+    the files)."""
+
+
 def merge_ranges(ranges) -> list[tuple[int, int]]:
     """Non-empty ``ranges`` in their order, consecutive ones that touch joined."""
     out: list[tuple[int, int]] = []
@@ -166,8 +173,8 @@ class StreamReads:
         have = sum(b.num_rows for b in left)
         while have < n:
             b = next(self._it, None)
-            if b is None:
-                raise _changed(f"{n - have} rows fewer than counted")
+            if b is None:  # the per-unit path answers: the rows, or the change its checks find
+                raise _Short(f"the query ended {n - have} rows fewer than counted")
             left.append(b)
             have += b.num_rows
         return take_rows(left, n)

@@ -29,7 +29,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.types as pat
 
-from .._polars import forked_with_polars, refuse_after_fork
+from .._polars import forked_with_polars, polars_zones_ok, refuse_after_fork
 from ..options import Options
 from ..plan.nodes import Scan
 from ..source import FileSource
@@ -92,6 +92,9 @@ class _FileFacts:
             self.types[f.name] = t
             at += k
         self.consistent = at == meta.num_columns and len(set(self.names)) == len(self.names)
+        # polars parses the whole schema of a file it reads: a time zone it does not know,
+        # in any column, makes it panic (PolarsDecoder reads no column of such a file)
+        self.polars_parses = all(polars_zones_ok(f.type) for f in schema)
 
 
 class _Base:
@@ -339,7 +342,7 @@ class PolarsDecoder(_Base):
         got = self._readable.get(file)
         if got is None:
             facts = self.facts(file)
-            got = frozenset() if facts is None else frozenset(
+            got = frozenset() if facts is None or not facts.polars_parses else frozenset(
                 c for c, t in facts.types.items()
                 if c in self._types and t.equals(self._types[c]) and polars_reads(t)
                 and c not in facts.int96) | self.partitions
