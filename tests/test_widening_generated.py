@@ -408,3 +408,40 @@ def test_struct_fields_in_another_order_or_set_merge_by_name_as_duckdb(tmp_path)
                 count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true) "
                                    f"WHERE {predicate}").fetchall()[0][0]
                 assert ds.filter(predicate).count() == count, (decoder, predicate)
+
+
+def test_map_columns_from_different_writers_merge_as_duckdb(tmp_path):
+    """Map columns whose keys or items differ across files as writers make them: a value
+    field one writer marks non-nullable (Spark's ``valueContainsNull=false``), integer
+    items of another width, struct items with their fields in another order and a large
+    string (polars): keys and items merged as a list's values (before: refused with a
+    SchemaMismatchError that printed the same type twice). Values against DuckDB, through
+    every read path."""
+    s_xy = pa.struct([("x", pa.int64()), ("y", pa.string())])
+    s_yx = pa.struct([("y", pa.large_string()), ("x", pa.int32())])
+    files = [
+        (pa.map_(pa.string(), pa.int32()), pa.map_(pa.string(), s_xy), [[("a", 1)], None], [[("p", {"x": 1, "y": "u"})], []]),
+        (pa.map_(pa.string(), pa.field("value", pa.int64(), nullable=False)), pa.map_(pa.string(), s_yx),
+         [[("b", 2 ** 40), ("c", 3)]], [[("q", {"y": "v", "x": 2}), ("r", None)]]),
+        (pa.map_(pa.large_string(), pa.int8()), pa.map_(pa.string(), s_xy), [[("d", None)]], [None]),
+    ]
+    at = 0
+    for k, (tm, ts, m, s) in enumerate(files):
+        n = len(m)
+        pq.write_table(pa.table({"id": pa.array(range(at, at + n), pa.int64()), "m": pa.array(m, tm),
+                                 "s": pa.array(s, ts)}), str(tmp_path / f"part-{k}.parquet"))
+        at += n
+    with duckdb.connect() as con:
+        want = con.sql(f"SELECT id, map_entries(m), map_entries(s) FROM read_parquet('{tmp_path}/*.parquet', "
+                       "union_by_name=true) ORDER BY id").fetchall()
+    rows = [(i, None if m is None else [(e["key"], e["value"]) for e in m],
+             None if s is None else [(e["key"], e["value"]) for e in s]) for i, m, s in want]
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("m").type.item_type == pa.int64() and ds.schema.field("s").type.item_type.names == ["x", "y"]
+    for decoder in (None, "pyarrow", "polars", "dataset"):
+        with _decoder(decoder):
+            for got in (ds.to_arrow().sort_by("id"),
+                        pa.Table.from_batches(list(ds.loader(2, shuffle=False, output="arrow")), schema=ds.schema)):
+                assert [(r["id"], r["m"], r["s"]) for r in got.to_pylist()] == rows, decoder
+            assert ds.filter("m['b'] = 1099511627776").count() == 1, decoder
+            assert ds.filter("s['q'].x = 2").count() == 1, decoder

@@ -23,6 +23,8 @@ def rounds(have: pa.DataType, unified: pa.DataType) -> bool:
         return pat.is_floating(unified)
     if _is_list(have) and _is_list(unified):
         return rounds(have.value_type, unified.value_type)
+    if pat.is_map(have) and pat.is_map(unified):
+        return rounds(have.key_type, unified.key_type) or rounds(have.item_type, unified.item_type)
     if pat.is_struct(have) and pat.is_struct(unified):
         if have.names != unified.names:
             return True
@@ -54,10 +56,11 @@ def _widen_nested(arr: pa.Array, unified: pa.DataType) -> pa.Array:
         arr = arr.dictionary_decode()
     if pat.is_struct(arr.type):  # fields by name: a field this file lacks is null
         at = {f.name: i for i, f in enumerate(arr.type)}
-        children = [widen(arr.field(at[f.name]), f.type) if f.name in at else pa.nulls(len(arr), f.type)
-                    for f in unified]
-        return pa.StructArray.from_arrays(children, fields=list(unified), mask=_nulls(arr))
-    return _rebuilt(arr, unified, lambda values, position: widen(values, unified.value_type))
+        fields = [widen(arr.field(at[f.name]), f.type) if f.name in at else pa.nulls(len(arr), f.type)
+                  for f in unified]
+        return pa.StructArray.from_arrays(fields, fields=list(unified), mask=_nulls(arr))
+    inner = [f.type for f in children(unified)]  # a list's values; a map's keys, then items
+    return _rebuilt(arr, unified, lambda values, position: widen(values, inner[position]))
 
 
 def _nulls(arr: pa.Array) -> pa.Array | None:
@@ -143,7 +146,8 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     that holds both; timestamps to the finer unit (a value past the finer unit's range
     is refused when read: ``SchemaMismatchError``), in UTC where both carry different time
     zones (both are instants); lists and large lists -> a large list where either is
-    large, of their merged values; structs field by field, by name (in first-seen order,
+    large, of their merged values; maps of their merged keys and items (a value nullable
+    where either file's is); structs field by field, by name (in first-seen order,
     a field one file lacks null there, as DuckDB's ``union_by_name`` merges them). These are the files polars writes (large strings and lists, also
     inside structs) next to pyarrow's and DuckDB's: DuckDB's ``union_by_name`` reads them.
     """
@@ -181,6 +185,12 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         if inner is None:
             return None
         return pa.large_list(inner) if pat.is_large_list(a) or pat.is_large_list(b) else pa.list_(inner)
+    if pat.is_map(a) and pat.is_map(b):  # keys and items each merged, as a list's values
+        key, item = merge_types(a.key_type, b.key_type), merge_types(a.item_type, b.item_type)
+        if key is None or item is None:
+            return None
+        return pa.map_(pa.field(a.key_field.name, key, False),
+                       pa.field(a.item_field.name, item, a.item_field.nullable or b.item_field.nullable))
     if pat.is_struct(a) and pat.is_struct(b):
         if a.names == b.names:
             pairs = list(zip(a.fields, b.fields))
