@@ -1396,6 +1396,8 @@ def test_close_does_not_run_the_reads_left_in_the_queue(tmp_path, kind):
     after = len(calls) - at_close
     consumer.join(30)
     # left to finish: the reads running, and a mixture's stream batches its split threads
-    # hold (2 * 2 + 1, a map call per component each); never the rest of the epoch
-    assert after <= 10, f"{after} reads ran after close() ({at_close - built} before it, {built} at the build)"
+    # hold (2 * 2 + 1, a map call per component each), and on a loaded machine the calls
+    # started between the count above and close(); never the rest of the epoch (about 60:
+    # the bug ran 62). 10 was exceeded once (11) by a full suite beside other work
+    assert after <= 20, f"{after} reads ran after close() ({at_close - built} before it, {built} at the build)"
     assert len(ended) == 1

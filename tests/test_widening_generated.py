@@ -445,3 +445,38 @@ def test_map_columns_from_different_writers_merge_as_duckdb(tmp_path):
                 assert [(r["id"], r["m"], r["s"]) for r in got.to_pylist()] == rows, decoder
             assert ds.filter("m['b'] = 1099511627776").count() == 1, decoder
             assert ds.filter("s['q'].x = 2").count() == 1, decoder
+
+
+def test_fixed_size_lists_beside_lists_merge_as_duckdb(tmp_path):
+    """Embeddings written as fixed-size lists by one writer (pyarrow keeps the size in its
+    stored Arrow schema) and as lists by another, or of another size or value type: a list
+    of the merged values, as DuckDB reads ARRAY beside LIST (before: refused); fixed-size
+    lists of one size stay fixed-size, their integers rounding into doubles as DuckDB
+    rounds them. Values against DuckDB, through every read path; the loader gives 2-D
+    arrays where every list has one length."""
+    files = [
+        [("e", pa.array([[1.5, 2.5], [3.0, 4.0]], pa.list_(pa.float32(), 2))),
+         ("f", pa.array([[1, 2 ** 53 + 1], None], pa.list_(pa.int64(), 2)))],
+        [("e", pa.array([[5.0, 6.0]], pa.list_(pa.float64()))), ("f", pa.array([[0.5, 1.5]], pa.list_(pa.float64(), 2)))],
+        [("e", pa.array([[7.0, 8.0]], pa.list_(pa.float32(), 2))), ("f", pa.array([[9, 10]], pa.list_(pa.int32(), 2)))],
+    ]
+    at = 0
+    for k, cols in enumerate(files):
+        n = len(cols[0][1])
+        pq.write_table(pa.table({"id": pa.array(range(at, at + n), pa.int64()), **dict(cols)}),
+                       str(tmp_path / f"part-{k}.parquet"))
+        at += n
+    with duckdb.connect() as con:
+        rows = con.sql(f"SELECT id, e, f FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true) "
+                       "ORDER BY id").fetchall()
+    rows = [(i, e, None if f is None else list(f)) for i, e, f in rows]
+    ds = al.dataset(str(tmp_path))
+    assert ds.schema.field("e").type == pa.list_(pa.float64()) and ds.schema.field("f").type == pa.list_(pa.float64(), 2)
+    for decoder in (None, "pyarrow", "polars", "dataset"):
+        with _decoder(decoder):
+            for got in (ds.to_arrow().sort_by("id"),
+                        pa.Table.from_batches(list(ds.loader(2, shuffle=False, output="arrow")), schema=ds.schema)):
+                assert [(r["id"], r["e"], r["f"]) for r in got.to_pylist()] == rows, decoder
+            x = next(iter(ds.select("id", "e").loader(4, shuffle=False, output="numpy")))["e"]
+            assert x.shape == (4, 2) and x.tolist() == [r[1] for r in rows], decoder
+            assert ds.filter("e[1] > 4").count() == 2, decoder

@@ -21,7 +21,7 @@ def rounds(have: pa.DataType, unified: pa.DataType) -> bool:
         have = have.value_type
     if pat.is_integer(have):
         return pat.is_floating(unified)
-    if _is_list(have) and _is_list(unified):
+    if _is_list(have, sized=True) and _is_list(unified, sized=True):
         return rounds(have.value_type, unified.value_type)
     if pat.is_map(have) and pat.is_map(unified):
         return rounds(have.key_type, unified.key_type) or rounds(have.item_type, unified.item_type)
@@ -54,6 +54,13 @@ def _widen_nested(arr: pa.Array, unified: pa.DataType) -> pa.Array:
     children, each widened on its own (its nulls kept)."""
     if pat.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
+    if pat.is_fixed_size_list(arr.type):
+        if pat.is_fixed_size_list(unified):  # of one size: its values widened in place
+            k = unified.list_size
+            values = arr.values.slice(arr.offset * k, len(arr) * k)
+            return pa.FixedSizeListArray.from_arrays(widen(values, unified.value_type), type=unified,
+                                                     mask=_nulls(arr))
+        arr = arr.cast(pa.list_(arr.type.value_field))  # offsets first (exact), then as a list
     if pat.is_struct(arr.type):  # fields by name: a field this file lacks is null
         at = {f.name: i for i, f in enumerate(arr.type)}
         fields = [widen(arr.field(at[f.name]), f.type) if f.name in at else pa.nulls(len(arr), f.type)
@@ -145,8 +152,9 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     large variants; dictionary-encoded values -> their value type; decimals to a precision
     that holds both; timestamps to the finer unit (a value past the finer unit's range
     is refused when read: ``SchemaMismatchError``), in UTC where both carry different time
-    zones (both are instants); lists and large lists -> a large list where either is
-    large, of their merged values; maps of their merged keys and items (a value nullable
+    zones (both are instants); lists, large lists and fixed-size lists -> a large list
+    where either is large, a fixed-size list where both are of one size, else a list, of
+    their merged values (DuckDB reads ARRAY beside LIST as a LIST); maps of their merged keys and items (a value nullable
     where either file's is); structs field by field, by name (in first-seen order,
     a field one file lacks null there, as DuckDB's ``union_by_name`` merges them). These are the files polars writes (large strings and lists, also
     inside structs) next to pyarrow's and DuckDB's: DuckDB's ``union_by_name`` reads them.
@@ -180,10 +188,12 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         order = ["s", "ms", "us", "ns"]
         unit = a.unit if order.index(a.unit) >= order.index(b.unit) else b.unit
         return pa.timestamp(unit, a.tz if a.tz == b.tz else "UTC")
-    if _is_list(a) and _is_list(b):
+    if _is_list(a, sized=True) and _is_list(b, sized=True):
         inner = merge_types(a.value_type, b.value_type)
         if inner is None:
             return None
+        if pat.is_fixed_size_list(a) and pat.is_fixed_size_list(b) and a.list_size == b.list_size:
+            return pa.list_(inner, a.list_size)
         return pa.large_list(inner) if pat.is_large_list(a) or pat.is_large_list(b) else pa.list_(inner)
     if pat.is_map(a) and pat.is_map(b):  # keys and items each merged, as a list's values
         key, item = merge_types(a.key_type, b.key_type), merge_types(a.item_type, b.item_type)
@@ -221,8 +231,9 @@ _TEXT_FAMILIES = (({"string", "large_string", "string_view"}, pa.large_string())
                   ({"binary", "large_binary", "binary_view"}, pa.large_binary()))
 
 
-def _is_list(t: pa.DataType) -> bool:
-    return pat.is_list(t) or pat.is_large_list(t)
+def _is_list(t: pa.DataType, sized: bool = False) -> bool:
+    """A list or large list (``sized``: or a fixed-size list)."""
+    return pat.is_list(t) or pat.is_large_list(t) or (sized and pat.is_fixed_size_list(t))
 
 
 def _merge_ints(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
