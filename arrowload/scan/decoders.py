@@ -323,6 +323,7 @@ class PolarsDecoder(_Base):
             at += (u.num_rows or 0) + u.deleted
         self._starts = starts
         self._readable: dict[int, frozenset[str]] = {}
+        self._readable_facts: dict[int, tuple] = {}  # id(facts) -> (facts, readable columns)
         self._pl = None
 
     @staticmethod
@@ -342,10 +343,15 @@ class PolarsDecoder(_Base):
         got = self._readable.get(file)
         if got is None:
             facts = self.facts(file)
-            got = frozenset() if facts is None or not facts.polars_parses else frozenset(
-                c for c, t in facts.types.items()
-                if c in self._types and t.equals(self._types[c]) and polars_reads(t)
-                and c not in facts.int96) | self.partitions
+            shared = self._readable_facts.get(id(facts))  # files sharing their schema's facts
+            if shared is not None and shared[0] is facts:
+                got = shared[1]
+            else:
+                got = frozenset() if facts is None or not facts.polars_parses else frozenset(
+                    c for c, t in facts.types.items()
+                    if c in self._types and t.equals(self._types[c]) and polars_reads(t)
+                    and c not in facts.int96) | self.partitions
+                self._readable_facts[id(facts)] = (facts, got)
             self._readable[file] = got
         return got
 

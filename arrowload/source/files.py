@@ -686,9 +686,16 @@ class FileSource(PicklableLock, Source):
             schema = facts[1]
             seen = Counter(schema.names)
             types = {f.name: f.type for f in schema if seen[f.name] == 1}  # (a duplicated name: no unifying)
+            by_schema: dict[pa.Schema, bool] = {}  # (a lake of many files has few schemas)
+
+            def rounding(file_schema: pa.Schema) -> bool:
+                got = by_schema.get(file_schema)
+                if got is None:
+                    got = by_schema[file_schema] = any(f.name in types and rounds(f.type, types[f.name])
+                                                       for f in file_schema)
+                return got
             found = self._rounding_of = (facts, frozenset(
-                i for i in range(len(facts[0]))
-                if any(f.name in types and rounds(f.type, types[f.name]) for f in self._fetched[i][1])))
+                i for i in range(len(facts[0])) if rounding(self._fetched[i][1])))
         return found[1]
 
     @property
