@@ -63,7 +63,7 @@ def _leaf_count(t) -> int:
 #: Python for the same answers)
 _PER_SCHEMA: OrderedDict = OrderedDict()
 _PER_SCHEMA_MAX = 1024
-_PER_SCHEMA_LOCK = threading.Lock()
+_PER_SCHEMA_LOCK = threading.RLock()  # (a computation may ask for another fact)
 
 
 #: id(footer metadata) -> (a weak reference to it, its schema_key): one key per file
@@ -110,11 +110,12 @@ def per_schema(what: str, meta, compute, key: tuple | None = None):
     k = (what, key)
     got = _PER_SCHEMA.get(k)
     if got is None:
-        got = compute()
-        with _PER_SCHEMA_LOCK:
-            _PER_SCHEMA[k] = got
-            while len(_PER_SCHEMA) > _PER_SCHEMA_MAX:
-                _PER_SCHEMA.popitem(last=False)
+        with _PER_SCHEMA_LOCK:  # once: two reader threads on files of one schema wait for one answer
+            got = _PER_SCHEMA.get(k)
+            if got is None:
+                got = _PER_SCHEMA[k] = compute()
+                while len(_PER_SCHEMA) > _PER_SCHEMA_MAX:
+                    _PER_SCHEMA.popitem(last=False)
     return got
 
 
