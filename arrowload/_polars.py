@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 
 import numpy as np
@@ -83,41 +84,71 @@ def sort_distinct(values: np.ndarray) -> np.ndarray:
 
 #: names zoneinfo finds in the system's database that are not IANA zone names polars knows
 _NOT_IANA = frozenset({"localtime", "Factory", "posixrules"})
+_OFFSET = re.compile(r"([+-]?)(\d{2}):?(\d{2})")
+
+
+def polars_zone(tz: str | None) -> bool:
+    """Whether polars parses the time zone ``tz`` of an Arrow timestamp. polars panics on a
+    zone it cannot parse whenever a file's schema holds one, even in a column a query does
+    not read (a fixed offset such as ``'+05:30'``, which Arrow, Parquet and DuckDB accept).
+    Where polars is imported it is asked (its own zone database decides); before, a close
+    guess (``_zone_guess``): a wrong yes costs a stream that ends early and is read per
+    unit instead, a wrong no a slower decoder."""
+    if tz is None or tz == "UTC":
+        return True
+    if "polars" in sys.modules:
+        return _polars_parses(tz)
+    return _zone_guess(tz)
 
 
 @functools.lru_cache(maxsize=256)
-def polars_zone(tz: str | None) -> bool:
-    """Whether polars parses the time zone ``tz`` of an Arrow timestamp: none, or a name of
-    the IANA database (Python's ``zoneinfo`` knows it; each of its 599 names on this
-    machine but ``localtime`` and ``Factory`` polars 2.1 parses too). A fixed offset (``'+05:30'``), which
-    Arrow, Parquet and DuckDB accept, makes polars panic whenever a file's schema holds it,
-    even in a column the query does not read."""
-    if tz is None or tz == "UTC":
-        return True
-    if tz[:1] in "+-" or not tz.strip() or tz in _NOT_IANA or tz.startswith(("posix/", "right/")):
-        return False
+def _polars_parses(tz: str) -> bool:
+    import polars as pl
+    import pyarrow as pa
     try:
-        import zoneinfo
+        pl.from_arrow(pa.array([], pa.timestamp("us", tz)))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # noqa: BLE001 - its ComputeError, or a panic
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=256)
+def _zone_guess(tz: str) -> bool:
+    """polars 2.1's rules, as measured: offsets of whole hours (``'-03:00'``, ``'+0500'``,
+    ``'00:00'``: as ``Etc/GMT`` zones, -12 to +14 hours), ``utc``, and the IANA names of
+    the system's zone database but ``localtime`` and ``Factory`` (all of its 599 names on
+    this machine otherwise; without a database, any name)."""
+    m = _OFFSET.fullmatch(tz)
+    if m:
+        sign, hours, minutes = m.group(1) or "+", int(m.group(2)), int(m.group(3))
+        return minutes == 0 and hours <= (14 if sign == "+" else 12)
+    if tz == "utc":
+        return True
+    if tz in _NOT_IANA or tz.startswith(("posix/", "right/")) or not re.fullmatch(r"[A-Za-z][\w+\-/]*", tz):
+        return False
+    import zoneinfo
+    try:
         zoneinfo.ZoneInfo(tz)
     except (ValueError, OSError, LookupError):  # ZoneInfoNotFoundError is a KeyError
-        return False
+        return not zoneinfo.available_timezones()  # no database here: polars has its own
     return True
 
 
-def polars_zones_ok(t) -> bool:
-    """Whether every timestamp in Arrow type ``t`` (nested ones too) has a zone polars
-    parses (``polars_zone``)."""
+def timestamp_zones(t) -> set[str]:
+    """The time zones of the timestamps in Arrow type ``t`` (nested ones too)."""
     import pyarrow as pa
     if pa.types.is_timestamp(t):
-        return polars_zone(t.tz)
+        return {t.tz} if t.tz is not None else set()
     if isinstance(t, pa.ExtensionType):
-        return polars_zones_ok(t.storage_type)
+        return timestamp_zones(t.storage_type)
     if pa.types.is_dictionary(t):
-        return polars_zones_ok(t.value_type)
+        return timestamp_zones(t.value_type)
     if pa.types.is_map(t):
-        return polars_zones_ok(t.key_type) and polars_zones_ok(t.item_type)
+        return timestamp_zones(t.key_type) | timestamp_zones(t.item_type)
     if pa.types.is_struct(t):
-        return all(polars_zones_ok(t.field(i).type) for i in range(t.num_fields))
+        return set().union(*(timestamp_zones(t.field(i).type) for i in range(t.num_fields)))
     if hasattr(t, "value_type"):  # lists of every kind
-        return polars_zones_ok(t.value_type)
-    return True
+        return timestamp_zones(t.value_type)
+    return set()

@@ -248,6 +248,12 @@ class UncacheablePlanError(ArrowloadError, ValueError):
     says how to name it (``map(fn, name="fn-v1")`` or ``cache(key="v1")``)."""
 
 
+class CacheWriteError(_PathMessage, ArrowloadError, OSError):
+    """Writing a plan cache entry failed because the storage cannot take it (a full disk,
+    a quota, a file size limit); the partial entry is removed, and the message names the
+    folder, the storage's error and where else to write (``cache(uri=...)``)."""
+
+
 class CacheLockTimeoutError(_PathMessage, ArrowloadError, TimeoutError):
     """Waiting for another writer of a plan cache entry took longer than allowed; the
     message names the lock, its holder and how to go on (wait longer, or remove the lock

@@ -684,3 +684,37 @@ def test_a_cached_dataset_checks_its_source_before_every_read(tmp_path):
         cached.count()
     want = [x for x in pq.read_table(str(lake / "p0.parquet"))["x"].to_pylist() if x > 1]
     assert al.dataset(str(lake)).filter("x > 1").cache(cache).to_arrow()["x"].to_pylist() == want
+
+
+_FULL_DISK = """
+import os, resource, signal
+import numpy as np, pyarrow as pa, pyarrow.parquet as pq
+import arrowload as al
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+table = pa.table({{"id": np.arange(400_000), "x": np.random.default_rng(0).random(400_000)}})
+pq.write_table(table, {lake!r}, row_group_size=50_000)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+cached = al.dataset({lake!r}).select("id", "x").cache({root!r}, key="full-v1")
+try:
+    cached.count()
+except al.CacheWriteError as exc:
+    assert isinstance(exc, OSError) and {root!r} in str(exc) and "cache(uri=" in str(exc), exc
+    print("CacheWriteError")
+left = [os.path.join(d, f) for d, _, fs in os.walk({root!r}) for f in fs if not f.startswith(".")]
+print(len([p for p in left if p.endswith((".parquet", ".arrow"))]))
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(cached.count())
+"""
+
+
+def test_a_cache_entry_the_disk_cannot_take_is_a_cache_write_error(tmp_path):
+    """Writing an entry past what the storage takes (a full disk, a quota, a file size
+    limit: EFBIG here) raised the storage's raw OSError; it is a CacheWriteError (an
+    OSError) naming the entry and where else to cache, the partial files are removed, and
+    the next run with room writes the entry."""
+    import subprocess
+    import sys
+    code = _FULL_DISK.format(lake=str(tmp_path / "t.parquet"), root=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["CacheWriteError", "0", "400000"], out.stdout

@@ -51,7 +51,7 @@ def test_files_of_one_schema_share_its_facts_and_read_as_duckdb(tmp_path, monkey
                        store_schema=False)
     duckdb.sql(f"COPY (SELECT 40::BIGINT AS id, '{ids[40]}'::UUID AS u, 40.0::DOUBLE AS x) "
                f"TO '{tmp_path / 'p40.parquet'}' (FORMAT parquet)")
-    footer._PER_SCHEMA.clear()
+    footer.forget_schema_facts()
     computed = []
 
     def counted(module, name):
@@ -70,3 +70,33 @@ def test_files_of_one_schema_share_its_facts_and_read_as_duckdb(tmp_path, monkey
                       f"FROM read_parquet('{tmp_path}/*.parquet') ORDER BY id").fetchall()
     assert [(r["id"], str(r["u"]), r["x"]) for r in got.to_pylist()] == want
     assert sorted(i for b in rows for i in b.column("id").to_pylist()) == list(range(41))
+
+
+def test_schemas_that_print_alike_are_told_apart(tmp_path):
+    """A binary column named ``x (String)`` and a string column ``x`` print as the same
+    schema text (names are not quoted): one key gave the second file the first one's facts,
+    and the loader read ``x`` as nulls there. Truth: DuckDB."""
+    pq.write_table(pa.table({"x (String)": pa.array([b"aa", b"bb"], pa.binary())}), tmp_path / "a.parquet",
+                   store_schema=False)
+    pq.write_table(pa.table({"x": pa.array(["cc", "dd"], pa.string())}), tmp_path / "b.parquet", store_schema=False)
+    a, b = _meta(tmp_path / "a.parquet"), _meta(tmp_path / "b.parquet")
+    assert str(a.schema).split("\n", 1)[1] == str(b.schema).split("\n", 1)[1]
+    assert footer.schema_key(a) != footer.schema_key(b)
+    want = sorted(str(r[0]) for r in duckdb.sql(
+        f"SELECT x FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true)").fetchall())
+    ds = al.dataset(str(tmp_path)).select("x")
+    got = sorted(str(v) for batch in ds.loader(4, output="arrow") for v in batch["x"].to_pylist())
+    assert got == want == ["None", "None", "cc", "dd"]
+
+
+def test_the_shared_facts_are_bounded(tmp_path):
+    """Facts of many wide schemas are not all kept: at most ``_PER_SCHEMA_LEAVES`` leaf
+    columns' worth (a process opening datasets of hundreds of different wide schemas held
+    hundreds of MiB)."""
+    for k in range(12):
+        path = tmp_path / f"s{k}.parquet"
+        pq.write_table(pa.table({f"c{k}_{i}": [i] for i in range(2_500)}), path)
+        ds = al.dataset(str(path))
+        assert len(list(ds.loader(1, output="arrow"))) == 1
+        assert footer._per_schema_leaves <= footer._PER_SCHEMA_LEAVES
+    assert sum(k[1][1] for k in footer._PER_SCHEMA) == footer._per_schema_leaves

@@ -783,3 +783,28 @@ def test_a_time_zone_polars_cannot_parse_keeps_its_file_from_polars(tmp_path, mo
     assert got == want
     with pytest.raises(al.UnsupportedError, match="local"):
         al.dataset(lake).to_polars()
+
+
+@pytest.mark.parametrize("zone", ["-03:00", "+00:00", "utc", "America/New_York", "+05:30"])
+def test_to_polars_and_the_decoders_take_the_zones_polars_parses(tmp_path, zone):
+    """Whether polars parses a zone is polars' to say: whole-hour offsets and ``utc`` it
+    maps to zones of its own, ``'+05:30'`` it refuses. ``to_polars()`` gives what polars'
+    own reader gives, or ``UnsupportedError`` where that fails; a streamed epoch reads the
+    same rows either way."""
+    import polars as pl
+    path = tmp_path / "a.parquet"
+    ts = pa.array(np.arange(300, dtype=np.int64) * 3_600_000_000, pa.timestamp("us", zone))
+    pq.write_table(pa.table({"id": np.arange(300), "t": ts}), path, row_group_size=50)
+    try:
+        want = pl.read_parquet(path)
+    except BaseException:  # noqa: BLE001 - polars' ComputeError (or a panic)
+        want = None
+    if want is None:
+        with pytest.raises(al.UnsupportedError, match="'t'"):
+            al.dataset(str(path)).to_polars()
+    else:
+        assert al.dataset(str(path)).to_polars().equals(want)
+    ds = al.dataset(str(path)).filter("id >= 7").select("id")
+    with ds.loader(32, shuffle=False, output="numpy") as loader:
+        assert [int(i) for b in loader for i in b["id"]] == list(range(7, 300))
+        assert ("polars-stream" in loader.stats().decoders) == (want is not None)

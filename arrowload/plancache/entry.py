@@ -17,6 +17,7 @@ free. A damaged commit (unreadable, missing files) is removed under the lock and
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import time
@@ -254,8 +255,14 @@ class Entry:
                             self.schema.to_string(), sum(f.rows for f in files), sum(f.bytes for f in files),
                             tuple(files), datetime.now(timezone.utc), {"host": HOST, "pid": os.getpid()})
             won = self.store.create(self.commit_path, encode(commit.to_doc()))
-        except BaseException:
+        except BaseException as exc:
             self.store.remove_tree(attempt_folder)
+            if _storage_full(exc):
+                from ..errors import CacheWriteError
+                raise CacheWriteError(
+                    f"writing the plan cache entry {self.url} failed: the storage cannot take it ({exc}); "
+                    "the partial entry is removed. Free space there, or cache to another place "
+                    "(cache(uri=...), $ARROWLOAD_CACHE_DIR)", self.url) from exc
             raise
         if not won:  # a writer taken over as stale finished after all: its commit stands
             self.store.remove_tree(attempt_folder)
@@ -275,6 +282,22 @@ class Entry:
             raise InternalError(f"{self.url}: the files just written are not all there (a bug, or "
                                 "someone removed them meanwhile)")
         return commit, files_found
+
+
+#: errnos of storage that cannot take a write: full, over a quota, past a file size limit
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _storage_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says the storage cannot take a write."""
+    for _ in range(8):  # (a chain of causes, never a long one)
+        if exc is None:
+            return False
+        if isinstance(exc, OSError) and (exc.errno in _FULL or "No space left" in str(exc)
+                                         or "File too large" in str(exc) or "quota" in str(exc).lower()):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class CacheMissError(ArrowloadError, LookupError):

@@ -29,7 +29,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.types as pat
 
-from .._polars import forked_with_polars, polars_zones_ok, refuse_after_fork
+from .._polars import forked_with_polars, polars_zone, refuse_after_fork, timestamp_zones
 from ..options import Options
 from ..plan.nodes import Scan
 from ..source import FileSource
@@ -94,7 +94,7 @@ class _FileFacts:
         self.consistent = at == meta.num_columns and len(set(self.names)) == len(self.names)
         # polars parses the whole schema of a file it reads: a time zone it does not know,
         # in any column, makes it panic (PolarsDecoder reads no column of such a file)
-        self.polars_parses = all(polars_zones_ok(f.type) for f in schema)
+        self.zones = frozenset().union(*(timestamp_zones(f.type) for f in schema))
 
 
 class _Base:
@@ -347,7 +347,8 @@ class PolarsDecoder(_Base):
             if shared is not None and shared[0] is facts:
                 got = shared[1]
             else:
-                got = frozenset() if facts is None or not facts.polars_parses else frozenset(
+                parses = facts is not None and all(polars_zone(z) for z in facts.zones)
+                got = frozenset() if not parses else frozenset(
                     c for c, t in facts.types.items()
                     if c in self._types and t.equals(self._types[c]) and polars_reads(t)
                     and c not in facts.int96) | self.partitions

@@ -60,39 +60,57 @@ def _leaf_count(t) -> int:
 
 #: ``(what, schema_key)`` -> what was derived from that schema alone (the lake of thousands
 #: of small files a streaming writer leaves has one schema: each file paid 60-80 us of
-#: Python for the same answers)
+#: Python for the same answers), least recently used first
 _PER_SCHEMA: OrderedDict = OrderedDict()
-_PER_SCHEMA_MAX = 1024
+#: the leaf columns of the schemas ``_PER_SCHEMA`` holds facts of, at most, counted once per
+#: fact (about 900 bytes of Python objects a leaf column and fact: some 18 MiB; a schema of
+#: more columns keeps its newest fact)
+_PER_SCHEMA_LEAVES = 20_000
+_per_schema_leaves = 0
 _PER_SCHEMA_LOCK = threading.RLock()  # (a computation may ask for another fact)
-
 
 #: id(footer metadata) -> (a weak reference to it, its schema_key): one key per file
 _KEYS: dict[int, tuple] = {}
-#: each distinct key once (the files' equal keys share one object, not a copy per file)
-_CANON: dict[tuple, tuple] = {}
+#: the schemas keys were made for, by their text: text -> [(ParquetSchema, key)]. Two
+#: schemas may print alike (names are not quoted: a column named ``x (String)`` beside a
+#: string column ``x``); the schemas' own comparison tells them apart. Each holds its
+#: file's footer: at most ``_SEEN_BYTES`` of footers (as serialized) in all, then forgotten (new keys are
+#: made then, never an old key for another schema: ``_serial``)
+_SEEN: dict[tuple, list] = {}
+_SEEN_BYTES = 8 << 20
+_seen_bytes = 0
+_serial = 0
 
 
 def schema_key(meta) -> tuple | None:
-    """What a Parquet footer says of its columns, as a key: the schema tree's text (every
-    name, physical and logical type, repetition and field id; its first line is the
-    object's repr, left out), the leaf count, and the stored Arrow schema that types the
-    columns (``ARROW:schema``: large or dictionary types, time zones). Files with equal
-    keys have the same leaf columns and read as the same Arrow schema. None where the tree
-    cannot be rendered (a name that is not UTF-8). Worked out once per metadata object."""
+    """What a Parquet footer says of its columns, as a key: files with equal keys have the
+    same schema tree (every name, physical and logical type, repetition and field id: the
+    schemas compare equal) and the same stored Arrow schema (``ARROW:schema``: large or
+    dictionary types, time zones), so the same leaf columns and Arrow types. None where the
+    tree cannot be rendered. Worked out once per metadata object."""
+    global _seen_bytes, _serial
     got = _KEYS.get(id(meta))
     if got is not None and got[0]() is meta:
         return got[1]
     try:
-        text = str(meta.schema)
+        schema = meta.schema
+        text = str(schema)
         kv = meta.metadata
+        base = (text[text.find("\n") + 1:], meta.num_columns, kv.get(b"ARROW:schema") if kv else None)
+        with _PER_SCHEMA_LOCK:
+            seen = _SEEN.setdefault(base, [])
+            key = next((k for other, k in seen if other.equals(schema)), None)
+            if key is None:
+                if _seen_bytes > _SEEN_BYTES:
+                    _SEEN.clear()
+                    _seen_bytes = 0
+                    seen = _SEEN.setdefault(base, [])
+                _serial += 1
+                key = (*base, _serial)
+                seen.append((schema, key))
+                _seen_bytes += meta.serialized_size
     except Exception:  # noqa: BLE001 - no key: nothing shared
         return None
-    key = (text[text.find("\n") + 1:], meta.num_columns, kv.get(b"ARROW:schema") if kv else None)
-    with _PER_SCHEMA_LOCK:
-        key = _CANON.setdefault(key, key)
-        if len(_CANON) > _PER_SCHEMA_MAX:
-            _CANON.clear()
-            _CANON[key] = key
     try:
         ref = weakref.ref(meta, lambda _, i=id(meta): _KEYS.pop(i, None))
     except TypeError:  # (not weakly referable: worked out at each call)
@@ -101,9 +119,18 @@ def schema_key(meta) -> tuple | None:
     return key
 
 
+def forget_schema_facts() -> None:
+    """Forget the facts shared between files of one schema (they are worked out again)."""
+    global _per_schema_leaves
+    with _PER_SCHEMA_LOCK:
+        _PER_SCHEMA.clear()
+        _per_schema_leaves = 0
+
+
 def per_schema(what: str, meta, compute, key: tuple | None = None):
     """``compute()``, once per distinct schema (``schema_key``) for each ``what``; the
     answer is shared between files, so it must not be changed by its users."""
+    global _per_schema_leaves
     key = schema_key(meta) if key is None else key
     if key is None:
         return compute()
@@ -114,8 +141,15 @@ def per_schema(what: str, meta, compute, key: tuple | None = None):
             got = _PER_SCHEMA.get(k)
             if got is None:
                 got = _PER_SCHEMA[k] = compute()
-                while len(_PER_SCHEMA) > _PER_SCHEMA_MAX:
-                    _PER_SCHEMA.popitem(last=False)
+                _per_schema_leaves += key[1]
+                while _per_schema_leaves > _PER_SCHEMA_LEAVES and len(_PER_SCHEMA) > 1:
+                    (_, old), _ = _PER_SCHEMA.popitem(last=False)
+                    _per_schema_leaves -= old[1]
+    else:
+        try:
+            _PER_SCHEMA.move_to_end(k)
+        except KeyError:  # (evicted meanwhile by another thread)
+            pass
     return got
 
 
