@@ -631,3 +631,26 @@ def test_a_map_whose_empty_output_is_untyped_is_a_schema_mismatch_naming_the_fix
         untyped.cache(str(tmp_path / "cache")).to_arrow()
     typed = ds.map(fn, name="fn-v2", output_schema=pa.schema([("y", pa.int64())]))
     assert typed.to_arrow()["y"].to_pylist() == [100, 200, 300]
+
+
+def _non_utf8_column(path, byte: int) -> None:
+    """A Parquet file whose column ``abcdef`` has its third byte replaced in the footer (a
+    name that is not UTF-8, as a writer that does not check its encoding leaves it)."""
+    pq.write_table(pa.table({"abcdef": [1, 2], "other": [4.0, 5.0]}), path, compression="none", store_schema=False)
+    data = bytearray(open(path, "rb").read())
+    at = data.find(b"abcdef", len(data) - 8 - int.from_bytes(data[-8:-4], "little"))
+    data[at + 2] = byte
+    open(path, "wb").write(bytes(data))
+
+
+def test_a_column_name_that_is_not_utf8_is_a_corrupt_file(tmp_path):
+    """pyarrow reads such a footer but raises UnicodeDecodeError on first use of the name: a
+    folder holding the file raised it raw, the file alone a PathEncodingError about a file
+    name. Both are a CorruptFileError naming the file."""
+    (tmp_path / "lake").mkdir()
+    _non_utf8_column(str(tmp_path / "lake" / "a.parquet"), 0xFF)
+    pq.write_table(pa.table({"abcdef": [3], "other": [6.0]}), str(tmp_path / "lake" / "b.parquet"))
+    for path in (tmp_path / "lake", tmp_path / "lake" / "a.parquet"):
+        with pytest.raises(al.CorruptFileError, match="a.parquet.*not valid UTF-8"):
+            al.dataset(str(path)).to_arrow()
+    assert al.dataset(str(tmp_path / "lake" / "b.parquet")).to_arrow().num_rows == 1

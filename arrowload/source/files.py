@@ -233,6 +233,30 @@ def logical_extensions(schema: pa.Schema, meta) -> pa.Schema:
     return pa.schema(fields, schema.metadata)
 
 
+def _utf8_names(schema: pa.Schema) -> bool:
+    """Whether every field name of ``schema`` (nested ones too) decodes as UTF-8 (pyarrow
+    raises UnicodeDecodeError on first use of one that does not)."""
+    def names(t: pa.DataType) -> None:
+        if pa.types.is_struct(t):
+            for i in range(t.num_fields):
+                f = t.field(i)
+                _ = f.name
+                names(f.type)
+        elif pa.types.is_map(t):
+            names(t.key_type)
+            names(t.item_type)
+        elif hasattr(t, "value_type") and not pa.types.is_dictionary(t):  # lists of every kind
+            _ = t.value_field.name
+            names(t.value_type)
+    try:
+        for f in schema:
+            _ = f.name
+            names(f.type)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _logical_kinds(meta) -> dict[str, str]:
     """Top-level columns of a Parquet file whose logical type is UUID or JSON: name -> kind
     (none where a name is not UTF-8)."""
@@ -360,6 +384,11 @@ class FileSource(PicklableLock, Source):
             return frag.physical_schema, None
 
         schema, meta = self._read_typed(path, load)
+        if not per_schema("utf8_names", meta, lambda: _utf8_names(schema)) if self.kind == "parquet" \
+                else not _utf8_names(schema):
+            raise CorruptFileError(f"cannot read {path!r}: a column name in it is not valid UTF-8 (Parquet and "
+                                   "Arrow store names as UTF-8); rewrite the file with UTF-8 names, or select "
+                                   "the other files", path)
         return frag, schema, meta
 
     def _read_typed(self, path: str, load):
