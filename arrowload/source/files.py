@@ -245,7 +245,7 @@ def _utf8_names(schema: pa.Schema) -> bool:
         elif pa.types.is_map(t):
             names(t.key_type)
             names(t.item_type)
-        elif hasattr(t, "value_type") and not pa.types.is_dictionary(t):  # lists of every kind
+        elif hasattr(t, "value_field"):  # lists of every kind
             _ = t.value_field.name
             names(t.value_type)
     try:
