@@ -693,7 +693,8 @@ import arrowload as al
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
 table = pa.table({{"id": np.arange(400_000), "x": np.random.default_rng(0).random(400_000)}})
 pq.write_table(table, {lake!r}, row_group_size=50_000)
-resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+_, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))  # the soft limit: raised again below
 cached = al.dataset({lake!r}).select("id", "x").cache({root!r}, key="full-v1")
 try:
     cached.count()
@@ -702,7 +703,7 @@ except al.CacheWriteError as exc:
     print("CacheWriteError")
 left = [os.path.join(d, f) for d, _, fs in os.walk({root!r}) for f in fs if not f.startswith(".")]
 print(len([p for p in left if p.endswith((".parquet", ".arrow"))]))
-resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
 print(cached.count())
 """
 
