@@ -60,7 +60,9 @@ def _widen_nested(arr: pa.Array, unified: pa.DataType) -> pa.Array:
             values = arr.values.slice(arr.offset * k, len(arr) * k)
             return pa.FixedSizeListArray.from_arrays(widen(values, unified.value_type), type=unified,
                                                      mask=_nulls(arr))
-        arr = arr.cast(pa.list_(arr.type.value_field))  # offsets first (exact), then as a list
+        # offsets first (exact), then as a list: fields inside nullable, as a null list's
+        # slots may hold nulls a non-nullable field refuses in a cast
+        arr = arr.cast(pa.list_(pa.field(arr.type.value_field.name, nullable_inside(arr.type.value_type))))
     if pat.is_struct(arr.type):  # fields by name: a field this file lacks is null
         at = {f.name: i for i, f in enumerate(arr.type)}
         fields = [widen(arr.field(at[f.name]), f.type) if f.name in at else pa.nulls(len(arr), f.type)
@@ -266,18 +268,33 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
         found = sorted(found, key=lambda pf: not _holds_float(pf[1].type))
         first, have = found[0]
         have = have.remove_metadata()
-        for path, f in found[1:]:
-            merged = merge_types(have.type, f.type)
-            if merged is None:
-                own = found[0][1].type
-                before = f"{own} in {first!r}" if own == have.type else \
-                    f"{have.type} in the files before it ({own} in {first!r}, widened by later files)"
+        todo, failed = found[1:], None
+        while todo:
+            # a file whose type does not merge yet is taken again once the others have
+            # widened the column (int8 and uint64 in a struct field, a float file later):
+            # the answer does not depend on the files' order
+            left = []
+            for path, f in todo:
+                merged = merge_types(have.type, f.type)
+                if merged is None:
+                    left.append((path, f))
+                    failed = failed or (have.type, path, f.type)
+                    continue
+                have = pa.field(name, merged, have.nullable or f.nullable)
+            if len(left) == len(todo):
+                own, (at, path, theirs) = found[0][1].type, failed
+                before = f"{own} in {first!r}" if own == at else \
+                    f"{at} in the files before it ({own} in {first!r}, widened by later files)"
                 raise SchemaMismatchError(
-                    f"column {name!r} is {before} but {f.type} in {path!r}, and the two cannot be "
+                    f"column {name!r} is {before} but {theirs} in {path!r}, and the two cannot be "
                     "unified safely; rewrite one shard or select a subset of files")
-            have = pa.field(name, merged, have.nullable or f.nullable)
+            todo, failed = left, None
         if len(found) > 1:  # struct fields in the order the files show them, not the merge's
             have = have.with_type(_seen_order(have.type, [f.type for _, f in seen[name]]))
+            if any(not f.type.equals(have.type) for _, f in found):
+                # cast from some file: no field inside may refuse nulls (pyarrow's cast checks
+                # the slots under a null parent too; DuckDB has no NOT NULL inside a column)
+                have = have.with_type(nullable_inside(have.type))
         fields[name] = have
     _refuse_case_variants(fields, schemas)
     out = []
@@ -301,11 +318,35 @@ def _seen_order(merged: pa.DataType, types: list[pa.DataType]) -> pa.DataType:
             f = merged.field(n)
             out.append(f.with_type(_seen_order(f.type, [t.field(n).type for t in structs if n in t.names])))
         return pa.struct(out)
-    if _is_list(merged):
-        inner = _seen_order(merged.value_type, [t.value_type for t in types if _is_list(t)])
-        value = merged.value_field.with_type(inner)
-        return pa.large_list(value) if pat.is_large_list(merged) else pa.list_(value)
+    if _is_list(merged, sized=True):
+        inner = _seen_order(merged.value_type, [t.value_type for t in types if _is_list(t, sized=True)])
+        return _list_like(merged, merged.value_field.with_type(inner))
+    if pat.is_map(merged):
+        maps = [t for t in types if pat.is_map(t)]
+        item = merged.item_field.with_type(_seen_order(merged.item_type, [t.item_type for t in maps]))
+        return pa.map_(merged.key_field, item)
     return merged
+
+
+def _list_like(t: pa.DataType, value: pa.Field) -> pa.DataType:
+    """A list type of ``t``'s kind (list, large list, fixed-size list of its size) of ``value``."""
+    if pat.is_fixed_size_list(t):
+        return pa.list_(value, t.list_size)
+    return pa.large_list(value) if pat.is_large_list(t) else pa.list_(value)
+
+
+def nullable_inside(t: pa.DataType) -> pa.DataType:
+    """``t`` with every field inside it nullable (a map's keys stay as they are: Arrow wants
+    them non-null)."""
+    if pat.is_struct(t):
+        return pa.struct([pa.field(f.name, nullable_inside(f.type), True, f.metadata) for f in t])
+    if pat.is_map(t):
+        item = t.item_field
+        return pa.map_(t.key_field, pa.field(item.name, nullable_inside(item.type), True, item.metadata))
+    if _is_list(t, sized=True):
+        value = t.value_field
+        return _list_like(t, pa.field(value.name, nullable_inside(value.type), True, value.metadata))
+    return t
 
 
 def _holds_float(t: pa.DataType) -> bool:
