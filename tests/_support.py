@@ -722,3 +722,26 @@ def fresh_python(code: str, timeout: float = 120) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("ARROWLOAD_STREAM", "ARROWLOAD_DECODER")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env,
                           timeout=timeout).stdout.split("\n")
+
+
+@contextlib.contextmanager
+def pinned_decoder(name: str | None):
+    """``$ARROWLOAD_DECODER`` set to ``name`` (None: unset) inside the block, as it was after."""
+    old = os.environ.get("ARROWLOAD_DECODER")
+    if name is None:
+        os.environ.pop("ARROWLOAD_DECODER", None)
+    else:
+        os.environ["ARROWLOAD_DECODER"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("ARROWLOAD_DECODER", None)
+        else:
+            os.environ["ARROWLOAD_DECODER"] = old
+
+
+def int_range(t: pa.DataType) -> tuple[int, int]:
+    """The smallest and largest value of integer type ``t``."""
+    bits = t.bit_width
+    return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if pa.types.is_signed_integer(t) else (0, 2 ** bits - 1)

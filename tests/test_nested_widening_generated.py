@@ -44,7 +44,6 @@ import math
 import os
 import struct
 import tempfile
-from contextlib import contextmanager
 from decimal import Decimal
 
 import duckdb
@@ -55,6 +54,7 @@ from hypothesis import HealthCheck, Phase, assume, event, given, settings
 from hypothesis import strategies as st
 
 import arrowload as al
+from _support import int_range, pinned_decoder
 
 INTS = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
 TEXTS = [pa.string(), pa.large_string(), pa.string(), pa.large_string(), pa.string_view()]
@@ -87,11 +87,6 @@ def _container(child):
 def skeletons():
     """A list, map or struct of scalars, or of one more level of them."""
     return _container(st.one_of(_leaf(), _leaf(), _container(_leaf())))
-
-
-def _int_range(t: pa.DataType) -> tuple[int, int]:
-    bits = t.bit_width
-    return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if pat.is_signed_integer(t) else (0, 2 ** bits - 1)
 
 
 @st.composite
@@ -151,7 +146,7 @@ def _values(t: pa.DataType, wide_dates: bool, nullable: bool = True) -> st.Searc
     if pat.is_null(t):
         return st.none()
     if pat.is_integer(t):
-        lo, hi = _int_range(t)
+        lo, hi = int_range(t)
         inner = st.one_of(st.integers(lo, hi), st.sampled_from([lo, hi]))
     elif pat.is_floating(t):
         inner = st.floats(width=t.bit_width)
@@ -168,7 +163,7 @@ def _values(t: pa.DataType, wide_dates: bool, nullable: bool = True) -> st.Searc
         inner = st.lists(_values(t.value_type, wide_dates, t.value_field.nullable), max_size=3)
     elif pat.is_map(t):
         keys = (st.text(st.sampled_from("kxyz"), min_size=1, max_size=2) if pat.is_string(t.key_type)
-                or pat.is_large_string(t.key_type) else st.integers(*_int_range(t.key_type)).map(lambda k: k % 5))
+                or pat.is_large_string(t.key_type) else st.integers(*int_range(t.key_type)).map(lambda k: k % 5))
         inner = st.lists(st.tuples(keys, _values(t.item_type, wide_dates, t.item_field.nullable)),
                          max_size=3, unique_by=lambda kv: kv[0])
     elif pat.is_struct(t):
@@ -341,22 +336,6 @@ def _rows(table: pa.Table, f32: set) -> dict[int, object]:
     return rows
 
 
-@contextmanager
-def _decoder(name: str | None):
-    old = os.environ.get("ARROWLOAD_DECODER")
-    if name is None:
-        os.environ.pop("ARROWLOAD_DECODER", None)
-    else:
-        os.environ["ARROWLOAD_DECODER"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("ARROWLOAD_DECODER", None)
-        else:
-            os.environ["ARROWLOAD_DECODER"] = old
-
-
 # ---------------------------------------------------------------------------
 # why arrowload may refuse what DuckDB reads (merge_types: only safe widenings)
 
@@ -451,7 +430,7 @@ def _log(kind: str, **what) -> None:
        batch=st.integers(1, 9), data=st.data())
 def test_generated_nested_lakes_read_as_duckdb_union_by_name_reads_them(lake, decoder, batch, data):
     skeleton, files = lake
-    with tempfile.TemporaryDirectory(prefix="nwiden-") as folder, duckdb.connect() as con, _decoder(decoder):
+    with tempfile.TemporaryDirectory(prefix="nwiden-") as folder, duckdb.connect() as con, pinned_decoder(decoder):
         con.execute("SET TimeZone = 'UTC'")
         root = os.path.join(folder, "lake")
         os.mkdir(root)

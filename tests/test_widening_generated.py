@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from contextlib import contextmanager
 
 import duckdb
 import pyarrow as pa
@@ -48,6 +47,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import arrowload as al
+from _support import int_range, pinned_decoder
 
 INTS = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
 TEXTS = [pa.string(), pa.large_string(), pa.string_view()]
@@ -63,11 +63,6 @@ _NS_MIN_S, _NS_MAX_S = -9_223_372_036, 9_223_372_035
 
 # ---------------------------------------------------------------------------
 # drawing types
-
-def _int_range(t: pa.DataType) -> tuple[int, int]:
-    bits = t.bit_width
-    return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if pat.is_signed_integer(t) else (0, 2 ** bits - 1)
-
 
 @st.composite
 def _column_type(draw, name: str, lake: dict) -> pa.DataType:
@@ -105,7 +100,7 @@ def _values(t: pa.DataType, wide_dates: bool) -> st.SearchStrategy:
     if pat.is_null(t):
         return st.none()
     if pat.is_integer(t):
-        lo, hi = _int_range(t)
+        lo, hi = int_range(t)
         inner = st.integers(lo, hi)
     elif pat.is_floating(t):
         inner = st.floats(width=t.bit_width)
@@ -270,22 +265,6 @@ def _assert_same(got: pa.Table, columns: list[str], want: dict[int, dict], what)
         assert row == want[i], (what, i, row, want[i])
 
 
-@contextmanager
-def _decoder(name: str | None):
-    old = os.environ.get("ARROWLOAD_DECODER")
-    if name is None:
-        os.environ.pop("ARROWLOAD_DECODER", None)
-    else:
-        os.environ["ARROWLOAD_DECODER"] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("ARROWLOAD_DECODER", None)
-        else:
-            os.environ["ARROWLOAD_DECODER"] = old
-
-
 def _duckdb(con, paths: list[str], folder: str, types: dict[str, list[pa.DataType]]):
     """DuckDB's rows by id (union_by_name), or the exception it raised. Columns of integers
     beside float32: each file read alone and cast to DOUBLE (see the module doc)."""
@@ -317,7 +296,7 @@ def _duckdb(con, paths: list[str], folder: str, types: dict[str, list[pa.DataTyp
 @given(files=lakes(), decoder=st.sampled_from([None, "pyarrow", "polars", "dataset"]),
        batch=st.integers(1, 9))
 def test_generated_lakes_read_as_duckdb_union_by_name_reads_them(files, decoder, batch):
-    with tempfile.TemporaryDirectory(prefix="widen-") as folder, duckdb.connect() as con, _decoder(decoder):
+    with tempfile.TemporaryDirectory(prefix="widen-") as folder, duckdb.connect() as con, pinned_decoder(decoder):
         con.execute("SET TimeZone = 'UTC'")
         lake = os.path.join(folder, "lake")
         os.mkdir(lake)
@@ -399,7 +378,7 @@ def test_struct_fields_in_another_order_or_set_merge_by_name_as_duckdb(tmp_path)
     ds = al.dataset(str(tmp_path))
     assert ds.schema.field("s").type.names == ["a", "b", "c"]
     for decoder in (None, "pyarrow", "polars", "dataset"):
-        with _decoder(decoder):
+        with pinned_decoder(decoder):
             got = ds.to_arrow().sort_by("id")
             assert [tuple(r.values()) for r in got.to_pylist()] == rows, decoder
             epoch = pa.Table.from_batches(list(ds.loader(2, shuffle=False, output="arrow")), schema=ds.schema)
@@ -439,7 +418,7 @@ def test_map_columns_from_different_writers_merge_as_duckdb(tmp_path):
     ds = al.dataset(str(tmp_path))
     assert ds.schema.field("m").type.item_type == pa.int64() and ds.schema.field("s").type.item_type.names == ["x", "y"]
     for decoder in (None, "pyarrow", "polars", "dataset"):
-        with _decoder(decoder):
+        with pinned_decoder(decoder):
             for got in (ds.to_arrow().sort_by("id"),
                         pa.Table.from_batches(list(ds.loader(2, shuffle=False, output="arrow")), schema=ds.schema)):
                 assert [(r["id"], r["m"], r["s"]) for r in got.to_pylist()] == rows, decoder
@@ -473,7 +452,7 @@ def test_fixed_size_lists_beside_lists_merge_as_duckdb(tmp_path):
     ds = al.dataset(str(tmp_path))
     assert ds.schema.field("e").type == pa.list_(pa.float64()) and ds.schema.field("f").type == pa.list_(pa.float64(), 2)
     for decoder in (None, "pyarrow", "polars", "dataset"):
-        with _decoder(decoder):
+        with pinned_decoder(decoder):
             for got in (ds.to_arrow().sort_by("id"),
                         pa.Table.from_batches(list(ds.loader(2, shuffle=False, output="arrow")), schema=ds.schema)):
                 assert [(r["id"], r["e"], r["f"]) for r in got.to_pylist()] == rows, decoder
@@ -493,7 +472,7 @@ def _lake_rows(tmp_path, files) -> tuple[list, list]:
     ds = al.dataset(str(tmp_path))
     got = []
     for decoder in (None, "pyarrow", "polars", "dataset"):
-        with _decoder(decoder):
+        with pinned_decoder(decoder):
             got.append([tuple(r.values()) for r in ds.to_arrow().sort_by("id").to_pylist()])
             epoch = pa.Table.from_batches(list(ds.loader(2, shuffle=False, output="arrow")), schema=ds.schema)
             got.append([tuple(r.values()) for r in epoch.sort_by("id").to_pylist()])
