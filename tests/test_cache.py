@@ -719,3 +719,27 @@ def test_a_cache_entry_the_disk_cannot_take_is_a_cache_write_error(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["CacheWriteError", "0", "400000"], out.stdout
+
+
+def test_a_source_or_map_error_through_cache_keeps_its_own_type(tmp_path):
+    """A read of the plan that fails (a corrupt source in a folder named ``quota``, a map
+    whose own write meets a full disk elsewhere) raises what it raises without the cache;
+    it was taken for the cache's storage being full (CacheWriteError)."""
+    import errno
+    folder = tmp_path / "team_quota_reports"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": list(range(1000))}), str(folder / "p0.parquet"))
+    data = bytearray((folder / "p0.parquet").read_bytes())
+    data[4:40] = b"\xff" * 36  # the first data page's header
+    (folder / "p0.parquet").write_bytes(bytes(data))
+    with pytest.raises(al.CorruptFileError):
+        al.dataset(str(folder)).to_arrow()
+    with pytest.raises(al.CorruptFileError):
+        al.dataset(str(folder)).cache(str(tmp_path / "c1"), key="v1").to_arrow()
+
+    def full(batch):
+        raise OSError(errno.ENOSPC, "No space left on device", "/scratch/features.bin")
+    pq.write_table(pa.table({"x": [1, 2]}), str(tmp_path / "ok.parquet"))
+    with pytest.raises(OSError) as info:
+        al.dataset(str(tmp_path / "ok.parquet")).map(full, name="full-v1").cache(str(tmp_path / "c2")).to_arrow()
+    assert not isinstance(info.value, al.CacheWriteError)

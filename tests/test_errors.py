@@ -654,3 +654,40 @@ def test_a_column_name_that_is_not_utf8_is_a_corrupt_file(tmp_path):
         with pytest.raises(al.CorruptFileError, match="a.parquet.*not valid UTF-8"):
             al.dataset(str(path)).to_arrow()
     assert al.dataset(str(tmp_path / "lake" / "b.parquet")).to_arrow().num_rows == 1
+
+
+class _Array2D(pa.ExtensionType):
+    """An extension type over lists of lists, as Hugging Face ``datasets``' Array2D is."""
+
+    def __init__(self):
+        super().__init__(pa.list_(pa.list_(pa.float32())), "test.array2d")
+
+    def __arrow_ext_serialize__(self):
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type, serialized):
+        return cls()
+
+    def __hash__(self):  # (as datasets' own extension types define it)
+        return hash((type(self), str(self.storage_type)))
+
+
+@pytest.mark.parametrize("shuffle", [False, "block", "global"])
+def test_an_extension_column_no_array_holds_is_refused_by_every_loader(tmp_path, shuffle):
+    """A registered extension type over lists of lists (Hugging Face's Array2D, read in a
+    process that imported ``datasets``): the global shuffle's build check asked Arrow for
+    the extension's list lengths and raised pyarrow's ArrowNotImplementedError; every
+    loader now raises UnsupportedError naming the column, as the others did."""
+    t = _Array2D()
+    try:
+        pa.register_extension_type(t)
+    except pa.ArrowKeyError:
+        pass  # registered by an earlier parametrization
+    storage = pa.array([[[float(i)] * 3, [i + 1.0] * 3] for i in range(40)], t.storage_type)
+    table = pa.table({"id": pa.array(range(40), pa.int64()), "a2": pa.ExtensionArray.from_storage(t, storage)})
+    pq.write_table(table, str(tmp_path / "a.parquet"))
+    ds = al.dataset(str(tmp_path / "a.parquet"))
+    assert isinstance(ds.schema.field("a2").type, _Array2D)
+    with pytest.raises(al.UnsupportedError, match="'a2'"):
+        next(iter(ds.loader(16, shuffle=shuffle, output="numpy", cache_dir=str(tmp_path / "c"))))

@@ -522,3 +522,17 @@ def test_struct_fields_inside_fixed_size_lists_and_maps_keep_duckdbs_order(tmp_p
     ds = al.dataset(str(tmp_path))
     assert ds.schema.field("l").type.value_type.names == ["b", "a"]
     assert ds.schema.field("m").type.item_type.names == ["b", "a"]
+
+
+def test_a_column_every_file_shares_keeps_its_exact_type(tmp_path):
+    """A map with sorted keys and non-null items, the same in every file, beside a column
+    that differs: its type is the files' own (the rebuild for the field order, then the
+    nullable fields inside, dropped keys_sorted and the non-null item)."""
+    m = pa.map_(pa.string(), pa.field("value", pa.int64(), nullable=False), keys_sorted=True)
+    for k, yt in enumerate([pa.int32(), pa.int64()]):
+        pq.write_table(pa.table({"m": pa.array([[("a", 1), ("b", 2)]], m), "y": pa.array([k], yt)}),
+                       str(tmp_path / f"part-{k}.parquet"))
+    single = pq.read_table(str(tmp_path / "part-0.parquet")).schema.field("m").type
+    ds = al.dataset(str(tmp_path))
+    assert single.keys_sorted and ds.schema.field("m").type.equals(single)
+    assert ds.to_arrow().column("m").type.equals(single)

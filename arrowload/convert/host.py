@@ -283,7 +283,7 @@ def _host(name: str, arr: pa.Array, opts: ConvertOptions, fill: Any, nested: boo
         return _fixed_size_list(name, arr, opts, fill)
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         if nested:
-            raise UnsupportedError(f"column {name!r} ({arr.type}) nests a variable-length list inside "
+            raise UnsupportedError(f"column {name!r} nests a variable-length list ({arr.type}) inside "
                                    "another list; only the outermost list can be padded. Flatten or "
                                    "select the inner values in the plan")
         return _padded_list(name, arr, opts, fill, alloc)

@@ -85,6 +85,9 @@ def _check_table(table: pa.Table, opts: ConvertOptions) -> dict[str, int]:
     widths = {}
     lists = set(unpadded_lists(table.schema, opts))
     for field, column in zip(table.schema, table.columns):
+        if isinstance(field.type, pa.ExtensionType):  # (Hugging Face's Array2D): its storage's checks
+            column = pa.chunked_array([c.storage for c in column.chunks], type=field.type.storage_type)
+            field = field.with_type(field.type.storage_type)
         name = field.name
         if not array_valued(field.type):
             continue

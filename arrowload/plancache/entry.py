@@ -247,9 +247,11 @@ class Entry:
         attempt = lock.token
         attempt_folder = self.store.join(self.folder, attempt) if self.store.fs is None \
             else f"{self.folder}/{attempt}"
+        batches = _Reads(iter(()))
         try:
             self.store.make_folder(attempt_folder)
-            batches = execute.iter_batches(optimize(self.plan, self.options.optimizer), self.options, ordered=True)
+            batches = _Reads(execute.iter_batches(optimize(self.plan, self.options.optimizer), self.options,
+                                                  ordered=True))
             files = write_files(batches, self.schema, self.store, attempt_folder, attempt, self.data_format)
             commit = Commit(self.key, self.plan_key, self.snapshot, self.name, self.summary, self.data_format,
                             self.schema.to_string(), sum(f.rows for f in files), sum(f.bytes for f in files),
@@ -257,7 +259,7 @@ class Entry:
             won = self.store.create(self.commit_path, encode(commit.to_doc()))
         except BaseException as exc:
             self.store.remove_tree(attempt_folder)
-            if _storage_full(exc):
+            if batches.failed is None and _storage_full(exc):  # the cache's own writes, not the plan's reads
                 from ..errors import CacheWriteError
                 raise CacheWriteError(
                     f"writing the plan cache entry {self.url} failed: the storage cannot take it ({exc}); "
@@ -289,15 +291,36 @@ _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def _storage_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an error it was raised from) says the storage cannot take a write."""
+    """Whether ``exc`` (or an error it was raised from) is the storage refusing a write for
+    room: its errno, never its text (a source's path or a message may say "quota")."""
     for _ in range(8):  # (a chain of causes, never a long one)
         if exc is None:
             return False
-        if isinstance(exc, OSError) and (exc.errno in _FULL or "No space left" in str(exc)
-                                         or "File too large" in str(exc) or "quota" in str(exc).lower()):
+        if isinstance(exc, OSError) and exc.errno in _FULL:
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+class _Reads:
+    """The plan's batches, remembering an error of theirs (a source's, a ``map()``'s): that
+    one is never the cache's storage being full, whatever it says."""
+
+    def __init__(self, batches) -> None:
+        self._it = iter(batches)
+        self.failed: BaseException | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            self.failed = exc
+            raise
 
 
 class CacheMissError(ArrowloadError, LookupError):

@@ -202,7 +202,8 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         if key is None or item is None:
             return None
         return pa.map_(pa.field(a.key_field.name, key, False),
-                       pa.field(a.item_field.name, item, a.item_field.nullable or b.item_field.nullable))
+                       pa.field(a.item_field.name, item, a.item_field.nullable or b.item_field.nullable),
+                       keys_sorted=a.keys_sorted and b.keys_sorted)
     if pat.is_struct(a) and pat.is_struct(b):
         if a.names == b.names:
             pairs = list(zip(a.fields, b.fields))
@@ -284,7 +285,7 @@ def unify_schemas(schemas: Sequence[tuple[str, pa.Schema]]) -> pa.Schema:
             if len(left) == len(todo):
                 own, (at, path, theirs) = found[0][1].type, failed
                 before = f"{own} in {first!r}" if own == at else \
-                    f"{at} in the files before it ({own} in {first!r}, widened by later files)"
+                    f"{at} in the other files ({own} in {first!r}, widened by others)"
                 raise SchemaMismatchError(
                     f"column {name!r} is {before} but {theirs} in {path!r}, and the two cannot be "
                     "unified safely; rewrite one shard or select a subset of files")
@@ -323,8 +324,10 @@ def _seen_order(merged: pa.DataType, types: list[pa.DataType]) -> pa.DataType:
         return _list_like(merged, merged.value_field.with_type(inner))
     if pat.is_map(merged):
         maps = [t for t in types if pat.is_map(t)]
-        item = merged.item_field.with_type(_seen_order(merged.item_type, [t.item_type for t in maps]))
-        return pa.map_(merged.key_field, item)
+        inner = _seen_order(merged.item_type, [t.item_type for t in maps])
+        if inner.equals(merged.item_type):
+            return merged  # (as it is: its keys_sorted and entries' name kept)
+        return pa.map_(merged.key_field, merged.item_field.with_type(inner), keys_sorted=merged.keys_sorted)
     return merged
 
 
@@ -342,7 +345,10 @@ def nullable_inside(t: pa.DataType) -> pa.DataType:
         return pa.struct([pa.field(f.name, nullable_inside(f.type), True, f.metadata) for f in t])
     if pat.is_map(t):
         item = t.item_field
-        return pa.map_(t.key_field, pa.field(item.name, nullable_inside(item.type), True, item.metadata))
+        if item.nullable and nullable_inside(item.type).equals(item.type):
+            return t  # (as it is: its keys_sorted and entries' name kept)
+        return pa.map_(t.key_field, pa.field(item.name, nullable_inside(item.type), True, item.metadata),
+                       keys_sorted=t.keys_sorted)
     if _is_list(t, sized=True):
         value = t.value_field
         return _list_like(t, pa.field(value.name, nullable_inside(value.type), True, value.metadata))
