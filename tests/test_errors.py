@@ -691,3 +691,15 @@ def test_an_extension_column_no_array_holds_is_refused_by_every_loader(tmp_path,
     assert isinstance(ds.schema.field("a2").type, _Array2D)
     with pytest.raises(al.UnsupportedError, match="'a2'"):
         next(iter(ds.loader(16, shuffle=shuffle, output="numpy", cache_dir=str(tmp_path / "c"))))
+
+
+@pytest.mark.parametrize("kw", [{"pad_lists": True}, {"pad_lists": ("v",), "pad_to": 8}, {"pad_to": 8}])
+def test_padding_with_arrow_output_is_refused_not_ignored(tmp_path, kw):
+    """``output="arrow"`` hands out Arrow lists as they are: ``pad_lists`` / ``pad_to`` were
+    silently ignored there (no padding, no ``<name>_lengths``); nothing asked for is dropped
+    silently, so the loader refuses them."""
+    pq.write_table(pa.table({"v": pa.array([[1], [2, 3]])}), str(tmp_path / "a.parquet"))
+    ds = al.dataset(str(tmp_path / "a.parquet"))
+    with pytest.raises(al.InvalidArgumentError, match="output='arrow'"):
+        ds.loader(2, output="arrow", **kw)
+    assert ds.loader(2, output="numpy", **({"pad_lists": True} | kw)) is not None

@@ -54,8 +54,9 @@ memory stays valid after the batch is dropped. numpy arrays are returned read-on
 (they may be views of Arrow memory, which is immutable by contract); call ``.copy()``
 for a writable one. torch tensors that share memory have no read-only flag: do not
 write into them in place (``tensor.clone()`` first), or you change the Arrow batch and
-every other view of it. ``output="arrow"`` ignores ``pad_lists``; it applies
-``fill_null`` to non-nested columns (nested ones raise ``UnsupportedError``).
+every other view of it. ``output="arrow"`` hands out Arrow lists as they are (a loader
+refuses ``pad_lists`` / ``pad_to`` with it); it applies ``fill_null`` to non-nested columns
+(nested ones raise ``UnsupportedError``).
 """
 
 from __future__ import annotations

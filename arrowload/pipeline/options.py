@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ArgumentTypeError
+from ..errors import ArgumentTypeError, InvalidArgumentError
 from ..options import usable_cores
 from . import arguments as _arguments
 
@@ -114,6 +114,12 @@ class LoaderOptions:
         put("memory_budget", a.optional_int("memory_budget", self.memory_budget, low=0,
                                             what="None or an integer >= 0 (bytes)", example="8 << 30"))
         a.pad_lists(self.pad_lists)
+        if self.output == "arrow" and (self.pad_lists or self.pad_to is not None):
+            raise InvalidArgumentError(
+                f"{'pad_lists' if self.pad_lists else 'pad_to'}= pads list columns into arrays (for the "
+                "numpy, torch and jax outputs); output='arrow' hands out Arrow lists as they are, so it "
+                "would be ignored: drop it, or choose another output",
+                "pad_lists" if self.pad_lists else "pad_to")
         a.scalar("pad_value", self.pad_value)
         a.fill_null(self.fill_null)
         a.stack_spec(self.stack)
