@@ -219,4 +219,5 @@ def _runs(tasks: Iterator[Task], counts: Sequence[int], run_rows: int, run_bytes
     yield from flush()
 
 
-__all__ = ["MAX_READ_ROWS", "READ_SHARE", "RUN_READ_BYTES", "WINDOW_COPIES", "SourceShape", "Task", "TaskKind", "plan_tasks", "read_rows"]
+__all__ = ["MAX_READ_ROWS", "READ_SHARE", "RUN_READ_BYTES", "WINDOW_COPIES", "SourceShape", "Task", "TaskKind",
+           "plan_tasks", "read_rows"]

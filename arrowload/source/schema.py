@@ -156,10 +156,12 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     is refused when read: ``SchemaMismatchError``), in UTC where both carry different time
     zones (both are instants); lists, large lists and fixed-size lists -> a large list
     where either is large, a fixed-size list where both are of one size, else a list, of
-    their merged values (DuckDB reads ARRAY beside LIST as a LIST); maps of their merged keys and items (a value nullable
-    where either file's is); structs field by field, by name (in first-seen order,
-    a field one file lacks null there, as DuckDB's ``union_by_name`` merges them). These are the files polars writes (large strings and lists, also
-    inside structs) next to pyarrow's and DuckDB's: DuckDB's ``union_by_name`` reads them.
+    their merged values (DuckDB reads ARRAY beside LIST as a LIST); maps of their merged
+    keys and items (a value nullable where either file's is); structs field by field, by
+    name (in first-seen order, a field one file lacks null there, as DuckDB's
+    ``union_by_name`` merges them). These are the files polars writes (large strings and
+    lists, also inside structs) next to pyarrow's and DuckDB's: DuckDB's ``union_by_name``
+    reads them.
     """
     if a.equals(b):
         return a
