@@ -694,7 +694,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails wi
 table = pa.table({{"id": np.arange(400_000), "x": np.random.default_rng(0).random(400_000)}})
 pq.write_table(table, {lake!r}, row_group_size=50_000)
 _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))  # the soft limit: raised again below
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, hard))  # the soft limit: raised again below
 cached = al.dataset({lake!r}).select("id", "x").cache({root!r}, key="full-v1")
 try:
     cached.count()
@@ -708,14 +708,16 @@ print(cached.count())
 """
 
 
-def test_a_cache_entry_the_disk_cannot_take_is_a_cache_write_error(tmp_path):
+@pytest.mark.parametrize("limit", [1 << 20, 0])
+def test_a_cache_entry_the_disk_cannot_take_is_a_cache_write_error(tmp_path, limit):
     """Writing an entry past what the storage takes (a full disk, a quota, a file size
     limit: EFBIG here) raised the storage's raw OSError; it is a CacheWriteError (an
     OSError) naming the entry and where else to cache, the partial files are removed, and
-    the next run with room writes the entry."""
+    the next run with room writes the entry. Limit 0: the entry's first write, its lock,
+    already fails (a disk full before the cache starts)."""
     import subprocess
     import sys
-    code = _FULL_DISK.format(lake=str(tmp_path / "t.parquet"), root=str(tmp_path / "cache"))
+    code = _FULL_DISK.format(lake=str(tmp_path / "t.parquet"), root=str(tmp_path / "cache"), limit=limit)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["CacheWriteError", "0", "400000"], out.stdout

@@ -218,7 +218,12 @@ class Entry:
             found = self._usable()
             if isinstance(found, tuple):
                 return found
-            lock = try_acquire(self.store, self.lock_path, self.key)
+            try:
+                lock = try_acquire(self.store, self.lock_path, self.key)
+            except OSError as exc:  # its lock document is the entry's first write
+                if _storage_full(exc):
+                    raise self._full(exc) from exc
+                raise
             if lock is not None:
                 try:
                     return self._write_locked(lock)
@@ -237,6 +242,14 @@ class Entry:
                     self.store.url(self.lock_path))
             time.sleep(pause)
             pause = min(1.0, pause * 1.5)
+
+    def _full(self, exc: OSError):
+        """The error for a write of this entry the storage cannot take (no space, a quota, a
+        file size limit): ``CacheWriteError`` naming the entry."""
+        from ..errors import CacheWriteError
+        return CacheWriteError(f"writing the plan cache entry {self.url} failed: the storage cannot take it "
+                               f"({exc}); the partial entry is removed. Free space there, or cache to another "
+                               "place (cache(uri=...), $ARROWLOAD_CACHE_DIR)", self.url)
 
     def _write_locked(self, lock: HeldLock) -> tuple[Commit, list[FileEntry]]:
         found = self._usable()  # committed by another writer between our look and our lock
@@ -260,11 +273,7 @@ class Entry:
         except BaseException as exc:
             self.store.remove_tree(attempt_folder)
             if batches.failed is None and _storage_full(exc):  # the cache's own writes, not the plan's reads
-                from ..errors import CacheWriteError
-                raise CacheWriteError(
-                    f"writing the plan cache entry {self.url} failed: the storage cannot take it ({exc}); "
-                    "the partial entry is removed. Free space there, or cache to another place "
-                    "(cache(uri=...), $ARROWLOAD_CACHE_DIR)", self.url) from exc
+                raise self._full(exc) from exc
             raise
         if not won:  # a writer taken over as stale finished after all: its commit stands
             self.store.remove_tree(attempt_folder)
