@@ -745,3 +745,26 @@ def int_range(t: pa.DataType) -> tuple[int, int]:
     """The smallest and largest value of integer type ``t``."""
     bits = t.bit_width
     return (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if pa.types.is_signed_integer(t) else (0, 2 ** bits - 1)
+
+
+#: ticks per second of each Arrow timestamp unit
+PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+# years 0001 .. 9999 in seconds; the nanosecond range (1677-09-22 .. 2262-04-11) inside it
+_MIN_S, _MAX_S = -62_135_596_800, 253_402_300_799
+_NS_MIN_S, _NS_MAX_S = -9_223_372_036, 9_223_372_035
+
+
+def timestamp_ticks(unit: str, wide_dates: bool, more_ns_edges: bool = False):
+    """A hypothesis strategy of timestamp values in ``unit`` ticks: within the nanosecond
+    range, or (``wide_dates``, units coarser than ns) years 0001 .. 9999 and just past the
+    nanosecond range; the ends of the range drawn often (hypothesis draws integers near 0,
+    1970, mostly), the nanosecond range's ends more often with ``more_ns_edges``."""
+    from hypothesis import strategies as st
+    lo, hi = (_MIN_S, _MAX_S) if wide_dates and unit != "ns" else (_NS_MIN_S, _NS_MAX_S)
+    n = PER_SECOND[unit]
+    ends = [lo, hi, lo // 2, hi // 2, _NS_MAX_S, _NS_MIN_S]
+    if unit != "ns" and wide_dates:  # just past the ns range
+        ends += [_NS_MAX_S + 1, _NS_MIN_S - 1]
+    seconds = st.one_of(st.integers(lo, hi), st.sampled_from(ends),
+                        *([st.sampled_from(ends[-2:])] if more_ns_edges else []))
+    return st.builds(lambda sec, sub: sec * n + sub, seconds, st.integers(0, n - 1))

@@ -47,18 +47,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import arrowload as al
-from _support import int_range, pinned_decoder
+from _support import PER_SECOND, int_range, pinned_decoder, timestamp_ticks
 
 INTS = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
 TEXTS = [pa.string(), pa.large_string(), pa.string_view()]
 BINS = [pa.binary(), pa.large_binary(), pa.binary_view()]
 ZONES = ["UTC", "America/New_York", "Asia/Tokyo"]
 UNITS = ["s", "ms", "us", "ns"]
-PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 POOL = ["i", "f", "s", "b", "l", "ls", "st", "t"]
-# years 0001 .. 9999 in seconds; the nanosecond range (1677-09-22 .. 2262-04-11) inside it
-_MIN_S, _MAX_S = -62_135_596_800, 253_402_300_799
-_NS_MIN_S, _NS_MAX_S = -9_223_372_036, 9_223_372_035
 
 
 # ---------------------------------------------------------------------------
@@ -114,16 +110,7 @@ def _values(t: pa.DataType, wide_dates: bool) -> st.SearchStrategy:
         inner = st.fixed_dictionaries({f.name: _values(f.type, wide_dates) for f in t})
     else:
         assert pat.is_timestamp(t), t
-        lo, hi = (_MIN_S, _MAX_S) if wide_dates else (_NS_MIN_S, _NS_MAX_S)
-        if t.unit == "ns":
-            lo, hi = _NS_MIN_S, _NS_MAX_S
-        n = PER_SECOND[t.unit]
-        # hypothesis draws integers near 0 (1970) mostly: the ends of the range named too
-        ends = [lo, hi, lo // 2, hi // 2, _NS_MAX_S, _NS_MIN_S]
-        if t.unit != "ns" and wide_dates:  # just past the ns range
-            ends += [_NS_MAX_S + 1, _NS_MIN_S - 1]
-        seconds = st.one_of(st.integers(lo, hi), st.sampled_from(ends), st.sampled_from(ends[-2:]))
-        inner = st.builds(lambda sec, sub: sec * n + sub, seconds, st.integers(0, n - 1))
+        inner = timestamp_ticks(t.unit, wide_dates, more_ns_edges=True)
     return st.one_of(st.none(), inner)
 
 
@@ -468,7 +455,7 @@ def _lake_rows(tmp_path, files) -> tuple[list, list]:
         pq.write_table(table, str(tmp_path / f"part-{k}.parquet"))
     with duckdb.connect() as con:
         want = con.sql(f"SELECT * FROM read_parquet('{tmp_path}/*.parquet', union_by_name=true) ORDER BY id")
-        names, rows = want.columns, want.fetchall()
+        rows = want.fetchall()
     ds = al.dataset(str(tmp_path))
     got = []
     for decoder in (None, "pyarrow", "polars", "dataset"):
