@@ -5,6 +5,7 @@ machine) import these from here; the others get them through bench_scan."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -105,3 +106,23 @@ taken between medians of the same run, on the same files, on the same machine: c
 ratios across sections, never raw seconds across machines. Sections are replaced when
 the same benchmark is rerun at the same size. See README.md for what each column means.
 """
+
+
+def bench_parser(doc: str, reps: int = 5) -> argparse.ArgumentParser:
+    """The arguments of a benchmark timing variants in fresh processes: its module ``doc`` as
+    the help, ``--reps`` (timed runs per variant); the script adds its own, then
+    ``bench_args`` adds ``--write`` and parses."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=doc)
+    p.add_argument("--reps", type=int, default=reps, help=f"timed runs per variant (default {reps})")
+    return p
+
+
+def bench_args(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed by ``bench_parser``'s ``p`` with ``--write`` (record the table in
+    RESULTS.md); fewer than 3 reps refused."""
+    p.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
+    args = p.parse_args(argv)
+    if args.reps < 3:
+        p.error("--reps must be at least 3 (medians of fewer runs are noise)")
+    return args

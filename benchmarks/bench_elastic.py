@@ -19,7 +19,6 @@ same machine sees). Medians of ``--reps``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import statistics
@@ -32,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _common import emit  # noqa: E402
+from _common import bench_args, bench_parser, emit  # noqa: E402
 from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake, machine  # noqa: E402
 
 import arrowload as al  # noqa: E402
@@ -97,15 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--one":  # one run, in the fresh process first_batch started
         _one(*argv[1:5])
         return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = bench_parser(__doc__, reps=7)
     p.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows instead of {FULL_ROWS:,}")
-    p.add_argument("--reps", type=int, default=7, help="timed runs per variant (default 7)")
     p.add_argument("--kinds", default=",".join(KINDS), help="shuffle kinds, comma-separated")
-    p.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
-    args = p.parse_args(argv)
-    if args.reps < 3:
-        p.error("--reps must be at least 3 (medians of fewer runs are noise)")
+    args = bench_args(p, argv)
     rows = QUICK_ROWS if args.quick else FULL_ROWS
     lake = ensure_lake(rows)
     command = shlex.join(["python", "benchmarks/bench_elastic.py", *argv])

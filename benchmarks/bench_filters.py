@@ -21,7 +21,6 @@ runs (counts and decoder choices warm, as in a training job's second process).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import statistics
@@ -33,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import emit, rotated  # noqa: E402
+from _common import bench_args, bench_parser, emit, rotated  # noqa: E402
 from bench_scan import FULL_ROWS, QUICK_ROWS, ensure_lake, machine  # noqa: E402
 
 FEATURES = [f"f{i}" for i in range(16)]
@@ -90,15 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--one":
         print(json.dumps(_epoch_here(*argv[1:6])))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = bench_parser(__doc__)
     p.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows instead of {FULL_ROWS:,}")
-    p.add_argument("--reps", type=int, default=5, help="timed runs per variant (default 5)")
     p.add_argument("--filters", default=",".join(FILTERS), help="filter names, comma-separated")
-    p.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
-    args = p.parse_args(argv)
-    if args.reps < 3:
-        p.error("--reps must be at least 3 (medians of fewer runs are noise)")
+    args = bench_args(p, argv)
     names = args.filters.split(",")
     unknown = [n for n in names if n not in FILTERS]
     if unknown:

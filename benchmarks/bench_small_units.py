@@ -26,7 +26,6 @@ machine the steadier figure).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import statistics
@@ -39,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from _common import emit, rotated  # noqa: E402
+from _common import bench_args, bench_parser, emit, rotated  # noqa: E402
 from bench_scan import machine  # noqa: E402
 
 ROWS = 1_000_000
@@ -104,14 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "--one":
         print(json.dumps(_epoch_here(*argv[1:4])))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument("--reps", type=int, default=5, help="timed runs per variant (default 5)")
+    p = bench_parser(__doc__)
     p.add_argument("--lakes", default=",".join(LAKES), help="lakes, comma-separated (files, groups)")
-    p.add_argument("--write", action="store_true", help="record the table in benchmarks/RESULTS.md")
-    args = p.parse_args(argv)
-    if args.reps < 3:
-        p.error("--reps must be at least 3 (medians of fewer runs are noise)")
+    args = bench_args(p, argv)
     command = shlex.join(["python", "benchmarks/bench_small_units.py", *argv])
     lines = machine() + [
         f"- command: `{command}`",
