@@ -134,21 +134,3 @@ def _zone_guess(tz: str) -> bool:
     except (ValueError, OSError, LookupError):  # ZoneInfoNotFoundError is a KeyError
         return not zoneinfo.available_timezones()  # no database here: polars has its own
     return True
-
-
-def timestamp_zones(t) -> set[str]:
-    """The time zones of the timestamps in Arrow type ``t`` (nested ones too)."""
-    import pyarrow as pa
-    if pa.types.is_timestamp(t):
-        return {t.tz} if t.tz is not None else set()
-    if isinstance(t, pa.ExtensionType):
-        return timestamp_zones(t.storage_type)
-    if pa.types.is_dictionary(t):
-        return timestamp_zones(t.value_type)
-    if pa.types.is_map(t):
-        return timestamp_zones(t.key_type) | timestamp_zones(t.item_type)
-    if pa.types.is_struct(t):
-        return set().union(*(timestamp_zones(t.field(i).type) for i in range(t.num_fields)))
-    if hasattr(t, "value_type"):  # lists of every kind
-        return timestamp_zones(t.value_type)
-    return set()

@@ -29,13 +29,14 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.types as pat
 
-from .._polars import forked_with_polars, polars_zone, refuse_after_fork, timestamp_zones
+from .._polars import forked_with_polars, polars_zone, refuse_after_fork
 from ..options import Options
 from ..plan.nodes import Scan
 from ..source import FileSource
 from ..source.base import Unit
 from ..source.files import INT96_UNIT
 from ..source.footer import per_schema
+from ..source.schema import timestamp_zones
 from .choose import PolarsCall
 
 _MAX_BATCH_ROWS = 1 << 20

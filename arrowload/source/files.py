@@ -27,7 +27,7 @@ from .hive import discover_partitions, hive_base, partition_expression
 from .identity import identity_of
 from .ipc import conform, not_an_ipc_file, read_ipc, stream_facts
 from .retry import is_transient, retry
-from .schema import rounds, unify_schemas
+from .schema import children, rounds, unify_schemas
 from .snapshot import (MANIFEST_FORMAT, MANIFEST_VERSION, PinnedFile, absolute, changed_error, compact,
                        differs, files_changed_error, files_of_compact, json_value, partitioning_doc, relative,
                        schema_digest, snapshot_id)
@@ -236,22 +236,12 @@ def logical_extensions(schema: pa.Schema, meta) -> pa.Schema:
 def _utf8_names(schema: pa.Schema) -> bool:
     """Whether every field name of ``schema`` (nested ones too) decodes as UTF-8 (pyarrow
     raises UnicodeDecodeError on first use of one that does not)."""
-    def names(t: pa.DataType) -> None:
-        if pa.types.is_struct(t):
-            for i in range(t.num_fields):
-                f = t.field(i)
-                _ = f.name
-                names(f.type)
-        elif pa.types.is_map(t):
-            names(t.key_type)
-            names(t.item_type)
-        elif hasattr(t, "value_field"):  # lists of every kind
-            _ = t.value_field.name
-            names(t.value_type)
-    try:
-        for f in schema:
+    def names(fields) -> None:
+        for f in fields:
             _ = f.name
-            names(f.type)
+            names(children(f.type))
+    try:
+        names(schema)
     except UnicodeDecodeError:
         return False
     return True

@@ -357,6 +357,17 @@ def nullable_inside(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def timestamp_zones(t: pa.DataType) -> set[str]:
+    """The time zones of the timestamps in type ``t``, nested ones too."""
+    if pat.is_timestamp(t):
+        return {t.tz} if t.tz is not None else set()
+    if pat.is_dictionary(t):
+        return timestamp_zones(t.value_type)
+    if isinstance(t, pa.BaseExtensionType):
+        return timestamp_zones(t.storage_type)
+    return set().union(*(timestamp_zones(f.type) for f in children(t)))
+
+
 def _holds_float(t: pa.DataType) -> bool:
     """Whether a type is, or holds at any depth, a floating-point type."""
     if pat.is_floating(t):
