@@ -74,8 +74,8 @@ _KEYS: dict[int, tuple] = {}
 #: the schemas keys were made for, by their text: text -> [(ParquetSchema, key)]. Two
 #: schemas may print alike (names are not quoted: a column named ``x (String)`` beside a
 #: string column ``x``); the schemas' own comparison tells them apart. Each holds its
-#: file's footer: at most ``_SEEN_BYTES`` of footers (as serialized) in all, then forgotten (new keys are
-#: made then, never an old key for another schema: ``_serial``)
+#: file's footer: at most ``_SEEN_BYTES`` of footers (as serialized) in all, then
+#: forgotten (new keys are made then, never an old key for another schema: ``_serial``)
 _SEEN: dict[tuple, list] = {}
 _SEEN_BYTES = 8 << 20
 _seen_bytes = 0
@@ -127,11 +127,11 @@ def forget_schema_facts() -> None:
         _per_schema_leaves = 0
 
 
-def per_schema(what: str, meta, compute, key: tuple | None = None):
+def per_schema(what: str, meta, compute):
     """``compute()``, once per distinct schema (``schema_key``) for each ``what``; the
     answer is shared between files, so it must not be changed by its users."""
     global _per_schema_leaves
-    key = schema_key(meta) if key is None else key
+    key = schema_key(meta)
     if key is None:
         return compute()
     k = (what, key)
@@ -153,23 +153,23 @@ def per_schema(what: str, meta, compute, key: tuple | None = None):
     return got
 
 
-def leaf_columns(meta, key: tuple | None = None) -> tuple[str, ...]:
+def leaf_columns(meta) -> tuple[str, ...]:
     """The top-level column each leaf column chunk of a Parquet file belongs to (found once
     per schema, ``per_schema``).
 
     The names come from the Parquet schema; where one is not valid UTF-8 (pyarrow's
     ``ColumnSchema.path`` raises UnicodeDecodeError), from the Arrow schema pyarrow reads
     (its stored ``ARROW:schema`` or its own decoding), matched to the leaves in order."""
-    return per_schema("leaf_columns", meta, lambda: tuple(_leaf_columns(meta)), key)
+    return per_schema("leaf_columns", meta, lambda: tuple(_leaf_columns(meta)))
 
 
-def leaf_facts(meta, key: tuple | None = None) -> tuple[tuple[str, str | None, str], ...]:
+def leaf_facts(meta) -> tuple[tuple[str, str | None, str], ...]:
     """``(top-level column, leaf path, physical type)`` of each leaf column of a Parquet
     file, in order (found once per schema; the path None where it is not UTF-8)."""
     def compute():
         schema = meta.schema
         out = []
-        for c, head in enumerate(leaf_columns(meta, key)):
+        for c, head in enumerate(leaf_columns(meta)):
             col = schema.column(c)
             try:
                 path = col.path
@@ -177,7 +177,7 @@ def leaf_facts(meta, key: tuple | None = None) -> tuple[tuple[str, str | None, s
                 path = None
             out.append((head, path, col.physical_type))
         return tuple(out)
-    return per_schema("leaf_facts", meta, compute, key)
+    return per_schema("leaf_facts", meta, compute)
 
 
 def _leaf_columns(meta) -> list[str]:
